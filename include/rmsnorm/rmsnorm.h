@@ -1,0 +1,157 @@
+/*
+ * rmsnorm: RMSNorm forward and backward on CUDA and CPU.
+ *
+ * C ABI (C99). Every entry point validates all of its arguments before it
+ * touches memory: on any failure it returns a status, sets a per-thread
+ * message naming the argument and the reason (rmsnorm_last_error), and writes
+ * nothing.
+ *
+ * Maths (per row of length D = cols, all arithmetic in fp32):
+ *   w' = w, or 1 + w with RMSNORM_FLAG_WEIGHT_OFFSET, or 1 with weight == NULL
+ *   r  = 1 / sqrt(mean(x^2) + eps)       x_hat = x * r
+ *   y  = T(x_hat * w')                   one rounding to the output dtype
+ *   y  = T(T(x_hat) * w')                with RMSNORM_FLAG_ROUND_XHAT
+ *   gx = r * (w' * gy - x_hat * mean(x_hat * w' * gy))
+ *   gw = sum over rows of gy * x_hat     fp32 accumulation, one rounding
+ *
+ * Operands are row-major matrices of `rows` x `cols` elements with a row
+ * stride in elements (>= cols). Vectors (weight, gw) have `cols` elements,
+ * rstd has `rows` floats. All pointers are host pointers for the CPU backend
+ * and device pointers for the CUDA backend.
+ *
+ * In-place use: forward may run with y == x (same row stride); backward may
+ * run with gx == gy (same row stride). Any other overlap between an output
+ * and another operand is rejected with RMSNORM_STATUS_OVERLAP.
+ */
+#ifndef RMSNORM_RMSNORM_H_
+#define RMSNORM_RMSNORM_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define RMSNORM_API __declspec(dllexport)
+#else
+#define RMSNORM_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RMSNORM_VERSION_MAJOR 0
+#define RMSNORM_VERSION_MINOR 1
+#define RMSNORM_VERSION_PATCH 0
+
+typedef enum rmsnorm_status {
+  RMSNORM_STATUS_SUCCESS = 0,
+  RMSNORM_STATUS_NULL_POINTER = 1,        /* a required pointer is NULL */
+  RMSNORM_STATUS_INVALID_SHAPE = 2,       /* rows < 0 or cols <= 0, or shapes disagree */
+  RMSNORM_STATUS_INVALID_STRIDE = 3,      /* a row stride < cols */
+  RMSNORM_STATUS_INVALID_EPS = 4,         /* eps negative, NaN or infinite */
+  RMSNORM_STATUS_INVALID_DTYPE = 5,       /* unknown dtype */
+  RMSNORM_STATUS_INVALID_OPTION = 6,      /* unknown flag, gw mode or backend kind */
+  RMSNORM_STATUS_MISALIGNED = 7,          /* a pointer is not aligned to its element size */
+  RMSNORM_STATUS_WORKSPACE_TOO_SMALL = 8, /* workspace smaller than the queried size */
+  RMSNORM_STATUS_OVERLAP = 9,             /* an output overlaps another operand */
+  RMSNORM_STATUS_WRONG_MEMORY_SPACE = 10, /* device pointer to the CPU backend or the reverse */
+  RMSNORM_STATUS_BACKEND_UNAVAILABLE = 11,/* CUDA backend not built, or no such device */
+  RMSNORM_STATUS_CUDA_ERROR = 12,         /* a CUDA runtime call failed */
+  RMSNORM_STATUS_INTERNAL_ERROR = 13
+} rmsnorm_status_t;
+
+typedef enum rmsnorm_dtype {
+  RMSNORM_DTYPE_F32 = 0,
+  RMSNORM_DTYPE_F16 = 1, /* IEEE binary16 */
+  RMSNORM_DTYPE_BF16 = 2 /* bfloat16 */
+} rmsnorm_dtype_t;
+
+/* problem.flags */
+#define RMSNORM_FLAG_WEIGHT_OFFSET 1u /* w' = 1 + w (Gemma), the 1 added in fp32 */
+#define RMSNORM_FLAG_ROUND_XHAT 2u    /* forward: y = T(T(x_hat) * w') (HF Llama style) */
+
+typedef enum rmsnorm_backend_kind {
+  RMSNORM_BACKEND_CPU = 0,
+  RMSNORM_BACKEND_CUDA = 1
+} rmsnorm_backend_kind_t;
+
+/* How backward writes the weight gradient. "Weight dtype" is problem.dtype. */
+typedef enum rmsnorm_gw_mode {
+  RMSNORM_GW_NONE = 0,           /* gx only (no weight, or a frozen weight) */
+  RMSNORM_GW_STORE = 1,          /* gw = sum, rounded to the weight dtype */
+  RMSNORM_GW_STORE_F32 = 2,      /* gw (float*) = sum */
+  RMSNORM_GW_ACCUMULATE = 3,     /* gw = T(float(gw) + sum), weight dtype */
+  RMSNORM_GW_ACCUMULATE_F32 = 4  /* gw (float*) += sum */
+} rmsnorm_gw_mode_t;
+
+typedef struct rmsnorm_problem {
+  int64_t rows;   /* >= 0; 0 is a no-op */
+  int64_t cols;   /* D, >= 1 */
+  int32_t dtype;  /* rmsnorm_dtype_t of x, y, weight, gy, gx */
+  uint32_t flags; /* RMSNORM_FLAG_* */
+  float eps;      /* >= 0 and finite */
+} rmsnorm_problem_t;
+
+typedef struct rmsnorm_backend {
+  int32_t kind;        /* rmsnorm_backend_kind_t */
+  int32_t device;      /* CUDA device ordinal, or -1 for the current device */
+  void* stream;        /* cudaStream_t; NULL is the legacy default stream */
+  int32_t num_threads; /* CPU worker threads; 0 = all hardware threads */
+} rmsnorm_backend_t;
+
+/* Name of a status ("RMSNORM_STATUS_OVERLAP"); never NULL. */
+RMSNORM_API const char* rmsnorm_status_string(rmsnorm_status_t status);
+
+/* Message of the last failing call on this thread (argument and reason);
+ * "" when the last call succeeded. Valid until the next call on this thread. */
+RMSNORM_API const char* rmsnorm_last_error(void);
+
+/* Size in bytes of an element of dtype, 0 for an unknown dtype. */
+RMSNORM_API size_t rmsnorm_dtype_size(int32_t dtype);
+
+/* 1 when the library was built with the CUDA backend and a CUDA device is
+ * present, else 0. */
+RMSNORM_API int rmsnorm_cuda_available(void);
+
+/* Defaults: rows 0, cols 0, dtype F32, flags 0, eps 1e-5. */
+RMSNORM_API rmsnorm_problem_t rmsnorm_problem_default(void);
+RMSNORM_API rmsnorm_backend_t rmsnorm_backend_cpu(int32_t num_threads);
+RMSNORM_API rmsnorm_backend_t rmsnorm_backend_cuda(int32_t device, void* stream);
+
+/* y = rms_norm(x) * w'. weight may be NULL (w' = 1); rstd (rows floats) may
+ * be NULL. Asynchronous on the CUDA backend (ordered on backend->stream). */
+RMSNORM_API rmsnorm_status_t rmsnorm_forward(const rmsnorm_problem_t* problem,
+                                             const void* x, int64_t x_row_stride,
+                                             const void* weight,
+                                             void* y, int64_t y_row_stride,
+                                             float* rstd,
+                                             const rmsnorm_backend_t* backend);
+
+/* Workspace that rmsnorm_backward needs for this problem, gw mode and backend.
+ * 0 when gw_mode is RMSNORM_GW_NONE. On CUDA it never exceeds
+ * 2 * (multiprocessors) * cols * 4 bytes, whatever the number of rows. */
+RMSNORM_API rmsnorm_status_t rmsnorm_backward_workspace_size(const rmsnorm_problem_t* problem,
+                                                             int32_t gw_mode,
+                                                             const rmsnorm_backend_t* backend,
+                                                             size_t* bytes);
+
+/* gx (and gw, per gw_mode) of y = rms_norm(x) * w' given gy = dL/dy.
+ * rstd: the forward's rstd, or NULL to recompute it. weight may be NULL only
+ * with RMSNORM_GW_NONE. workspace: at least the queried size, 16-byte aligned
+ * (may be NULL when that size is 0). Deterministic: the same inputs on the
+ * same device give bitwise identical gx and gw. */
+RMSNORM_API rmsnorm_status_t rmsnorm_backward(const rmsnorm_problem_t* problem,
+                                              const void* x, int64_t x_row_stride,
+                                              const void* weight,
+                                              const void* gy, int64_t gy_row_stride,
+                                              const float* rstd,
+                                              void* gx, int64_t gx_row_stride,
+                                              void* gw, int32_t gw_mode,
+                                              void* workspace, size_t workspace_bytes,
+                                              const rmsnorm_backend_t* backend);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* RMSNORM_RMSNORM_H_ */

@@ -1,0 +1,61 @@
+// Validated arguments handed from api.cpp to a backend. Backends may assume
+// everything here was checked: shapes, strides, eps, dtype, flags, gw mode,
+// alignment to the element size, overlap, memory space, workspace size.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "rmsnorm/rmsnorm.h"
+
+namespace rmsnorm {
+
+enum class DType : int32_t { kF32 = RMSNORM_DTYPE_F32, kF16 = RMSNORM_DTYPE_F16, kBF16 = RMSNORM_DTYPE_BF16 };
+
+enum class GwMode : int32_t {
+  kNone = RMSNORM_GW_NONE,
+  kStore = RMSNORM_GW_STORE,
+  kStoreF32 = RMSNORM_GW_STORE_F32,
+  kAccumulate = RMSNORM_GW_ACCUMULATE,
+  kAccumulateF32 = RMSNORM_GW_ACCUMULATE_F32,
+};
+
+inline bool gw_is_f32(GwMode m) { return m == GwMode::kStoreF32 || m == GwMode::kAccumulateF32; }
+inline bool gw_accumulates(GwMode m) { return m == GwMode::kAccumulate || m == GwMode::kAccumulateF32; }
+
+struct ForwardArgs {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  DType dtype = DType::kF32;
+  float eps = 1e-5f;
+  bool weight_offset = false;  // w' = 1 + w
+  bool round_xhat = false;     // y = T(T(x_hat) * w')
+  const void* x = nullptr;
+  int64_t x_stride = 0;
+  const void* weight = nullptr;  // may be null
+  void* y = nullptr;
+  int64_t y_stride = 0;
+  float* rstd = nullptr;  // may be null
+};
+
+struct BackwardArgs {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  DType dtype = DType::kF32;
+  float eps = 1e-5f;
+  bool weight_offset = false;
+  const void* x = nullptr;
+  int64_t x_stride = 0;
+  const void* weight = nullptr;  // may be null (then gw_mode == kNone)
+  const void* gy = nullptr;
+  int64_t gy_stride = 0;
+  const float* rstd = nullptr;  // may be null: recompute
+  void* gx = nullptr;
+  int64_t gx_stride = 0;
+  void* gw = nullptr;  // null iff gw_mode == kNone
+  GwMode gw_mode = GwMode::kNone;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+}  // namespace rmsnorm
