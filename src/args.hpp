@@ -7,18 +7,13 @@
 #include <cstdint>
 
 #include "rmsnorm/rmsnorm.h"
+#include "rmsnorm/rmsnorm.hpp"
 
 namespace rmsnorm {
 
 enum class DType : int32_t { kF32 = RMSNORM_DTYPE_F32, kF16 = RMSNORM_DTYPE_F16, kBF16 = RMSNORM_DTYPE_BF16 };
 
-enum class GwMode : int32_t {
-  kNone = RMSNORM_GW_NONE,
-  kStore = RMSNORM_GW_STORE,
-  kStoreF32 = RMSNORM_GW_STORE_F32,
-  kAccumulate = RMSNORM_GW_ACCUMULATE,
-  kAccumulateF32 = RMSNORM_GW_ACCUMULATE_F32,
-};
+// rmsnorm::GwMode comes from the public C++ header (one definition).
 
 inline bool gw_is_f32(GwMode m) { return m == GwMode::kStoreF32 || m == GwMode::kAccumulateF32; }
 inline bool gw_accumulates(GwMode m) { return m == GwMode::kAccumulate || m == GwMode::kAccumulateF32; }

@@ -85,7 +85,7 @@ typedef enum rmsnorm_gw_mode {
 } rmsnorm_gw_mode_t;
 
 typedef struct rmsnorm_problem {
-  int64_t rows;   /* >= 0; 0 is a no-op */
+  int64_t rows;   /* >= 0; 0 writes nothing but gw (see rmsnorm_backward) */
   int64_t cols;   /* D, >= 1 */
   int32_t dtype;  /* rmsnorm_dtype_t of x, y, weight, gy, gx */
   uint32_t flags; /* RMSNORM_FLAG_* */
@@ -139,7 +139,8 @@ RMSNORM_API rmsnorm_status_t rmsnorm_backward_workspace_size(const rmsnorm_probl
  * rstd: the forward's rstd, or NULL to recompute it. weight may be NULL only
  * with RMSNORM_GW_NONE. workspace: at least the queried size, 16-byte aligned
  * (may be NULL when that size is 0). Deterministic: the same inputs on the
- * same device give bitwise identical gx and gw. */
+ * same device give bitwise identical gx and gw. With rows == 0, gw is the
+ * empty sum: the store modes write zeros, the accumulate modes add zero. */
 RMSNORM_API rmsnorm_status_t rmsnorm_backward(const rmsnorm_problem_t* problem,
                                               const void* x, int64_t x_row_stride,
                                               const void* weight,

@@ -1,0 +1,376 @@
+// rmsnorm: typed C++17 API over the C ABI in rmsnorm.h.
+//
+// Header-only; every call goes through the same C entry points, so the C
+// contract (validation, in-place rules, determinism) holds unchanged. What
+// this layer adds is types that make the common mistakes fail to compile or
+// fail early:
+//   - the element type is a template parameter, so dtype and pointer types
+//     cannot disagree (half and bfloat16 are 2-byte storage structs that
+//     __half, __nv_bfloat16 or torch data can be reinterpret_cast to);
+//   - operands are views that carry their shape, and shapes that disagree
+//     (y vs x, weight vs cols, rstd vs rows, gw vs cols) are reported as
+//     Status::kInvalidShape naming the operand, before any memory is touched;
+//   - the weight gradient is a GradWeight<T> whose element type follows its
+//     mode (T for kStore/kAccumulate, float for the F32 modes);
+//   - Status is [[nodiscard]]; check() turns a failure into an Error.
+//
+// Pointers are host pointers for Backend::cpu() and device pointers for
+// Backend::cuda(), as in the C API.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "rmsnorm/rmsnorm.h"
+
+namespace rmsnorm {
+
+// ---- element types -------------------------------------------------------------------------
+
+// Storage only: no arithmetic, so that nobody mistakes it for a numeric type.
+// Layout-compatible with __half / __nv_bfloat16 / at::Half / at::BFloat16.
+struct half {
+  uint16_t bits;
+};
+struct bfloat16 {
+  uint16_t bits;
+};
+static_assert(sizeof(half) == 2 && alignof(half) == 2 && std::is_standard_layout<half>::value &&
+                  std::is_trivially_copyable<half>::value,
+              "rmsnorm::half must be a 2-byte standard-layout type");
+static_assert(sizeof(bfloat16) == 2 && alignof(bfloat16) == 2 && std::is_standard_layout<bfloat16>::value &&
+                  std::is_trivially_copyable<bfloat16>::value,
+              "rmsnorm::bfloat16 must be a 2-byte standard-layout type");
+
+// dtype_of<T>::value; undefined for any other type, so an unsupported element
+// type is a compile error rather than a runtime status.
+template <class T>
+struct dtype_of;
+template <>
+struct dtype_of<float> : std::integral_constant<rmsnorm_dtype_t, RMSNORM_DTYPE_F32> {};
+template <>
+struct dtype_of<half> : std::integral_constant<rmsnorm_dtype_t, RMSNORM_DTYPE_F16> {};
+template <>
+struct dtype_of<bfloat16> : std::integral_constant<rmsnorm_dtype_t, RMSNORM_DTYPE_BF16> {};
+template <class T>
+struct dtype_of<const T> : dtype_of<T> {};
+template <class T>
+inline constexpr rmsnorm_dtype_t dtype_of_v = dtype_of<T>::value;
+
+// ---- status and errors ----------------------------------------------------------------------
+
+enum class [[nodiscard]] Status : int32_t {
+  kSuccess = RMSNORM_STATUS_SUCCESS,
+  kNullPointer = RMSNORM_STATUS_NULL_POINTER,
+  kInvalidShape = RMSNORM_STATUS_INVALID_SHAPE,
+  kInvalidStride = RMSNORM_STATUS_INVALID_STRIDE,
+  kInvalidEps = RMSNORM_STATUS_INVALID_EPS,
+  kInvalidDtype = RMSNORM_STATUS_INVALID_DTYPE,
+  kInvalidOption = RMSNORM_STATUS_INVALID_OPTION,
+  kMisaligned = RMSNORM_STATUS_MISALIGNED,
+  kWorkspaceTooSmall = RMSNORM_STATUS_WORKSPACE_TOO_SMALL,
+  kOverlap = RMSNORM_STATUS_OVERLAP,
+  kWrongMemorySpace = RMSNORM_STATUS_WRONG_MEMORY_SPACE,
+  kBackendUnavailable = RMSNORM_STATUS_BACKEND_UNAVAILABLE,
+  kCudaError = RMSNORM_STATUS_CUDA_ERROR,
+  kInternalError = RMSNORM_STATUS_INTERNAL_ERROR,
+};
+
+inline const char* to_string(Status s) noexcept { return rmsnorm_status_string(static_cast<rmsnorm_status_t>(s)); }
+
+namespace detail {
+
+// Failures found by this layer never reach the C library, so rmsnorm_last_error()
+// knows nothing of them; they keep their message here. A fixed buffer keeps
+// the noexcept functions free of allocation.
+struct CppError {
+  bool active = false;
+  char message[256] = {};
+};
+inline CppError& cpp_error() noexcept {
+  static thread_local CppError e;
+  return e;
+}
+inline void clear_cpp_error() noexcept { cpp_error().active = false; }
+
+// Records the message of a failure found in this layer and returns s. The
+// caller formats into the buffer, with a literal format (-Wformat=2 clean).
+inline Status fail(Status s) noexcept {
+  cpp_error().active = true;
+  return s;
+}
+inline char* message_buffer() noexcept { return cpp_error().message; }
+constexpr size_t kMessageBytes = sizeof(CppError::message);
+
+}  // namespace detail
+
+// Message of the last failing rmsnorm call on this thread, whether the C++
+// layer or the C library rejected it; "" after a success.
+inline const char* last_error() noexcept {
+  const detail::CppError& e = detail::cpp_error();
+  return e.active ? e.message : rmsnorm_last_error();
+}
+
+class Error : public std::runtime_error {
+ public:
+  Error(Status status, const std::string& message)
+      : std::runtime_error(std::string(to_string(status)) + ": " + message), status_(status) {}
+  Status status() const noexcept { return status_; }
+
+ private:
+  Status status_;
+};
+
+// Throws Error(s, last_error()) unless s is kSuccess.
+inline void check(Status s) {
+  if (s != Status::kSuccess) throw Error(s, last_error());
+}
+
+// ---- views ------------------------------------------------------------------------------------
+
+// rows x cols elements, row-major, row_stride elements between row starts.
+template <class T>
+struct MatrixView {
+  T* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_stride = 0;
+
+  // MatrixView<T> -> MatrixView<const T>, and nothing else: U is deduced
+  // from the target type, so the is_same test rejects MatrixView<const Other>.
+  template <class U = T, std::enable_if_t<std::is_same<U, T>::value && !std::is_const<U>::value, int> = 0>
+  operator MatrixView<const U>() const noexcept {
+    return {data, rows, cols, row_stride};
+  }
+};
+
+inline constexpr int64_t kContiguous = -1;
+
+// row_stride == kContiguous means row_stride = cols. Any other value is kept
+// as given (a stride < cols is then rejected by the library, never "fixed").
+template <class T>
+MatrixView<T> make_matrix(T* data, int64_t rows, int64_t cols, int64_t row_stride = kContiguous) noexcept {
+  return {data, rows, cols, row_stride == kContiguous ? cols : row_stride};
+}
+
+// size elements. An empty view (data == nullptr, size == 0) means "none"
+// where an operand is optional (weight, rstd).
+template <class T>
+struct VectorView {
+  T* data = nullptr;
+  int64_t size = 0;
+
+  template <class U = T, std::enable_if_t<std::is_same<U, T>::value && !std::is_const<U>::value, int> = 0>
+  operator VectorView<const U>() const noexcept {
+    return {data, size};
+  }
+};
+
+template <class T>
+VectorView<T> make_vector(T* data, int64_t size) noexcept {
+  return {data, size};
+}
+
+// ---- options, backend, gw ------------------------------------------------------------------
+
+struct Options {
+  float eps = 1e-5f;
+  bool weight_offset = false;  // w' = 1 + w (Gemma)
+  bool round_xhat = false;     // forward: y = T(T(x_hat) * w') (HF Llama / MLX)
+};
+
+class Backend {
+ public:
+  // threads == 0: all hardware threads.
+  static Backend cpu(int threads = 0) noexcept { return Backend(rmsnorm_backend_cpu(threads)); }
+  // stream is a cudaStream_t (nullptr: the legacy default stream); device -1:
+  // the current device.
+  static Backend cuda(void* stream = nullptr, int device = -1) noexcept {
+    return Backend(rmsnorm_backend_cuda(device, stream));
+  }
+  static Backend from_c(const rmsnorm_backend_t& b) noexcept { return Backend(b); }
+
+  const rmsnorm_backend_t& c() const noexcept { return b_; }
+  bool is_cuda() const noexcept { return b_.kind == RMSNORM_BACKEND_CUDA; }
+
+ private:
+  explicit Backend(const rmsnorm_backend_t& b) noexcept : b_(b) {}
+  rmsnorm_backend_t b_;
+};
+
+// Same values as rmsnorm_gw_mode_t.
+enum class GwMode : int32_t {
+  kNone = RMSNORM_GW_NONE,
+  kStore = RMSNORM_GW_STORE,
+  kStoreF32 = RMSNORM_GW_STORE_F32,
+  kAccumulate = RMSNORM_GW_ACCUMULATE,
+  kAccumulateF32 = RMSNORM_GW_ACCUMULATE_F32,
+};
+
+// Where backward puts the weight gradient. Built only through the named
+// constructors, so the buffer's element type always matches the mode.
+// A default-constructed GradWeight is none().
+template <class T>
+class GradWeight {
+ public:
+  GradWeight() noexcept = default;
+  static GradWeight none() noexcept { return {}; }
+  static GradWeight store(VectorView<T> gw) noexcept { return {GwMode::kStore, gw.data, gw.size}; }
+  static GradWeight accumulate(VectorView<T> gw) noexcept { return {GwMode::kAccumulate, gw.data, gw.size}; }
+  static GradWeight store_f32(VectorView<float> gw) noexcept { return {GwMode::kStoreF32, gw.data, gw.size}; }
+  static GradWeight accumulate_f32(VectorView<float> gw) noexcept {
+    return {GwMode::kAccumulateF32, gw.data, gw.size};
+  }
+
+  GwMode mode() const noexcept { return mode_; }
+  void* data() const noexcept { return data_; }
+  int64_t size() const noexcept { return size_; }
+
+ private:
+  GradWeight(GwMode m, void* d, int64_t n) noexcept : mode_(m), data_(d), size_(n) {}
+  GwMode mode_ = GwMode::kNone;
+  void* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+// Caller-owned scratch for backward, at least backward_workspace_size() bytes,
+// 16-byte aligned (device memory on the CUDA backend).
+struct Workspace {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// ---- entry points ----------------------------------------------------------------------------
+
+namespace detail {
+
+// Keeps an argument out of template deduction, so that T comes from the
+// output operand alone and MatrixView<T> converts to MatrixView<const T>.
+template <class T>
+struct identity {
+  using type = T;
+};
+template <class T>
+using nondeduced = typename identity<T>::type;
+
+template <class T>
+rmsnorm_problem_t make_problem(int64_t rows, int64_t cols, const Options& opt) noexcept {
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = rows;
+  p.cols = cols;
+  p.dtype = dtype_of_v<T>;
+  p.flags = (opt.weight_offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u) | (opt.round_xhat ? RMSNORM_FLAG_ROUND_XHAT : 0u);
+  p.eps = opt.eps;
+  return p;
+}
+
+template <class A, class B>
+Status check_same_shape(const char* name, const MatrixView<A>& m, const MatrixView<B>& x) noexcept {
+  if (m.rows == x.rows && m.cols == x.cols) return Status::kSuccess;
+  std::snprintf(message_buffer(), kMessageBytes, "%s: shape %lldx%lld does not match x (%lldx%lld)", name,
+                static_cast<long long>(m.rows), static_cast<long long>(m.cols), static_cast<long long>(x.rows),
+                static_cast<long long>(x.cols));
+  return fail(Status::kInvalidShape);
+}
+
+inline Status check_size(const char* name, int64_t size, const char* what, int64_t n) noexcept {
+  if (size == n) return Status::kSuccess;
+  std::snprintf(message_buffer(), kMessageBytes, "%s: size %lld does not match %s (%lld)", name,
+                static_cast<long long>(size), what, static_cast<long long>(n));
+  return fail(Status::kInvalidShape);
+}
+
+// Optional vector operand: empty means absent; otherwise size must be n.
+// data == nullptr with a size is refused rather than read as "absent": it is
+// far more likely an unallocated buffer than a request for no weight.
+template <class V>
+Status check_optional(const char* name, const V& v, int64_t n, const char* what) noexcept {
+  if (v.data == nullptr && v.size != 0) {
+    std::snprintf(message_buffer(), kMessageBytes, "%s: null data with size %lld (pass an empty view for none)",
+                  name, static_cast<long long>(v.size));
+    return fail(Status::kNullPointer);
+  }
+  return v.data == nullptr ? Status::kSuccess : check_size(name, v.size, what, n);
+}
+
+}  // namespace detail
+
+// y = rms_norm(x) * w'. weight and rstd may be empty views. T is taken from y.
+template <class T>
+Status forward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<VectorView<const T>> weight,
+               MatrixView<T> y, VectorView<float> rstd, const Options& opt, const Backend& backend) noexcept {
+  static_assert(!std::is_const<T>::value, "y must be writable");
+  detail::clear_cpp_error();
+  Status s = detail::check_same_shape("y", y, x);
+  if (s == Status::kSuccess) s = detail::check_optional("weight", weight, x.cols, "cols");
+  if (s == Status::kSuccess) s = detail::check_optional("rstd", rstd, x.rows, "rows");
+  if (s != Status::kSuccess) return s;
+  const rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
+  return static_cast<Status>(rmsnorm_forward(&p, x.data, x.row_stride, weight.data, y.data, y.row_stride, rstd.data,
+                                             &backend.c()));
+}
+
+// Bytes of workspace backward needs for rows x cols of T with this gw mode.
+template <class T>
+Status backward_workspace_size(int64_t rows, int64_t cols, GwMode mode, const Backend& backend,
+                               size_t* bytes) noexcept {
+  detail::clear_cpp_error();
+  const rmsnorm_problem_t p = detail::make_problem<T>(rows, cols, Options{});
+  return static_cast<Status>(
+      rmsnorm_backward_workspace_size(&p, static_cast<int32_t>(mode), &backend.c(), bytes));
+}
+
+template <class T>
+size_t backward_workspace_size_or_throw(int64_t rows, int64_t cols, GwMode mode, const Backend& backend) {
+  size_t bytes = 0;
+  check(backward_workspace_size<T>(rows, cols, mode, backend, &bytes));
+  return bytes;
+}
+
+// gx (and gw, per its mode) given gy = dL/dy. rstd: the forward's, or an
+// empty view to recompute it. weight may be empty only with GradWeight::none().
+// gx may alias gy exactly (same data and row stride). T is taken from gx.
+template <class T>
+Status backward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<VectorView<const T>> weight,
+                detail::nondeduced<MatrixView<const T>> gy, detail::nondeduced<VectorView<const float>> rstd,
+                MatrixView<T> gx, detail::nondeduced<GradWeight<T>> gw, Workspace workspace, const Options& opt,
+                const Backend& backend) noexcept {
+  static_assert(!std::is_const<T>::value, "gx must be writable");
+  detail::clear_cpp_error();
+  Status s = detail::check_same_shape("gy", gy, x);
+  if (s == Status::kSuccess) s = detail::check_same_shape("gx", gx, x);
+  if (s == Status::kSuccess) s = detail::check_optional("weight", weight, x.cols, "cols");
+  if (s == Status::kSuccess) s = detail::check_optional("rstd", rstd, x.rows, "rows");
+  // A null gw is left to the library, which names it as a null pointer.
+  if (s == Status::kSuccess && gw.mode() != GwMode::kNone && gw.data() != nullptr)
+    s = detail::check_size("gw", gw.size(), "cols", x.cols);
+  if (s != Status::kSuccess) return s;
+  const rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
+  return static_cast<Status>(rmsnorm_backward(&p, x.data, x.row_stride, weight.data, gy.data, gy.row_stride,
+                                              rstd.data, gx.data, gx.row_stride, gw.data(),
+                                              static_cast<int32_t>(gw.mode()), workspace.data, workspace.bytes,
+                                              &backend.c()));
+}
+
+// Throwing forms: the same calls, with check() applied.
+template <class T>
+void forward_or_throw(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<VectorView<const T>> weight,
+                      MatrixView<T> y, VectorView<float> rstd, const Options& opt, const Backend& backend) {
+  check(forward<T>(x, weight, y, rstd, opt, backend));
+}
+
+template <class T>
+void backward_or_throw(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<VectorView<const T>> weight,
+                       detail::nondeduced<MatrixView<const T>> gy, detail::nondeduced<VectorView<const float>> rstd,
+                       MatrixView<T> gx, detail::nondeduced<GradWeight<T>> gw, Workspace workspace,
+                       const Options& opt, const Backend& backend) {
+  check(backward<T>(x, weight, gy, rstd, gx, gw, workspace, opt, backend));
+}
+
+inline bool cuda_available() noexcept { return rmsnorm_cuda_available() != 0; }
+
+}  // namespace rmsnorm

@@ -1,0 +1,386 @@
+// CPU backend, also the oracle the CUDA results are compared against.
+//
+// Maths (rmsnorm.h), all in fp32, per row of D = cols elements:
+//   w'    = w, 1 + w (weight_offset) or 1 (no weight); materialised once per
+//           call as a float vector, so the no-weight case multiplies by an
+//           exact 1 and shares the code path
+//   ss    = sum(x^2)                        r = 1 / sqrt(ss / D + eps)
+//   y     = T((x * r) * w')                 or T(T(x * r) * w') with round_xhat
+//   s     = sum(x * (w' * gy))              c = (r * s) / D  (= mean(x_hat w' gy))
+//   gx    = T(r * ((w' * gy) - (x * r) * c))
+//   gw[j] = sum over rows of gy * (x * r)
+//
+// Every fp32 row sum (ss, s) uses sum8(): term j goes to accumulator j % 8 in
+// increasing j, and the accumulators are combined as
+// ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)). Eight independent chains
+// let the compiler vectorise without reassociating. Backward recomputes r with
+// the same function as forward, so it is bitwise the rstd forward returns.
+//
+// Work split (static; no result depends on the number of threads):
+//   forward, and backward without gw: contiguous row ranges per thread.
+//   backward with gw: the rows are cut into P = gw_partials(rows) fixed
+//     contiguous ranges [p*rows/P, (p+1)*rows/P); partial p is a float vector
+//     of cols in the caller's workspace, summing its rows in order. Threads own
+//     tiles (partial, column range); the column split only matters for speed,
+//     since every element of a partial sees the same rows in the same order.
+//     A final pass over column ranges adds partials 0..P-1 in order and writes
+//     gw per GwMode. gx is written in the same tiles, each element after the
+//     tile has read gy there, so gx == gy (in place) is safe.
+//
+// All scratch (w', widened 16-bit rows, per-row statistics) is allocated by
+// the calling thread before anything is written, so running out of host
+// memory returns an error with the outputs untouched and workers never throw.
+#include "cpu/cpu_backend.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "common/half.hpp"
+#include "error.hpp"
+
+namespace rmsnorm::cpu {
+namespace {
+
+// Below this many elements per thread, starting a thread costs more than the
+// work it takes over (thread start-up is tens of microseconds, an element a
+// nanosecond or two).
+constexpr int64_t kMinElemsPerThread = int64_t{1} << 15;
+
+template <DType>
+struct Elem;
+template <>
+struct Elem<DType::kF32> {
+  using T = float;
+  static float load(float v) { return v; }
+  static float store(float f) { return f; }
+};
+template <>
+struct Elem<DType::kF16> {
+  using T = uint16_t;
+  static float load(uint16_t v) { return half_to_float(v); }
+  static uint16_t store(float f) { return float_to_half(f); }
+};
+template <>
+struct Elem<DType::kBF16> {
+  using T = uint16_t;
+  static float load(uint16_t v) { return bf16_to_float(v); }
+  static uint16_t store(float f) { return float_to_bf16(f); }
+};
+
+template <typename F>
+void dispatch_dtype(DType dt, F&& f) {
+  switch (dt) {
+    case DType::kF16: f(std::integral_constant<DType, DType::kF16>{}); return;
+    case DType::kBF16: f(std::integral_constant<DType, DType::kBF16>{}); return;
+    case DType::kF32: f(std::integral_constant<DType, DType::kF32>{}); return;
+  }
+}
+
+// Threads worth using for `items` independent items totalling `elems` elements.
+int threads_for(int requested, int64_t items, int64_t elems) {
+  int64_t t = requested;
+  if (t <= 0) {
+    const unsigned hw = std::thread::hardware_concurrency();
+    t = hw == 0 ? 1 : hw;
+  }
+  t = std::min({t, items, elems / kMinElemsPerThread});
+  return static_cast<int>(std::max<int64_t>(1, t));
+}
+
+// Calls fn(t, begin, end) for t in [0, threads) on static contiguous chunks of
+// [0, n); the caller runs chunk 0. A thread that cannot be started has its
+// chunk run here instead: the chunks, and so the results, stay the same.
+template <typename Fn>
+void parallel_for(int64_t n, int threads, Fn fn) {
+  if (n <= 0) return;
+  if (threads <= 1) {
+    fn(0, int64_t{0}, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(threads - 1));  // may throw bad_alloc: nothing written yet
+  for (int t = 1; t < threads; ++t) {
+    const int64_t b = n * t / threads, e = n * (t + 1) / threads;
+    try {
+      pool.emplace_back([=] { fn(t, b, e); });
+    } catch (...) {
+      fn(t, b, e);
+    }
+  }
+  fn(0, int64_t{0}, n / threads);
+  for (auto& th : pool) th.join();
+}
+
+// Per-thread float buffers of `len` each, `per_thread` of them, carved out of
+// one allocation made by the caller.
+class Scratch {
+ public:
+  Scratch(int threads, int per_thread, int64_t len)
+      : per_thread_(per_thread), len_(len),
+        buf_(static_cast<size_t>(threads) * static_cast<size_t>(per_thread) * static_cast<size_t>(len)) {}
+  float* get(int thread, int which) {
+    return buf_.data() + (static_cast<int64_t>(thread) * per_thread_ + which) * len_;
+  }
+
+ private:
+  int64_t per_thread_, len_;
+  std::vector<float> buf_;
+};
+
+template <typename Term>
+inline float sum8(int64_t n, Term term) {
+  float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) a[k] += term(j + k);
+  for (int k = 0; j + k < n; ++k) a[k] += term(j + k);
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+inline float row_rstd(const float* x, int64_t cols, float eps) {
+  const float ss = sum8(cols, [x](int64_t j) { return x[j] * x[j]; });
+  return 1.0f / std::sqrt(ss / static_cast<float>(cols) + eps);
+}
+
+// One expression shared by both backward paths, so they agree bitwise.
+inline float gx_of(float x, float wg, float r, float c) { return r * (wg - (x * r) * c); }
+
+// 16-bit rows are widened into scratch (len n); fp32 rows are read in place.
+template <DType dt>
+const float* widen(const typename Elem<dt>::T* src, int64_t n, float* scratch) {
+  if constexpr (dt == DType::kF32) {
+    (void)n;
+    (void)scratch;
+    return src;
+  } else {
+    for (int64_t j = 0; j < n; ++j) scratch[j] = Elem<dt>::load(src[j]);
+    return scratch;
+  }
+}
+
+// Scratch row length a worker needs: none when fp32 rows are read in place.
+constexpr int64_t widen_len(DType dt, int64_t cols) { return dt == DType::kF32 ? 0 : cols; }
+
+std::vector<float> weight_prime(const void* weight, DType dt, int64_t cols, bool offset) {
+  std::vector<float> wp(static_cast<size_t>(cols), 1.0f);
+  if (weight == nullptr) return wp;
+  dispatch_dtype(dt, [&](auto tag) {
+    constexpr DType d = decltype(tag)::value;
+    const auto* w = static_cast<const typename Elem<d>::T*>(weight);
+    for (int64_t j = 0; j < cols; ++j) {
+      const float v = Elem<d>::load(w[j]);
+      wp[static_cast<size_t>(j)] = offset ? 1.0f + v : v;
+    }
+  });
+  return wp;
+}
+
+template <DType dt>
+void forward_rows(const ForwardArgs& a, const float* wp, float* scratch, int64_t i0, int64_t i1) {
+  using T = typename Elem<dt>::T;
+  const int64_t cols = a.cols;
+  for (int64_t i = i0; i < i1; ++i) {
+    // The whole row is read (widened or summed) before y is written, and y[j]
+    // is written only after x[j] was read, so y == x is safe.
+    const float* x = widen<dt>(static_cast<const T*>(a.x) + i * a.x_stride, cols, scratch);
+    T* y = static_cast<T*>(a.y) + i * a.y_stride;
+    const float r = row_rstd(x, cols, a.eps);
+    if (a.rstd != nullptr) a.rstd[i] = r;
+    if (a.round_xhat) {
+      for (int64_t j = 0; j < cols; ++j) {
+        const float xh = Elem<dt>::load(Elem<dt>::store(x[j] * r));
+        y[j] = Elem<dt>::store(xh * wp[j]);
+      }
+    } else {
+      for (int64_t j = 0; j < cols; ++j) y[j] = Elem<dt>::store((x[j] * r) * wp[j]);
+    }
+  }
+}
+
+// Row statistics for backward: r and c = mean(x_hat * w' * gy).
+struct RowStats {
+  float r, c;
+};
+
+inline RowStats row_stats(const BackwardArgs& a, const float* x, const float* gy, const float* wp, int64_t i) {
+  const float r = a.rstd != nullptr ? a.rstd[i] : row_rstd(x, a.cols, a.eps);
+  const float s = sum8(a.cols, [=](int64_t j) { return x[j] * (wp[j] * gy[j]); });
+  return {r, (r * s) / static_cast<float>(a.cols)};
+}
+
+// Backward rows [i0, i1) without gw; with stats != nullptr only the row
+// statistics are computed (for the column-split gw path) and gx is not written.
+template <DType dt>
+void backward_rows(const BackwardArgs& a, const float* wp, RowStats* stats, float* xs, float* gs, int64_t i0,
+                   int64_t i1) {
+  using T = typename Elem<dt>::T;
+  const int64_t cols = a.cols;
+  for (int64_t i = i0; i < i1; ++i) {
+    const float* x = widen<dt>(static_cast<const T*>(a.x) + i * a.x_stride, cols, xs);
+    const float* gy = widen<dt>(static_cast<const T*>(a.gy) + i * a.gy_stride, cols, gs);
+    const RowStats st = row_stats(a, x, gy, wp, i);
+    if (stats != nullptr) {
+      stats[i] = st;
+      continue;
+    }
+    T* gx = static_cast<T*>(a.gx) + i * a.gx_stride;
+    for (int64_t j = 0; j < cols; ++j) gx[j] = Elem<dt>::store(gx_of(x[j], wp[j] * gy[j], st.r, st.c));
+  }
+}
+
+// Partial p's first row, the fixed partition gw's summation order is defined on.
+inline int64_t partial_begin(int64_t p, int64_t rows, int64_t parts) { return p * rows / parts; }
+
+// One tile: rows of partial p, columns [c0, c1). stats holds every row's
+// (r, c) when the columns are split; with a tile spanning the whole row
+// (stats == nullptr) they are computed here, from the same row data.
+template <DType dt>
+void gw_tile(const BackwardArgs& a, const float* wp, const RowStats* stats, int64_t p, int64_t parts, int64_t c0,
+             int64_t c1, float* xs, float* gs) {
+  using T = typename Elem<dt>::T;
+  const int64_t n = c1 - c0;
+  float* acc = static_cast<float*>(a.workspace) + p * a.cols + c0;
+  std::fill(acc, acc + n, 0.0f);
+  const int64_t i0 = partial_begin(p, a.rows, parts), i1 = partial_begin(p + 1, a.rows, parts);
+  for (int64_t i = i0; i < i1; ++i) {
+    const float* x = widen<dt>(static_cast<const T*>(a.x) + i * a.x_stride + c0, n, xs);
+    const float* gy = widen<dt>(static_cast<const T*>(a.gy) + i * a.gy_stride + c0, n, gs);
+    const RowStats st = stats != nullptr ? stats[i] : row_stats(a, x, gy, wp, i);
+    T* gx = static_cast<T*>(a.gx) + i * a.gx_stride + c0;
+    const float* w = wp + c0;
+    for (int64_t j = 0; j < n; ++j) {
+      const float xv = x[j], g = gy[j];
+      acc[j] += g * (xv * st.r);
+      gx[j] = Elem<dt>::store(gx_of(xv, w[j] * g, st.r, st.c));
+    }
+  }
+}
+
+template <DType dt>
+void write_gw(const BackwardArgs& a, int64_t parts, int64_t c0, int64_t c1) {
+  using T = typename Elem<dt>::T;
+  const float* ws = static_cast<const float*>(a.workspace);
+  for (int64_t j = c0; j < c1; ++j) {
+    float s = ws[j];
+    for (int64_t p = 1; p < parts; ++p) s += ws[p * a.cols + j];
+    switch (a.gw_mode) {
+      case GwMode::kStore: static_cast<T*>(a.gw)[j] = Elem<dt>::store(s); break;
+      case GwMode::kStoreF32: static_cast<float*>(a.gw)[j] = s; break;
+      case GwMode::kAccumulate: {
+        T* g = static_cast<T*>(a.gw) + j;
+        *g = Elem<dt>::store(Elem<dt>::load(*g) + s);
+        break;
+      }
+      case GwMode::kAccumulateF32: static_cast<float*>(a.gw)[j] += s; break;
+      case GwMode::kNone: break;
+    }
+  }
+}
+
+template <DType dt>
+void backward_gw(const BackwardArgs& a, const float* wp, int num_threads) {
+  const int64_t rows = a.rows, cols = a.cols, elems = rows * cols;
+  const int64_t parts = gw_partials(rows);
+
+  // With fewer partials than threads, columns are split too; then each row's
+  // (r, c) must be known before any tile of it runs, so they are computed
+  // first. That needs parts < threads, i.e. rows < threads * kGwRowsPerPartial,
+  // which keeps the statistics buffer small.
+  const int max_threads = threads_for(num_threads, elems, elems);
+  int64_t col_chunks = 1;
+  if (parts < max_threads) col_chunks = std::min((max_threads + parts - 1) / parts, std::max<int64_t>(1, cols / 64));
+  const int64_t tiles = parts * col_chunks;
+  const int stat_threads = col_chunks > 1 ? threads_for(num_threads, rows, elems) : 1;
+  const int tile_threads = threads_for(num_threads, tiles, elems);
+
+  std::vector<RowStats> stats(col_chunks > 1 ? static_cast<size_t>(rows) : 0);
+  Scratch scratch(std::max(stat_threads, tile_threads), 2, widen_len(dt, cols));
+
+  if (col_chunks > 1) {
+    parallel_for(rows, stat_threads, [&](int t, int64_t i0, int64_t i1) {
+      backward_rows<dt>(a, wp, stats.data(), scratch.get(t, 0), scratch.get(t, 1), i0, i1);
+    });
+  }
+  parallel_for(tiles, tile_threads, [&](int t, int64_t t0, int64_t t1) {
+    for (int64_t k = t0; k < t1; ++k) {
+      const int64_t p = k / col_chunks, chunk = k % col_chunks;
+      const int64_t c0 = chunk * cols / col_chunks, c1 = (chunk + 1) * cols / col_chunks;
+      gw_tile<dt>(a, wp, stats.empty() ? nullptr : stats.data(), p, parts, c0, c1, scratch.get(t, 0),
+                  scratch.get(t, 1));
+    }
+  });
+  parallel_for(cols, threads_for(num_threads, cols, parts * cols),
+               [&](int, int64_t c0, int64_t c1) { write_gw<dt>(a, parts, c0, c1); });
+}
+
+rmsnorm_status_t out_of_memory() {
+  return fail(RMSNORM_STATUS_INTERNAL_ERROR, "cpu backend", "out of host memory for scratch buffers");
+}
+
+}  // namespace
+
+int64_t gw_partials(int64_t rows) {
+  if (rows <= 0) return 0;
+  return std::min((rows + kGwRowsPerPartial - 1) / kGwRowsPerPartial, kMaxGwPartials);
+}
+
+size_t backward_workspace_bytes(int64_t rows, int64_t cols, GwMode mode) {
+  if (mode == GwMode::kNone) return 0;
+  return static_cast<size_t>(gw_partials(rows)) * static_cast<size_t>(cols) * sizeof(float);
+}
+
+rmsnorm_status_t forward(const ForwardArgs& a, int num_threads) {
+  if (a.rows <= 0) return RMSNORM_STATUS_SUCCESS;
+  try {
+    const std::vector<float> wp = weight_prime(a.weight, a.dtype, a.cols, a.weight_offset);
+    const int threads = threads_for(num_threads, a.rows, a.rows * a.cols);
+    Scratch scratch(threads, 1, widen_len(a.dtype, a.cols));
+    dispatch_dtype(a.dtype, [&](auto tag) {
+      constexpr DType dt = decltype(tag)::value;
+      parallel_for(a.rows, threads, [&](int t, int64_t i0, int64_t i1) {
+        forward_rows<dt>(a, wp.data(), scratch.get(t, 0), i0, i1);
+      });
+    });
+  } catch (const std::bad_alloc&) {
+    return out_of_memory();
+  }
+  return RMSNORM_STATUS_SUCCESS;
+}
+
+rmsnorm_status_t backward(const BackwardArgs& a, int num_threads) {
+  if (a.rows <= 0) {
+    // An empty sum: store modes write zeros, accumulate modes leave gw as is.
+    if (a.gw_mode == GwMode::kStoreF32) {
+      std::fill_n(static_cast<float*>(a.gw), a.cols, 0.0f);
+    } else if (a.gw_mode == GwMode::kStore) {
+      const size_t esize = a.dtype == DType::kF32 ? 4 : 2;
+      std::memset(a.gw, 0, static_cast<size_t>(a.cols) * esize);  // +0 is all-zero bits in every dtype
+    }
+    return RMSNORM_STATUS_SUCCESS;
+  }
+  try {
+    const std::vector<float> wp = weight_prime(a.weight, a.dtype, a.cols, a.weight_offset);
+    dispatch_dtype(a.dtype, [&](auto tag) {
+      constexpr DType dt = decltype(tag)::value;
+      if (a.gw_mode != GwMode::kNone) {
+        backward_gw<dt>(a, wp.data(), num_threads);
+        return;
+      }
+      const int threads = threads_for(num_threads, a.rows, a.rows * a.cols);
+      Scratch scratch(threads, 2, widen_len(dt, a.cols));
+      parallel_for(a.rows, threads, [&](int t, int64_t i0, int64_t i1) {
+        backward_rows<dt>(a, wp.data(), nullptr, scratch.get(t, 0), scratch.get(t, 1), i0, i1);
+      });
+    });
+  } catch (const std::bad_alloc&) {
+    return out_of_memory();
+  }
+  return RMSNORM_STATUS_SUCCESS;
+}
+
+}  // namespace rmsnorm::cpu

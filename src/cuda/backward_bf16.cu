@@ -1,0 +1,36 @@
+// Backward kernels for __nv_bfloat16.
+#include "cuda/backward.cuh"
+#include "cuda/launch.hpp"
+
+namespace rmsnorm::cuda {
+template rmsnorm_status_t launch_backward<__nv_bfloat16>(const BackwardArgs&, const plan::Device&, cudaStream_t);
+
+int query_max_cluster() {
+  // The backward kernel is the heavier of the two cluster kernels (shared gw
+  // accumulators), so what fits for it fits for the forward.
+  const auto kernel = backward_cluster_kernel<__nv_bfloat16>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(plan::backward_cluster_smem())) != cudaSuccess) {
+    cudaGetLastError();
+    return plan::kMaxPortableCluster;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = plan::kMaxCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(plan::kMaxCluster);
+  cfg.blockDim = dim3(plan::kClusterThreads);
+  cfg.dynamicSmemBytes = plan::backward_cluster_smem();
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return plan::kMaxPortableCluster;
+  }
+  return clusters > 0 ? plan::kMaxCluster : plan::kMaxPortableCluster;
+}
+}  // namespace rmsnorm::cuda

@@ -1,0 +1,31 @@
+// Entry points of the CUDA backend, called by api.cpp after validation.
+// Nothing here allocates; every CUDA error becomes a status plus a message.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "args.hpp"
+
+namespace rmsnorm::cuda {
+
+// A CUDA device is present and the runtime works.
+bool available();
+
+// Resolves backend.device (-1 = current) to an ordinal; BACKEND_UNAVAILABLE
+// when there is no such device.
+rmsnorm_status_t resolve_device(int32_t requested, int* device);
+
+// Where a pointer lives, as far as the CUDA runtime can tell: pageable host
+// memory, device-only memory, or memory both sides reach (managed, pinned).
+enum class MemorySpace { kHost, kDevice, kBoth };
+MemorySpace memory_space(const void* p);
+
+// Workspace bytes of the fused backward on `device` (0 for GwMode::kNone).
+rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, GwMode mode, int device,
+                                          size_t* bytes);
+
+rmsnorm_status_t forward(const ForwardArgs& a, int device, void* stream);
+rmsnorm_status_t backward(const BackwardArgs& a, int device, void* stream);
+
+}  // namespace rmsnorm::cuda

@@ -1,0 +1,138 @@
+// CUDA backend entry points: device selection, pointer checks, dispatch.
+#include <cuda_runtime.h>
+
+#include <map>
+#include <mutex>
+
+#include "cuda/common.cuh"
+#include "cuda/cuda_backend.hpp"
+#include "cuda/launch.hpp"
+
+namespace rmsnorm::cuda {
+
+namespace {
+
+// Makes `device` current for the scope of a call and restores the caller's.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) status_ = cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  cudaError_t status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  cudaError_t status_ = cudaSuccess;
+};
+
+}  // namespace
+
+bool available() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // no driver / no device is not an error of the caller's
+    return false;
+  }
+  return n > 0;
+}
+
+rmsnorm_status_t resolve_device(int32_t requested, int* device) {
+  int n = 0;
+  RMSNORM_CUDA_TRY(cudaGetDeviceCount(&n));
+  if (requested < 0) {
+    RMSNORM_CUDA_TRY(cudaGetDevice(device));
+    return RMSNORM_STATUS_SUCCESS;
+  }
+  if (requested >= n)
+    return fail(RMSNORM_STATUS_BACKEND_UNAVAILABLE, "backend.device",
+                "device " + std::to_string(requested) + " does not exist (" + std::to_string(n) + " present)");
+  *device = requested;
+  return RMSNORM_STATUS_SUCCESS;
+}
+
+MemorySpace memory_space(const void* p) {
+  cudaPointerAttributes attr;
+  const cudaError_t e = cudaPointerGetAttributes(&attr, p);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return MemorySpace::kHost;  // no usable runtime: everything is host memory
+  }
+  // Managed and registered host memory are reachable from both sides.
+  if (attr.type == cudaMemoryTypeDevice) return MemorySpace::kDevice;
+  if (attr.type == cudaMemoryTypeUnregistered) return MemorySpace::kHost;
+  return MemorySpace::kBoth;
+}
+
+// Properties are read once per device: the plan (and so every reduction
+// order) must not change between calls on the same device.
+plan::Device device_properties(int device) {
+  static std::mutex mutex;
+  static std::map<int, plan::Device> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  plan::Device d;
+  int smem = 0;
+  if (cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    cudaGetLastError();
+    return d;  // not cached; the caller's next CUDA call reports the problem
+  }
+  d.max_smem_optin = static_cast<size_t>(smem);
+  d.max_cluster = 1;
+  if (d.cc_major >= 9) {
+    int current = -1;
+    cudaGetDevice(&current);
+    if (current != device) cudaSetDevice(device);
+    d.max_cluster = query_max_cluster();
+    if (current != device && current >= 0) cudaSetDevice(current);
+  }
+  cache[device] = d;
+  return d;
+}
+
+static rmsnorm_status_t check_device(int device, plan::Device* dev) {
+  *dev = device_properties(device);
+  RMSNORM_CUDA_TRY(cudaGetLastError());
+  return RMSNORM_STATUS_SUCCESS;
+}
+
+rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, GwMode mode, int device,
+                                          size_t* bytes) {
+  plan::Device dev;
+  const rmsnorm_status_t st = check_device(device, &dev);
+  if (st != RMSNORM_STATUS_SUCCESS) return st;
+  const int esize = dtype == DType::kF32 ? 4 : 2;
+  *bytes = plan::backward_launch(rows, cols, esize, mode != GwMode::kNone, dev).workspace;
+  return RMSNORM_STATUS_SUCCESS;
+}
+
+rmsnorm_status_t forward(const ForwardArgs& a, int device, void* stream) {
+  DeviceGuard guard(device);
+  RMSNORM_CUDA_TRY(guard.status());
+  plan::Device dev;
+  const rmsnorm_status_t st = check_device(device, &dev);
+  if (st != RMSNORM_STATUS_SUCCESS) return st;
+  return dispatch_dtype(a.dtype, [&](auto tag) {
+    return launch_forward<decltype(tag)>(a, dev, static_cast<cudaStream_t>(stream));
+  });
+}
+
+rmsnorm_status_t backward(const BackwardArgs& a, int device, void* stream) {
+  DeviceGuard guard(device);
+  RMSNORM_CUDA_TRY(guard.status());
+  plan::Device dev;
+  const rmsnorm_status_t st = check_device(device, &dev);
+  if (st != RMSNORM_STATUS_SUCCESS) return st;
+  return dispatch_dtype(a.dtype, [&](auto tag) {
+    return launch_backward<decltype(tag)>(a, dev, static_cast<cudaStream_t>(stream));
+  });
+}
+
+}  // namespace rmsnorm::cuda

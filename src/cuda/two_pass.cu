@@ -1,0 +1,65 @@
+// Two-pass backward for the benchmark (see two_pass.hpp): the fused kernel's
+// row work, but gw contributions go to a {rows, cols} temporary in the
+// weight dtype, then a column sum (fp32 accumulation) writes gw.
+#include "cuda/backward.cuh"
+#include "cuda/launch.hpp"
+#include "cuda/two_pass.hpp"
+
+namespace rmsnorm::cuda {
+
+namespace {
+
+// One thread per column, rows in order: deterministic, coalesced across columns.
+template <typename T>
+__global__ void column_sum_kernel(const T* __restrict__ temp, int64_t rows, int64_t cols, GwOut out) {
+  const int64_t col = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (col >= cols) return;
+  float s = 0.0f;
+  for (int64_t r = 0; r < rows; ++r) s += to_float(temp[r * cols + col]);
+  store_gw_final<T>(out, col, s);
+}
+
+template <typename T>
+rmsnorm_status_t run(const BackwardArgs& a, void* temp, cudaStream_t stream) {
+  int device = 0;
+  RMSNORM_CUDA_TRY(cudaGetDevice(&device));
+  const plan::Device dev = device_properties(device);
+  const plan::BackwardLaunch l = plan::backward_launch(a.rows, a.cols, static_cast<int>(sizeof(T)), false, dev);
+  if (l.row.band != plan::Band::kRows || l.row.threads_per_row < 32)
+    return fail(RMSNORM_STATUS_INVALID_SHAPE, "cols", "the two-pass variant covers the kRows band with >= 32 threads per row only");
+  BackwardParams<T> p = backward_params<T>(a, l);
+  p.with_gw = false;
+  p.temp = static_cast<T*>(temp);
+  p.temp_vector_io = plan::rows_aligned16(temp, a.cols, static_cast<int>(sizeof(T)));
+  const dim3 grid(static_cast<unsigned>(l.grid));
+  const rmsnorm_status_t st = dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
+    constexpr int kTpr = decltype(tpr)::value;
+    if constexpr (kTpr >= 32) {
+      backward_rows_kernel<T, kTpr, true><<<grid, plan::backward_block(kTpr), 0, stream>>>(p);
+      RMSNORM_CUDA_LAUNCHED("backward_rows_kernel<two-pass>");
+    }
+    return RMSNORM_STATUS_SUCCESS;
+  });
+  if (st != RMSNORM_STATUS_SUCCESS) return st;
+  GwOut out;
+  out.gw = a.gw;
+  out.mode = static_cast<int>(a.gw_mode);
+  column_sum_kernel<T><<<static_cast<unsigned>((a.cols + 255) / 256), 256, 0, stream>>>(static_cast<const T*>(temp),
+                                                                                         a.rows, a.cols, out);
+  RMSNORM_CUDA_LAUNCHED("column_sum_kernel");
+  return RMSNORM_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+size_t two_pass_temp_bytes(int64_t rows, int64_t cols, DType dtype) {
+  return static_cast<size_t>(rows) * static_cast<size_t>(cols) * (dtype == DType::kF32 ? 4 : 2);
+}
+
+rmsnorm_status_t backward_two_pass(const BackwardArgs& a, void* temp, void* stream) {
+  if (a.gw_mode != GwMode::kStore && a.gw_mode != GwMode::kStoreF32)
+    return fail(RMSNORM_STATUS_INVALID_OPTION, "gw_mode", "the two-pass variant stores gw only");
+  return dispatch_dtype(a.dtype, [&](auto tag) { return run<decltype(tag)>(a, temp, static_cast<cudaStream_t>(stream)); });
+}
+
+}  // namespace rmsnorm::cuda

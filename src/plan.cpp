@@ -1,0 +1,102 @@
+// Host planner; see plan.hpp for the work split and the bands.
+#include "plan.hpp"
+
+#include <algorithm>
+
+namespace rmsnorm::plan {
+
+namespace {
+
+int next_pow2_at_least(int64_t v) {
+  int p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+// Upper bound on CTAs of a grid-stride launch; past it CTAs loop over rows.
+constexpr int64_t kMaxGrid = int64_t{1} << 24;
+
+}  // namespace
+
+RowPlan row_plan(int64_t cols, int esize, bool backward, const Device& dev) {
+  RowPlan p;
+  p.esize = esize;
+  p.vec = vec_elems(esize);
+  p.chunks = chunks_of(cols, esize);
+  const int rows_cpt = rows_chunks_per_thread(static_cast<size_t>(esize));
+  const int cluster_cpt = cluster_chunks_per_thread(static_cast<size_t>(esize));
+  const int64_t rows_capacity = int64_t{kMaxThreadsPerRow} * rows_cpt;
+  const int64_t cta_capacity = int64_t{kClusterThreads} * cluster_cpt;
+  if (p.chunks <= rows_capacity) {
+    p.band = Band::kRows;
+    p.threads_per_row = next_pow2_at_least((p.chunks + rows_cpt - 1) / rows_cpt);
+    p.chunks_per_thread = rows_cpt;
+    p.cluster = 1;
+    p.block = backward ? backward_block(p.threads_per_row) : forward_block(p.threads_per_row);
+    p.rows_per_block = p.block / p.threads_per_row;
+    return p;
+  }
+  const int cluster = next_pow2_at_least((p.chunks + cta_capacity - 1) / cta_capacity);
+  const int max_cluster = dev.cc_major >= 9 ? dev.max_cluster : 1;
+  if (cluster <= max_cluster) {
+    p.band = Band::kCluster;
+    p.threads_per_row = kClusterThreads;
+    p.chunks_per_thread = cluster_cpt;
+    p.cluster = cluster;
+    p.block = kClusterThreads;
+    p.rows_per_block = 1;
+    return p;
+  }
+  p.band = Band::kLooped;
+  p.threads_per_row = kLoopedThreads;
+  p.chunks_per_thread = static_cast<int>((p.chunks + kLoopedThreads - 1) / kLoopedThreads);
+  p.cluster = 1;
+  p.block = kLoopedThreads;
+  p.rows_per_block = 1;
+  return p;
+}
+
+ForwardLaunch forward_launch(int64_t rows, int64_t cols, int esize, const Device& dev) {
+  ForwardLaunch l;
+  l.row = row_plan(cols, esize, /*backward=*/false, dev);
+  const int64_t groups = (rows + l.row.rows_per_block - 1) / l.row.rows_per_block;
+  l.grid = std::min(groups, kMaxGrid / l.row.cluster) * l.row.cluster;
+  l.smem = 0;
+  return l;
+}
+
+BackwardLaunch backward_launch(int64_t rows, int64_t cols, int esize, bool with_gw, const Device& dev) {
+  BackwardLaunch l;
+  l.row = row_plan(cols, esize, /*backward=*/true, dev);
+  const int64_t groups = (rows + l.row.rows_per_block - 1) / l.row.rows_per_block;
+  switch (l.row.band) {
+    case Band::kRows: {
+      const int per_sm = backward_blocks_per_sm(l.row.threads_per_row);
+      l.grid = std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{dev.sm_count} * per_sm));
+      l.partials = l.grid;
+      if (with_gw) l.smem = backward_rows_smem(l.row.threads_per_row);
+      break;
+    }
+    case Band::kCluster: {
+      // One CTA per SM (1024 threads); a cluster needs `cluster` SMs.
+      const int64_t clusters = std::max<int64_t>(1, std::min<int64_t>(rows, dev.sm_count / l.row.cluster));
+      l.grid = clusters * l.row.cluster;
+      l.partials = clusters;
+      if (with_gw) l.smem = backward_cluster_smem();
+      break;
+    }
+    case Band::kLooped: {
+      l.grid = std::max<int64_t>(1, std::min<int64_t>(rows, int64_t{dev.sm_count} * kBackwardBlocksPerSm));
+      l.partials = l.grid;
+      break;
+    }
+  }
+  // A single CTA (or cluster) writes gw itself; the looped band accumulates
+  // its partial in the workspace, so it always has one.
+  l.direct_gw = with_gw && l.partials == 1 && l.row.band != Band::kLooped;
+  // One fp32 partial row of `cols` floats per CTA (or cluster).
+  l.workspace = (with_gw && !l.direct_gw) ? static_cast<size_t>(l.partials) * static_cast<size_t>(cols) * sizeof(float) : 0;
+  return l;
+}
+
+}  // namespace rmsnorm::plan

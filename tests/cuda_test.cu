@@ -1,0 +1,746 @@
+// GPU tests of the CUDA backend against the float64 reference (and the CPU
+// backend). Skipped, with a message, when no CUDA device is present (CI).
+//
+// Every check: fresh random inputs (never zeros), outputs and workspace
+// poisoned with NaN bytes, a kernel that fills shared memory with NaN run
+// just before the launch under test (stale shared memory), every element
+// compared, the worst one printed. Sizes are chosen per dispatch band
+// (plan.hpp): kRows D <= 8192 (tpr 1..1024), kCluster D in (8192, 131072]
+// (or 262144 with clusters of 16), kLooped above.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <tuple>
+#include <utility>
+#include <random>
+#include <vector>
+
+#include "plan.hpp"
+#include "rmsnorm/rmsnorm.h"
+#include "rmsnorm_reference.hpp"
+#include "test_util.hpp"
+
+namespace rmsnorm::test {
+namespace {
+
+#define CUDA_OK(call) ASSERT_EQ(cudaSuccess, (call)) << #call << ": " << cudaGetErrorString(cudaGetLastError())
+
+bool gpu_present() { return rmsnorm_cuda_available() == 1; }
+
+class Cuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!gpu_present()) GTEST_SKIP() << "no CUDA device: GPU tests skipped";
+  }
+};
+using CudaSanitizer = Cuda;  // small shapes over every band, run under compute-sanitizer
+
+// ---- device memory ----------------------------------------------------------------------------
+
+// One device arena per process, bump-allocated per check and reset after,
+// so the sweeps do not pay cudaMalloc per case.
+class Arena {
+ public:
+  static Arena& get() {
+    static Arena a;
+    return a;
+  }
+  void* alloc(size_t bytes) {
+    bytes = (bytes + 255) / 256 * 256;
+    if (used_ + bytes > cap_) grow(used_ + bytes);
+    void* p = static_cast<char*>(base_) + used_;
+    used_ += bytes;
+    return p;
+  }
+  // Ends a case: blocks outgrown during it are freed only now, since the
+  // case's earlier allocations still live in them.
+  void reset() {
+    for (void* p : retired_) cudaFree(p);
+    retired_.clear();
+    used_ = 0;
+  }
+
+ private:
+  void grow(size_t need) {
+    if (base_ != nullptr) retired_.push_back(base_);
+    cap_ = std::max(need, cap_ * 2 + (size_t{256} << 20));
+    if (cudaMalloc(&base_, cap_) != cudaSuccess) {
+      base_ = nullptr;
+      cap_ = 0;
+      throw std::runtime_error("cudaMalloc failed");
+    }
+    used_ = 0;
+  }
+  void* base_ = nullptr;
+  size_t cap_ = 0, used_ = 0;
+  std::vector<void*> retired_;
+};
+
+// A device copy of a HostMatrix's whole storage (offset and poison included).
+struct Dev {
+  void* base = nullptr;
+  size_t bytes = 0;
+  int64_t offset_bytes = 0;
+  void* data() const { return static_cast<char*>(base) + offset_bytes; }
+};
+
+Dev upload(const HostMatrix& m) {
+  Dev d;
+  d.bytes = m.storage.size();
+  d.base = Arena::get().alloc(d.bytes);
+  d.offset_bytes = m.offset * static_cast<int64_t>(m.esize());
+  if (cudaMemcpy(d.base, m.storage.data(), d.bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+    throw std::runtime_error("upload failed");
+  return d;
+}
+
+void download(const Dev& d, HostMatrix& m) {
+  if (cudaMemcpy(m.storage.data(), d.base, d.bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+    throw std::runtime_error("download failed");
+}
+
+// Fills every SM's shared memory with NaN bytes, so a kernel that reads
+// shared memory it did not write this launch sees garbage.
+__global__ void poison_shared_kernel(int words) {
+  extern __shared__ unsigned s[];
+  for (int i = threadIdx.x; i < words; i += blockDim.x) s[i] = 0xFFFFFFFFu;
+  __syncthreads();
+  if (s[(threadIdx.x * 7) % words] == 0u) s[0] = 1u;  // keep the stores alive
+}
+
+void poison_shared_memory() {
+  int dev = 0, smem = 0, sms = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaFuncSetAttribute(poison_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  poison_shared_kernel<<<sms * 2, 1024, static_cast<size_t>(smem)>>>(smem / 4);
+  if (cudaGetLastError() != cudaSuccess) throw std::runtime_error("poison kernel failed");
+}
+
+rmsnorm_backend_t cuda_backend() { return rmsnorm_backend_cuda(-1, nullptr); }
+
+// ---- cases --------------------------------------------------------------------------------------
+
+enum class Layout { kAligned, kOffset, kPadded };
+
+struct Case {
+  int32_t dtype = RMSNORM_DTYPE_BF16;
+  int64_t rows = 3, cols = 64;
+  Layout layout = Layout::kAligned;
+  bool weight = true;
+  bool weight_offset = false;
+  bool round_xhat = false;
+  bool with_rstd = true;  // forward writes rstd; backward reads it
+  bool hetero = false;    // neighbouring rows scaled 1e-3 .. 1e3
+  float eps = 1e-5f;
+  int32_t gw_mode = RMSNORM_GW_STORE;
+  bool compare_cpu = false;
+};
+
+std::string describe(const Case& c) {
+  std::ostringstream os;
+  os << dtype_name(c.dtype) << " " << c.rows << "x" << c.cols << " layout "
+     << (c.layout == Layout::kAligned ? "aligned" : c.layout == Layout::kOffset ? "offset+1" : "padded")
+     << (c.weight ? " weight" : " no-weight") << (c.weight_offset ? " +1" : "") << (c.round_xhat ? " round" : "")
+     << (c.with_rstd ? " rstd" : "") << (c.hetero ? " hetero" : "") << " eps " << c.eps << " gw_mode " << c.gw_mode;
+  return os.str();
+}
+
+int64_t stride_of(const Case& c) { return c.layout == Layout::kPadded ? c.cols + 1 + c.cols % 7 : c.cols; }
+int64_t offset_of(const Case& c) { return c.layout == Layout::kOffset ? 1 : 0; }
+
+double row_scale(const Case& c, int64_t r) {
+  static const double kScales[] = {1e-3, 1e3, 1.0, 3e-2, 30.0, 1e-1, 5e2};
+  return c.hetero ? kScales[r % 7] : 1.0;
+}
+
+reference::Options ref_options(const Case& c) {
+  reference::Options o;
+  o.eps = static_cast<double>(c.eps);
+  o.weight_offset = c.weight_offset;
+  return o;
+}
+
+rmsnorm_problem_t problem_of(const Case& c) {
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = c.rows;
+  p.cols = c.cols;
+  p.dtype = c.dtype;
+  p.eps = c.eps;
+  p.flags = (c.weight_offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u) | (c.round_xhat ? RMSNORM_FLAG_ROUND_XHAT : 0u);
+  return p;
+}
+
+struct Inputs {
+  HostMatrix x, w, gy;
+};
+
+Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
+  Inputs in;
+  in.x = HostMatrix(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
+  fill_random(in.x, rng, [&](int64_t r) { return row_scale(c, r); });
+  in.w = HostMatrix(c.dtype, 1, c.cols, c.cols, offset_of(c));
+  fill_random(in.w, rng);
+  in.gy = HostMatrix(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
+  fill_random(in.gy, rng);
+  return in;
+}
+
+// Forward on the GPU; returns y and rstd (host copies).
+void gpu_forward(const Case& c, const Inputs& in, HostMatrix* y, std::vector<float>* rstd) {
+  Arena::get().reset();
+  *y = HostMatrix(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));  // NaN-poisoned
+  const Dev dx = upload(in.x), dw = upload(in.w), dy = upload(*y);
+  float* drstd = nullptr;
+  if (c.with_rstd) {
+    drstd = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(c.rows) * 4 + 4));
+    ASSERT_EQ(cudaSuccess, cudaMemset(drstd, 0xFF, static_cast<size_t>(c.rows) * 4));
+  }
+  poison_shared_memory();
+  const rmsnorm_problem_t p = problem_of(c);
+  const rmsnorm_backend_t b = cuda_backend();
+  const rmsnorm_status_t st =
+      rmsnorm_forward(&p, dx.data(), stride_of(c), c.weight ? dw.data() : nullptr, dy.data(), stride_of(c), drstd, &b);
+  ASSERT_EQ(st, RMSNORM_STATUS_SUCCESS) << rmsnorm_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  download(dy, *y);
+  rstd->assign(static_cast<size_t>(c.rows), NAN);
+  if (c.with_rstd) CUDA_OK(cudaMemcpy(rstd->data(), drstd, static_cast<size_t>(c.rows) * 4, cudaMemcpyDeviceToHost));
+}
+
+void check_forward(const Case& c, std::mt19937_64& rng) {
+  SCOPED_TRACE(describe(c));
+  const Inputs in = make_inputs(c, rng);
+  HostMatrix y;
+  std::vector<float> rstd;
+  gpu_forward(c, in, &y, &rstd);
+  if (::testing::Test::HasFatalFailure()) return;
+
+  const std::vector<double> xd = in.x.to_double(), wd = in.w.to_double();
+  const size_t n = static_cast<size_t>(c.rows * c.cols);
+  std::vector<double> yr(n), xh(n), rr(static_cast<size_t>(c.rows));
+  reference::forward(c.rows, c.cols, xd.data(), c.weight ? wd.data() : nullptr, ref_options(c), yr.data(), rr.data(),
+                     xh.data());
+  const double acc = acc_rel(c.cols);
+  auto wprime = [&](int64_t col) { return c.weight ? wd[col] + (c.weight_offset ? 1.0 : 0.0) : 1.0; };
+  if (c.round_xhat) {
+    std::vector<double> ref2(n);
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t k = 0; k < c.cols; ++k)
+        ref2[r * c.cols + k] = round_to(c.dtype, round_to(c.dtype, xh[r * c.cols + k]) * wprime(k));
+    EXPECT_TRUE(check_matrix("y (round_xhat)", y, ref2, [&](int64_t r, int64_t k) {
+      const double v = ref2[r * c.cols + k];
+      return ulp(c.dtype, xh[r * c.cols + k]) * std::fabs(wprime(k)) + ulp(c.dtype, v) + acc * std::fabs(v);
+    }));
+  } else {
+    EXPECT_TRUE(check_matrix("y", y, yr, [&](int64_t r, int64_t k) {
+      const double v = yr[r * c.cols + k];
+      return ulp(c.dtype, v) + acc * std::fabs(v);
+    }));
+  }
+  if (c.with_rstd)
+    EXPECT_TRUE(check_vector(
+        "rstd", c.rows, [&](int64_t r) { return static_cast<double>(rstd[r]); }, rr,
+        [&](int64_t r) { return acc * rr[r]; }));
+
+  if (c.compare_cpu) {
+    HostMatrix ycpu(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
+    const rmsnorm_problem_t p = problem_of(c);
+    const rmsnorm_backend_t cpu = rmsnorm_backend_cpu(0);
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward(&p, in.x.data(), stride_of(c), c.weight ? in.w.data() : nullptr,
+                                                      ycpu.data(), stride_of(c), nullptr, &cpu));
+    const std::vector<double> yc = ycpu.to_double();
+    // Both sit within the reference tolerance, so they agree within twice it.
+    EXPECT_TRUE(check_matrix("y vs CPU backend", y, yc, [&](int64_t r, int64_t k) {
+      const double v = yr[r * c.cols + k];
+      return 2 * (ulp(c.dtype, v) + acc * std::fabs(v)) + (c.round_xhat ? 2 * ulp(c.dtype, xh[r * c.cols + k]) * std::fabs(wprime(k)) : 0.0);
+    }));
+  }
+}
+
+struct BackwardOut {
+  HostMatrix gx;
+  std::vector<double> gw;      // as stored (converted to double)
+  std::vector<double> gw_old;  // accumulate modes: the initial gw
+};
+
+void gpu_backward(const Case& c, const Inputs& in, const std::vector<float>& rstd, BackwardOut* out,
+                  std::mt19937_64& rng) {
+  Arena::get().reset();
+  out->gx = HostMatrix(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
+  const Dev dx = upload(in.x), dw = upload(in.w), dgy = upload(in.gy), dgx = upload(out->gx);
+  const bool f32 = c.gw_mode == RMSNORM_GW_STORE_F32 || c.gw_mode == RMSNORM_GW_ACCUMULATE_F32;
+  const bool accumulate = c.gw_mode == RMSNORM_GW_ACCUMULATE || c.gw_mode == RMSNORM_GW_ACCUMULATE_F32;
+  HostMatrix gw(f32 ? RMSNORM_DTYPE_F32 : c.dtype, 1, c.cols);
+  if (accumulate) fill_random(gw, rng);
+  out->gw_old = gw.to_double();
+  const Dev dgw = upload(gw);
+  float* drstd = nullptr;
+  if (c.with_rstd) {
+    drstd = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(c.rows) * 4 + 4));
+    CUDA_OK(cudaMemcpy(drstd, rstd.data(), static_cast<size_t>(c.rows) * 4, cudaMemcpyHostToDevice));
+  }
+  const rmsnorm_problem_t p = problem_of(c);
+  const rmsnorm_backend_t b = cuda_backend();
+  const int32_t mode = c.weight ? c.gw_mode : RMSNORM_GW_NONE;
+  size_t ws_bytes = 0;
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, mode, &b, &ws_bytes)) << rmsnorm_last_error();
+  void* ws = ws_bytes > 0 ? Arena::get().alloc(ws_bytes) : nullptr;
+  if (ws != nullptr) CUDA_OK(cudaMemset(ws, 0xFF, ws_bytes));
+  poison_shared_memory();
+  const rmsnorm_status_t st = rmsnorm_backward(&p, dx.data(), stride_of(c), c.weight ? dw.data() : nullptr, dgy.data(),
+                                               stride_of(c), drstd, dgx.data(), stride_of(c),
+                                               mode == RMSNORM_GW_NONE ? nullptr : dgw.data(), mode, ws, ws_bytes, &b);
+  ASSERT_EQ(st, RMSNORM_STATUS_SUCCESS) << rmsnorm_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  download(dgx, out->gx);
+  download(dgw, gw);
+  out->gw = gw.to_double();
+}
+
+void check_backward(const Case& c, std::mt19937_64& rng) {
+  SCOPED_TRACE(describe(c));
+  const Inputs in = make_inputs(c, rng);
+  const std::vector<double> xd = in.x.to_double(), wd = in.w.to_double(), gyd = in.gy.to_double();
+  const size_t n = static_cast<size_t>(c.rows * c.cols);
+  std::vector<double> rr(static_cast<size_t>(c.rows)), yr(n);
+  reference::forward(c.rows, c.cols, xd.data(), c.weight ? wd.data() : nullptr, ref_options(c), yr.data(), rr.data(),
+                     nullptr);
+  std::vector<float> rstd(static_cast<size_t>(c.rows));
+  for (int64_t r = 0; r < c.rows; ++r) rstd[r] = static_cast<float>(rr[r]);
+
+  BackwardOut out;
+  gpu_backward(c, in, rstd, &out, rng);
+  if (::testing::Test::HasFatalFailure()) return;
+
+  std::vector<double> gxr(n), gwr(static_cast<size_t>(c.cols)), gxs(n), gws(static_cast<size_t>(c.cols));
+  reference::backward(c.rows, c.cols, xd.data(), c.weight ? wd.data() : nullptr, gyd.data(), ref_options(c), gxr.data(),
+                      gwr.data(), gxs.data(), gws.data());
+  // rstd given as float: its rounding (2^-24 relative) is inside acc_rel.
+  const double acc = acc_rel(c.cols);
+  EXPECT_TRUE(check_matrix("gx", out.gx, gxr, [&](int64_t r, int64_t k) {
+    return ulp(c.dtype, gxr[r * c.cols + k]) + acc * gxs[r * c.cols + k];
+  }));
+  if (!c.weight || c.gw_mode == RMSNORM_GW_NONE) return;
+  const bool f32 = c.gw_mode == RMSNORM_GW_STORE_F32 || c.gw_mode == RMSNORM_GW_ACCUMULATE_F32;
+  const bool accumulate = c.gw_mode == RMSNORM_GW_ACCUMULATE || c.gw_mode == RMSNORM_GW_ACCUMULATE_F32;
+  const int32_t out_dtype = f32 ? RMSNORM_DTYPE_F32 : c.dtype;
+  std::vector<double> expect(static_cast<size_t>(c.cols));
+  for (int64_t k = 0; k < c.cols; ++k) expect[k] = gwr[k] + (accumulate ? out.gw_old[k] : 0.0);
+  // fp32 sums over rows (partials, then partial rows in order): error grows
+  // like sqrt(rows) relative to sum|gy x_hat|, plus x_hat's own error; the
+  // accumulate modes add one fp32 rounding of the old value.
+  const double acc_rows = acc_rel(c.rows);
+  EXPECT_TRUE(check_vector(
+      "gw", c.cols, [&](int64_t k) { return out.gw[k]; }, expect,
+      [&](int64_t k) {
+        return ulp(out_dtype, expect[k]) + (acc + acc_rows) * gws[k] +
+               (accumulate ? ulp(RMSNORM_DTYPE_F32, out.gw_old[k]) : 0.0);
+      }));
+}
+
+// ---- forward --------------------------------------------------------------------------------------
+
+const int32_t kDtypes[] = {RMSNORM_DTYPE_F32, RMSNORM_DTYPE_F16, RMSNORM_DTYPE_BF16};
+
+// Every D in 1..8192 (the kRows band: every threads-per-row value and every
+// partial-chunk tail) x dtype x {aligned, base + 1 element, padded stride}.
+// Rows rotate through {1, 2, 3, 7}; every 64th D runs a few hundred rows;
+// weight / no weight alternate.
+TEST_F(Cuda, ForwardEveryDUpTo8192) {
+  std::mt19937_64 rng(1);
+  const int64_t kRows[] = {1, 2, 3, 7};
+  for (int64_t d = 1; d <= 8192; ++d) {
+    for (int32_t dt : kDtypes) {
+      for (Layout lay : {Layout::kAligned, Layout::kOffset, Layout::kPadded}) {
+        Case c;
+        c.dtype = dt;
+        c.cols = d;
+        c.layout = lay;
+        c.rows = d % 64 == 0 ? 300 : kRows[(d + static_cast<int>(lay)) % 4];
+        c.weight = (d + dt) % 5 != 0;
+        c.with_rstd = d % 2 == 0;
+        check_forward(c, rng);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+// Large D: the top of kRows, every cluster size, the looped band; primes.
+TEST_F(Cuda, ForwardLargeD) {
+  std::mt19937_64 rng(2);
+  for (int64_t d : {3584, 7168, 8191, 12288, 16384, 32768, 65521, 65536, 131071, 131072, 262144, 262147}) {
+    for (int32_t dt : kDtypes) {
+      for (Layout lay : {Layout::kAligned, Layout::kOffset}) {
+        Case c;
+        c.dtype = dt;
+        c.cols = d;
+        c.layout = lay;
+        c.rows = d > 100000 ? 3 : 5;
+        c.compare_cpu = true;
+        check_forward(c, rng);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+// One representative D per band and per threads-per-row value.
+const int64_t kBandDs[] = {1, 8, 31, 33, 64, 128, 384, 512, 1000, 2048, 3584, 4096, 8192, 8200, 40000, 140000, 300000};
+
+TEST_F(Cuda, ForwardSemantics) {
+  std::mt19937_64 rng(3);
+  for (int64_t d : kBandDs) {
+    for (int32_t dt : kDtypes) {
+      Case c;
+      c.dtype = dt;
+      c.cols = d;
+      c.rows = 9;
+      c.hetero = true;  // a row normalized by a neighbour's sum fails at once
+      check_forward(c, rng);
+      c.hetero = false;
+      c.weight_offset = true;
+      check_forward(c, rng);
+      c.round_xhat = true;
+      check_forward(c, rng);
+      c.weight = false;
+      c.weight_offset = false;
+      check_forward(c, rng);
+      c.weight = true;
+      c.round_xhat = false;
+      c.eps = 0.0f;
+      check_forward(c, rng);
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// Hand-made rows: all zeros (-> 0, never NaN), one huge value, fp16 values
+// near 65504 whose squares overflow fp16 but not fp32.
+TEST_F(Cuda, ForwardSpecialRows) {
+  for (int64_t d : {8, 64, 384, 4096, 40000}) {
+    for (int32_t dt : kDtypes) {
+      Case c;
+      c.dtype = dt;
+      c.cols = d;
+      c.rows = 3;
+      Inputs in;
+      in.x = HostMatrix(dt, 3, d);
+      in.w = HostMatrix(dt, 1, d);
+      for (int64_t k = 0; k < d; ++k) {
+        in.x.set(0, k, 0.0);
+        in.x.set(1, k, k == d / 2 ? 30000.0 : 0.25);
+        in.x.set(2, k, (k % 2 ? -1 : 1) * 60000.0);
+        in.w.set(0, k, 0.5 + (k % 5) * 0.25);
+      }
+      SCOPED_TRACE(describe(c));
+      HostMatrix y;
+      std::vector<float> rstd;
+      gpu_forward(c, in, &y, &rstd);
+      ASSERT_FALSE(HasFatalFailure());
+      const std::vector<double> xd = in.x.to_double(), wd = in.w.to_double();
+      std::vector<double> yr(static_cast<size_t>(3 * d));
+      reference::forward(3, d, xd.data(), wd.data(), ref_options(c), yr.data(), nullptr, nullptr);
+      for (int64_t k = 0; k < d; ++k) ASSERT_EQ(y.get(0, k), 0.0) << "all-zero row must give 0 at " << k;
+      EXPECT_TRUE(check_matrix("y special", y, yr, [&](int64_t r, int64_t k) {
+        const double v = yr[r * d + k];
+        return ulp(dt, v) + acc_rel(d) * std::fabs(v);
+      }));
+    }
+  }
+}
+
+// Bitwise batch invariance: a row's y and rstd do not depend on how many
+// rows share the call or where the row sits.
+TEST_F(Cuda, ForwardBatchInvariance) {
+  std::mt19937_64 rng(4);
+  for (int64_t d : kBandDs) {
+    for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32}) {
+      const int64_t big = std::max<int64_t>(3, std::min<int64_t>(4099, (int64_t{1} << 26) / d));
+      Case c;
+      c.dtype = dt;
+      c.cols = d;
+      c.rows = big;
+      SCOPED_TRACE(describe(c));
+      const Inputs in = make_inputs(c, rng);
+      HostMatrix y_big;
+      std::vector<float> r_big;
+      gpu_forward(c, in, &y_big, &r_big);
+      ASSERT_FALSE(HasFatalFailure());
+      for (int64_t pos : {int64_t{0}, big / 2, big - 1}) {
+        for (int64_t batch : {int64_t{1}, int64_t{3}}) {
+          Case cs = c;
+          cs.rows = batch;
+          Inputs sub;
+          sub.w = in.w;
+          sub.x = HostMatrix(dt, batch, d);
+          fill_random(sub.x, rng);
+          const int64_t at = batch == 1 ? 0 : 1;
+          for (int64_t k = 0; k < d; ++k) sub.x.set(at, k, in.x.get(pos, k));
+          HostMatrix y_small;
+          std::vector<float> r_small;
+          gpu_forward(cs, sub, &y_small, &r_small);
+          ASSERT_FALSE(HasFatalFailure());
+          ASSERT_EQ(0, std::memcmp(&r_small[at], &r_big[pos], 4)) << "rstd differs, row " << pos << " batch " << batch;
+          for (int64_t k = 0; k < d; ++k)
+            ASSERT_EQ(y_small.get(at, k), y_big.get(pos, k)) << "y differs, row " << pos << " batch " << batch << " col " << k;
+        }
+      }
+    }
+  }
+}
+
+// ---- backward ---------------------------------------------------------------------------------------
+
+TEST_F(Cuda, BackwardEveryDUpTo8192) {
+  std::mt19937_64 rng(5);
+  const int64_t kRows[] = {1, 2, 3, 7};
+  for (int64_t d = 1; d <= 8192; ++d) {
+    for (int32_t dt : kDtypes) {
+      for (Layout lay : {Layout::kAligned, Layout::kOffset, Layout::kPadded}) {
+        Case c;
+        c.dtype = dt;
+        c.cols = d;
+        c.layout = lay;
+        c.rows = d % 64 == 0 ? 300 : kRows[(d + static_cast<int>(lay)) % 4];
+        c.weight = (d + dt) % 5 != 0;
+        c.with_rstd = d % 2 == 0;
+        c.gw_mode = (d % 3 == 0) ? RMSNORM_GW_STORE_F32 : RMSNORM_GW_STORE;
+        check_backward(c, rng);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+TEST_F(Cuda, BackwardLargeD) {
+  std::mt19937_64 rng(6);
+  for (int64_t d : {3584, 7168, 8191, 12288, 16384, 32768, 65521, 65536, 131071, 131072, 262144, 262147}) {
+    for (int32_t dt : kDtypes) {
+      for (Layout lay : {Layout::kAligned, Layout::kOffset}) {
+        Case c;
+        c.dtype = dt;
+        c.cols = d;
+        c.layout = lay;
+        c.rows = d > 100000 ? 3 : 37;  // 37 rows: several rows per persistent cluster
+        check_backward(c, rng);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+TEST_F(Cuda, BackwardSemanticsAndGwModes) {
+  std::mt19937_64 rng(7);
+  for (int64_t d : kBandDs) {
+    for (int32_t dt : kDtypes) {
+      Case c;
+      c.dtype = dt;
+      c.cols = d;
+      c.rows = d > 10000 ? 40 : 300;  // several rows per CTA (or cluster) in every band
+      c.hetero = true;
+      for (int32_t mode : {RMSNORM_GW_NONE, RMSNORM_GW_STORE, RMSNORM_GW_STORE_F32, RMSNORM_GW_ACCUMULATE,
+                           RMSNORM_GW_ACCUMULATE_F32}) {
+        c.gw_mode = mode;
+        c.with_rstd = mode % 2 == 0;
+        check_backward(c, rng);
+      }
+      c.hetero = false;
+      c.weight_offset = true;
+      check_backward(c, rng);
+      c.weight = false;
+      check_backward(c, rng);
+      c.weight = true;
+      c.rows = 1;  // a single CTA writes gw directly
+      check_backward(c, rng);
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// 20 repeats give bitwise identical gx and gw (no atomics, fixed orders).
+TEST_F(Cuda, BackwardIsDeterministic) {
+  std::mt19937_64 rng(8);
+  for (int64_t d : {64, 384, 4096, 40000, 300000}) {
+    Case c;
+    c.dtype = RMSNORM_DTYPE_BF16;
+    c.cols = d;
+    c.rows = d > 100000 ? 40 : 2000;
+    c.with_rstd = false;
+    c.gw_mode = RMSNORM_GW_STORE_F32;
+    SCOPED_TRACE(describe(c));
+    const Inputs in = make_inputs(c, rng);
+    BackwardOut first;
+    std::vector<float> none;
+    gpu_backward(c, in, none, &first, rng);
+    ASSERT_FALSE(HasFatalFailure());
+    for (int rep = 0; rep < 19; ++rep) {
+      BackwardOut again;
+      gpu_backward(c, in, none, &again, rng);
+      ASSERT_FALSE(HasFatalFailure());
+      ASSERT_EQ(0, std::memcmp(first.gx.storage.data(), again.gx.storage.data(), first.gx.storage.size()))
+          << "gx differs on repeat " << rep;
+      ASSERT_EQ(first.gw, again.gw) << "gw differs on repeat " << rep;
+    }
+  }
+}
+
+// gw over 1M rows, fp32 output: normwise relative error <= 1e-5 before any
+// rounding to a 16-bit dtype; and bf16 gw at 131072 x 128 within 2.5e-3
+// normwise (a 16-bit column sum would be near 1.4e-2).
+TEST_F(Cuda, GwAccuracyManyRows) {
+  std::mt19937_64 rng(9);
+  struct Shape {
+    int64_t rows, cols;
+    int32_t dt, mode;
+    double bound;
+  };
+  for (const Shape s : {Shape{1 << 20, 128, RMSNORM_DTYPE_BF16, RMSNORM_GW_STORE_F32, 1e-5},
+                        Shape{131072, 128, RMSNORM_DTYPE_BF16, RMSNORM_GW_STORE, 2.5e-3},
+                        Shape{1 << 20, 64, RMSNORM_DTYPE_F32, RMSNORM_GW_STORE_F32, 1e-5}}) {
+    Case c;
+    c.dtype = s.dt;
+    c.rows = s.rows;
+    c.cols = s.cols;
+    c.gw_mode = s.mode;
+    c.with_rstd = false;
+    SCOPED_TRACE(describe(c));
+    const Inputs in = make_inputs(c, rng);
+    BackwardOut out;
+    gpu_backward(c, in, {}, &out, rng);
+    ASSERT_FALSE(HasFatalFailure());
+    const std::vector<double> xd = in.x.to_double(), wd = in.w.to_double(), gyd = in.gy.to_double();
+    std::vector<double> gx(static_cast<size_t>(c.rows * c.cols)), gw(static_cast<size_t>(c.cols));
+    reference::backward(c.rows, c.cols, xd.data(), wd.data(), gyd.data(), ref_options(c), gx.data(), gw.data(), nullptr,
+                        nullptr);
+    double num = 0, den = 0;
+    for (int64_t k = 0; k < c.cols; ++k) {
+      num += (out.gw[k] - gw[k]) * (out.gw[k] - gw[k]);
+      den += gw[k] * gw[k];
+    }
+    const double rel = std::sqrt(num / den);
+    std::printf("gw %lldx%lld %s mode %d: normwise relative error %.3g (bound %.3g)\n", static_cast<long long>(c.rows),
+                static_cast<long long>(c.cols), dtype_name(c.dtype), c.gw_mode, rel, s.bound);
+    EXPECT_LE(rel, s.bound);
+  }
+}
+
+// rows * D > 2^31 (and rows > 65535): identical rows, so every output row
+// must equal row 0 bitwise (batch invariance), and row 0 matches the reference.
+TEST_F(Cuda, MoreThan2To31Elements) {
+  const int64_t d = 4096, rows = (int64_t{1} << 31) / d + 3;
+  const int32_t dt = RMSNORM_DTYPE_BF16;
+  const size_t row_bytes = static_cast<size_t>(d) * 2, bytes = row_bytes * static_cast<size_t>(rows);
+  std::mt19937_64 rng(10);
+  HostMatrix xrow(dt, 1, d), gyrow(dt, 1, d), w(dt, 1, d);
+  fill_random(xrow, rng);
+  fill_random(gyrow, rng);
+  fill_random(w, rng);
+  void *x, *y, *gy, *gx, *dw, *gw, *ws;
+  CUDA_OK(cudaMalloc(&x, bytes));
+  CUDA_OK(cudaMalloc(&y, bytes));
+  CUDA_OK(cudaMalloc(&gy, bytes));
+  CUDA_OK(cudaMalloc(&gx, bytes));
+  CUDA_OK(cudaMalloc(&dw, row_bytes));
+  CUDA_OK(cudaMalloc(&gw, static_cast<size_t>(d) * 4));
+  CUDA_OK(cudaMemcpy(dw, w.data(), row_bytes, cudaMemcpyHostToDevice));
+  // Replicate one row by doubling copies.
+  for (auto [dst, src] : {std::pair<void*, const void*>{x, xrow.data()}, {gy, gyrow.data()}}) {
+    CUDA_OK(cudaMemcpy(dst, src, row_bytes, cudaMemcpyHostToDevice));
+    for (int64_t have = 1; have < rows; have *= 2) {
+      const int64_t n = std::min(have, rows - have);
+      CUDA_OK(cudaMemcpy(static_cast<char*>(dst) + have * row_bytes, dst, n * row_bytes, cudaMemcpyDeviceToDevice));
+    }
+  }
+  CUDA_OK(cudaMemset(y, 0xFF, bytes));
+  CUDA_OK(cudaMemset(gx, 0xFF, bytes));
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = rows;
+  p.cols = d;
+  p.dtype = dt;
+  const rmsnorm_backend_t b = cuda_backend();
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward(&p, x, d, dw, y, d, nullptr, &b)) << rmsnorm_last_error();
+  size_t ws_bytes = 0;
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, RMSNORM_GW_STORE_F32, &b, &ws_bytes));
+  CUDA_OK(cudaMalloc(&ws, ws_bytes));
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward(&p, x, d, dw, gy, d, nullptr, gx, d, gw, RMSNORM_GW_STORE_F32, ws,
+                                                     ws_bytes, &b))
+      << rmsnorm_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+
+  std::vector<unsigned char> host(bytes);
+  std::vector<double> xd = xrow.to_double(), wd = w.to_double(), gyd = gyrow.to_double();
+  std::vector<double> yr(static_cast<size_t>(d)), gxr(static_cast<size_t>(d)), gwr(static_cast<size_t>(d)),
+      gxs(static_cast<size_t>(d)), gws(static_cast<size_t>(d));
+  reference::forward(1, d, xd.data(), wd.data(), reference::Options{}, yr.data(), nullptr, nullptr);
+  reference::backward(1, d, xd.data(), wd.data(), gyd.data(), reference::Options{}, gxr.data(), gwr.data(), gxs.data(),
+                      gws.data());
+  for (const auto& item : {std::tuple<void*, std::vector<double>*, const char*>{y, &yr, "y"}, {gx, &gxr, "gx"}}) {
+    void* dev = std::get<0>(item);
+    const std::vector<double>* ref = std::get<1>(item);
+    const char* name = std::get<2>(item);
+    CUDA_OK(cudaMemcpy(host.data(), dev, bytes, cudaMemcpyDeviceToHost));
+    HostMatrix row0(dt, 1, d);
+    std::memcpy(row0.data(), host.data(), row_bytes);
+    EXPECT_TRUE(check_matrix(name, row0, *ref, [&](int64_t, int64_t k) {
+      const double v = (*ref)[k];
+      return ulp(dt, v) + acc_rel(d) * (name[0] == 'y' ? std::fabs(v) : gxs[k]);
+    }));
+    for (int64_t r = 1; r < rows; ++r)
+      ASSERT_EQ(0, std::memcmp(host.data(), host.data() + r * row_bytes, row_bytes)) << name << " row " << r;
+  }
+  std::vector<float> gwh(static_cast<size_t>(d));
+  CUDA_OK(cudaMemcpy(gwh.data(), gw, static_cast<size_t>(d) * 4, cudaMemcpyDeviceToHost));
+  std::vector<double> expect(static_cast<size_t>(d));
+  for (int64_t k = 0; k < d; ++k) expect[k] = gwr[k] * static_cast<double>(rows);
+  EXPECT_TRUE(check_vector(
+      "gw", d, [&](int64_t k) { return static_cast<double>(gwh[k]); }, expect,
+      [&](int64_t k) { return (acc_rel(d) + acc_rel(rows)) * gws[k] * static_cast<double>(rows); }));
+  for (void* ptr : {x, y, gy, gx, dw, gw, ws}) cudaFree(ptr);
+}
+
+// Host memory handed to the CUDA backend and device memory handed to the CPU
+// backend are refused, nothing written.
+TEST_F(Cuda, WrongMemorySpace) {
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = 2;
+  p.cols = 8;
+  std::vector<float> hx(16, 1.0f), hy(16, 7.0f);
+  float* dx = nullptr;
+  CUDA_OK(cudaMalloc(&dx, 64));
+  const rmsnorm_backend_t gpu = cuda_backend(), cpu = rmsnorm_backend_cpu(1);
+  EXPECT_EQ(RMSNORM_STATUS_WRONG_MEMORY_SPACE, rmsnorm_forward(&p, hx.data(), 8, nullptr, dx, 8, nullptr, &gpu));
+  EXPECT_NE(std::string(rmsnorm_last_error()).find("x"), std::string::npos);
+  EXPECT_EQ(RMSNORM_STATUS_WRONG_MEMORY_SPACE, rmsnorm_forward(&p, dx, 8, nullptr, hy.data(), 8, nullptr, &cpu));
+  for (float v : hy) EXPECT_EQ(v, 7.0f);
+  cudaFree(dx);
+}
+
+// ---- under compute-sanitizer: every band, small -------------------------------------------------
+
+TEST_F(CudaSanitizer, EveryBandForwardAndBackward) {
+  std::mt19937_64 rng(11);
+  for (int64_t d : {1, 8, 33, 64, 384, 1000, 4096, 8192, 20000, 70000, 140000, 300000}) {
+    for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32}) {
+      for (int64_t rows : {int64_t{1}, int64_t{5}}) {
+        Case c;
+        c.dtype = dt;
+        c.cols = d;
+        c.rows = rows;
+        c.layout = d % 2 ? Layout::kOffset : Layout::kAligned;
+        check_forward(c, rng);
+        c.gw_mode = rows == 1 ? RMSNORM_GW_ACCUMULATE : RMSNORM_GW_STORE;
+        check_backward(c, rng);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rmsnorm::test

@@ -1,0 +1,222 @@
+// The host planner, checked on the CPU for every D in 1..2^20: coverage,
+// minimal bands, CTA geometry, reduction groups that never mix rows,
+// batch-invariant row plans, and the backward workspace bound.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "plan.hpp"
+
+namespace rmsnorm::plan {
+namespace {
+
+constexpr int64_t kMaxD = int64_t{1} << 20;
+
+Device hopper(int max_cluster = 8) {
+  Device d;
+  d.sm_count = 132;
+  d.cc_major = 9;
+  d.max_cluster = max_cluster;
+  return d;
+}
+Device ampere() {
+  Device d;
+  d.sm_count = 108;
+  d.cc_major = 8;
+  d.max_smem_optin = 163 * 1024;
+  d.max_cluster = 1;
+  return d;
+}
+
+bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// Invariants of one row plan; returns a failure message or "".
+std::string check_row_plan(const RowPlan& p, int64_t d, int esize, const Device& dev) {
+  std::ostringstream os;
+  if (p.vec != 16 / esize) os << "vec " << p.vec << "; ";
+  if (p.chunks != (d + p.vec - 1) / p.vec) os << "chunks " << p.chunks << "; ";
+  if (p.block > 1024 || p.block < 1) os << "block " << p.block << "; ";
+  if (p.rows_per_block * p.threads_per_row != p.block) os << "rows_per_block * tpr != block; ";
+  if (!is_pow2(p.threads_per_row)) os << "tpr not a power of two; ";
+  if (p.threads_per_row <= 32 ? 32 % p.threads_per_row != 0 : p.threads_per_row % 32 != 0)
+    os << "tpr does not tile warps; ";
+  switch (p.band) {
+    case Band::kRows: {
+      if (p.chunks_per_thread != rows_chunks_per_thread(static_cast<size_t>(esize))) os << "rows cpt; ";
+      if (p.cluster != 1) os << "rows cluster; ";
+      // Covers the row, and the next smaller power of two would not (no idle half).
+      if (int64_t{p.threads_per_row} * p.chunks_per_thread < p.chunks) os << "rows band does not cover D; ";
+      if (p.threads_per_row > 1 && int64_t{p.threads_per_row / 2} * p.chunks_per_thread >= p.chunks)
+        os << "rows band not minimal; ";
+      if (d > 8192) os << "rows band above D = 8192; ";
+      break;
+    }
+    case Band::kCluster: {
+      if (d <= 8192) os << "cluster band below D = 8192; ";
+      if (p.block != kClusterThreads || p.threads_per_row != kClusterThreads) os << "cluster block; ";
+      if (p.chunks_per_thread != cluster_chunks_per_thread(static_cast<size_t>(esize))) os << "cluster cpt; ";
+      if (!is_pow2(p.cluster) || p.cluster > (dev.cc_major >= 9 ? dev.max_cluster : 1)) os << "cluster size; ";
+      const int64_t per_cta = int64_t{kClusterThreads} * p.chunks_per_thread;
+      if (per_cta * p.cluster < p.chunks) os << "cluster does not cover D; ";
+      if (p.cluster > 1 && per_cta * (p.cluster / 2) >= p.chunks) os << "cluster not minimal; ";
+      break;
+    }
+    case Band::kLooped: {
+      const int max_cluster = dev.cc_major >= 9 ? dev.max_cluster : 1;
+      const int64_t per_cta = int64_t{kClusterThreads} * cluster_chunks_per_thread(static_cast<size_t>(esize));
+      if (per_cta * max_cluster >= p.chunks) os << "looped although a cluster covers D; ";
+      if (p.block != kLoopedThreads) os << "looped block; ";
+      break;
+    }
+  }
+  return os.str();
+}
+
+TEST(Plan, EveryDInEveryBandIsCoveredAndMinimal) {
+  const Device devs[] = {hopper(8), hopper(16), ampere()};
+  for (const Device& dev : devs) {
+    for (int esize : {2, 4}) {
+      for (int64_t d = 1; d <= kMaxD; ++d) {
+        const RowPlan f = row_plan(d, esize, false, dev);
+        const RowPlan b = row_plan(d, esize, true, dev);
+        const std::string ef = check_row_plan(f, d, esize, dev), eb = check_row_plan(b, d, esize, dev);
+        ASSERT_EQ(ef, "") << "forward D=" << d << " esize=" << esize << " cc=" << dev.cc_major;
+        ASSERT_EQ(eb, "") << "backward D=" << d << " esize=" << esize << " cc=" << dev.cc_major;
+        // Same reduction geometry in both directions: backward's recomputed
+        // rstd is bitwise the forward's.
+        ASSERT_EQ(f.band, b.band) << d;
+        ASSERT_EQ(f.threads_per_row, b.threads_per_row) << d;
+        ASSERT_EQ(f.chunks_per_thread, b.chunks_per_thread) << d;
+        ASSERT_EQ(f.cluster, b.cluster) << d;
+      }
+    }
+  }
+}
+
+// Walks the kernels' ownership loops: thread g of the row (CTA rank major)
+// owns chunks it * G + g; every element must be owned exactly once.
+TEST(Plan, ChunkOwnershipCoversEachElementExactlyOnce) {
+  std::vector<int> hits;
+  auto check = [&](int64_t d, int esize, const Device& dev) {
+    const RowPlan p = row_plan(d, esize, false, dev);
+    if (p.band == Band::kLooped) return;  // strided loop over all chunks, trivially exact
+    hits.assign(static_cast<size_t>(d), 0);
+    const int64_t g_total = int64_t{p.threads_per_row} * p.cluster;
+    for (int rank = 0; rank < p.cluster; ++rank)
+      for (int t = 0; t < p.threads_per_row; ++t)
+        for (int it = 0; it < p.chunks_per_thread; ++it) {
+          const int64_t c = it * g_total + int64_t{rank} * p.threads_per_row + t;
+          if (c >= p.chunks) continue;
+          for (int j = 0; j < p.vec; ++j)
+            if (c * p.vec + j < d) ++hits[static_cast<size_t>(c * p.vec + j)];
+        }
+    for (int64_t i = 0; i < d; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)], 1) << "D=" << d << " element " << i;
+  };
+  for (int esize : {2, 4}) {
+    for (int64_t d = 1; d <= 16384; ++d) check(d, esize, hopper());
+    for (int64_t d = 16385; d <= kMaxD; d += 997) check(d, esize, hopper(16));
+    for (int64_t d : {int64_t{131072}, int64_t{262144}, int64_t{262143}, int64_t{262145}}) check(d, esize, hopper(16));
+  }
+}
+
+// Reduction participants: the xor butterfly partners of a thread and the
+// scratch entries it reads belong to its own row slot, and no two slots
+// share a scratch entry.
+TEST(Plan, ReductionGroupsNeverMixRows) {
+  for (int tpr = 1; tpr <= 1024; tpr *= 2) {
+    for (bool backward : {false, true}) {
+      const int block = backward ? backward_block(tpr) : forward_block(tpr);
+      ASSERT_EQ(block % tpr, 0);
+      const int lanes = tpr < 32 ? tpr : 32;
+      for (int t = 0; t < block; ++t) {
+        for (int off = 1; off < lanes; off <<= 1) {
+          const int partner = t ^ off;
+          ASSERT_LT(partner, block);
+          ASSERT_EQ(row_slot(partner, tpr), row_slot(t, tpr)) << "tpr " << tpr << " thread " << t;
+          ASSERT_EQ(partner / 32, t / 32) << "shuffle partner in another warp";
+        }
+      }
+      if (tpr > 32) {
+        const int slots = block / tpr, wpr = warps_per_row(tpr);
+        std::vector<int> owner(static_cast<size_t>(slots * wpr), -1);
+        for (int t = 0; t < block; t += 32) {
+          const int s = row_slot(t, tpr), w = (t % tpr) / 32;
+          const int idx = scratch_index(s, w, tpr);
+          ASSERT_GE(idx, 0);
+          ASSERT_LT(idx, slots * wpr);
+          ASSERT_EQ(owner[static_cast<size_t>(idx)], -1) << "two warps share a scratch entry";
+          owner[static_cast<size_t>(idx)] = s;
+        }
+        for (int s = 0; s < slots; ++s)
+          for (int w = 0; w < wpr; ++w) ASSERT_EQ(owner[static_cast<size_t>(scratch_index(s, w, tpr))], s);
+      }
+    }
+  }
+}
+
+// The row plan is a function of D alone: never of the number of rows.
+TEST(Plan, RowPlanDoesNotDependOnRows) {
+  const Device dev = hopper();
+  for (int64_t d : {1, 8, 31, 33, 64, 128, 384, 512, 3584, 4096, 8192, 8193, 40000, 262144, 300000}) {
+    for (int esize : {2, 4}) {
+      const RowPlan ref = forward_launch(1, d, esize, dev).row;
+      for (int64_t rows : {int64_t{2}, int64_t{3}, int64_t{1000}, int64_t{1} << 20, int64_t{1} << 33}) {
+        const RowPlan f = forward_launch(rows, d, esize, dev).row;
+        const RowPlan b = backward_launch(rows, d, esize, true, dev).row;
+        EXPECT_EQ(f.threads_per_row, ref.threads_per_row);
+        EXPECT_EQ(f.cluster, ref.cluster);
+        EXPECT_EQ(f.band, ref.band);
+        EXPECT_EQ(b.threads_per_row, ref.threads_per_row);
+        EXPECT_EQ(b.cluster, ref.cluster);
+      }
+    }
+  }
+}
+
+TEST(Plan, ForwardGridCoversAllRows) {
+  const Device dev = hopper();
+  for (int64_t d : {1, 100, 4096, 8193, 100000, 300000}) {
+    for (int64_t rows : {int64_t{1}, int64_t{7}, int64_t{65537}, int64_t{1} << 31}) {
+      const ForwardLaunch l = forward_launch(rows, d, 2, dev);
+      EXPECT_GE(l.grid, 1);
+      EXPECT_LT(l.grid, int64_t{1} << 31);
+      EXPECT_EQ(l.grid % l.row.cluster, 0);
+      // Grid-stride loops: any grid >= 1 covers all rows; it never exceeds the work.
+      EXPECT_LE(l.grid / l.row.cluster, (rows + l.row.rows_per_block - 1) / l.row.rows_per_block);
+    }
+  }
+}
+
+TEST(Plan, BackwardWorkspaceIsBoundedIndependentlyOfRows) {
+  for (const Device& dev : {hopper(8), hopper(16), ampere()}) {
+    for (int esize : {2, 4}) {
+      for (int64_t d = 1; d <= kMaxD; d = d < 4096 ? d + 1 : d + 4093) {
+        for (int64_t rows : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{1000}, int64_t{1} << 20, int64_t{1} << 31}) {
+          const BackwardLaunch l = backward_launch(rows, d, esize, true, dev);
+          ASSERT_LE(l.workspace, size_t{2} * dev.sm_count * static_cast<size_t>(d) * 4) << d << " " << rows;
+          ASSERT_LE(l.grid, int64_t{2} * dev.sm_count);
+          ASSERT_GE(l.grid, 1);
+          ASSERT_LE(l.smem, dev.max_smem_optin);
+          ASSERT_EQ(l.grid, l.partials * l.row.cluster);
+          ASSERT_EQ(l.direct_gw, l.partials == 1 && l.row.band != Band::kLooped);
+          ASSERT_EQ(l.workspace, l.direct_gw ? 0 : static_cast<size_t>(l.partials * d) * 4);
+          const BackwardLaunch n = backward_launch(rows, d, esize, false, dev);
+          ASSERT_EQ(n.workspace, 0u);
+          ASSERT_EQ(n.smem, 0u);
+        }
+      }
+    }
+  }
+}
+
+TEST(Plan, PreHopperNeverUsesClustersOfMoreThanOneCta) {
+  for (int64_t d = 8000; d <= kMaxD; d += 101) {
+    const RowPlan p = row_plan(d, 2, true, ampere());
+    ASSERT_EQ(p.cluster, 1) << d;
+  }
+}
+
+}  // namespace
+}  // namespace rmsnorm::plan
