@@ -130,35 +130,43 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::backward_blo
   if (with_gw)
     for (int k = 0; k < kCpt * kN; ++k) acc[k * kBlock + threadIdx.x] = 0.0f;
 
+  // Software pipeline: the next row's x and gy are loaded before this row's
+  // reduction, so each thread keeps a load in flight across the barriers.
   const int64_t groups = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+  Pack<T> x[kCpt], gy[kCpt];
+  auto load_row = [&](int64_t g, Pack<T>(&xs)[kCpt], Pack<T>(&gys)[kCpt]) {
     const int64_t row = g * kRowsPerBlock + slot;
-    const bool valid = row < p.rows;
+    if (g >= groups || row >= p.rows) return;
     const T* xr = p.x + row * p.x_stride;
     const T* gyr = p.gy + row * p.gy_stride;
-    Pack<T> x[kCpt], gy[kCpt];
-    float2 sums = make_float2(0.0f, 0.0f);
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
       const int c = it * kTpr + lane;
-      if (valid && c < p.chunks) {
-        x[it] = load_chunk(xr, c, p.cols, p.vector_io);
-        gy[it] = load_chunk(gyr, c, p.cols, p.vector_io);
+      if (c < p.chunks) {
+        xs[it] = load_chunk(xr, c, p.cols, p.vector_io);
+        gys[it] = load_chunk(gyr, c, p.cols, p.vector_io);
       }
     }
+  };
+  load_row(blockIdx.x, x, gy);
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+    const int64_t row = g * kRowsPerBlock + slot;
+    const bool valid = row < p.rows;
+    Pack<T> xn[kCpt], gyn[kCpt];
+    load_row(g + gridDim.x, xn, gyn);
+    float2 sums = make_float2(0.0f, 0.0f);
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
       const int c = it * kTpr + lane;
       if (valid && c < p.chunks) sums = add2(sums, chunk_sums(x[it], gy[it], load_weight(p, c), has_w, p.w_offset));
     }
     sums = row_sum<kTpr, kBlock>(sums, scratch);
-    if (!valid) continue;
-    const RowScalars s = row_scalars(p, row, sums);
+    const RowScalars s = valid ? row_scalars(p, row, sums) : RowScalars{0.0f, 0.0f};
     T* gxr = p.gx + row * p.gx_stride;
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
       const int c = it * kTpr + lane;
-      if (c < p.chunks) {
+      if (valid && c < p.chunks) {
         float a[kN];
         const Pack<T> gx = grad_chunk(x[it], gy[it], load_weight(p, c), has_w, p.w_offset, s, a);
         store_chunk(gxr, c, p.cols, p.vector_io, gx);
@@ -169,6 +177,11 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::backward_blo
         if constexpr (kTwoPass)
           store_chunk(p.temp + row * p.cols, c, p.cols, p.temp_vector_io, xhat_gy_chunk(x[it], gy[it], s.r));
       }
+    }
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) {
+      x[it] = xn[it];
+      gy[it] = gyn[it];
     }
   }
   if (!with_gw) return;

@@ -1,0 +1,269 @@
+#!/usr/bin/env bash
+# One-command GPU check, run from the repository root on a machine with a GPU:
+#
+#   OUT=/some/dir bash scripts/gpu_check.sh        (OUT defaults to ./gpu_out)
+#
+# Steps (each under its own `timeout`; a failing step is recorded and the
+# script goes on):
+#   env        nvidia-smi, nvcc, cmake, ninja, compute-sanitizer, torch versions
+#   build      cmake -G Ninja Release, sm_90, into build-gpu; every target
+#   ctest      all tests (the GPU ones run: there is a GPU), --timeout 600 each
+#   memcheck, racecheck, initcheck, synccheck
+#              compute-sanitizer over rmsnorm_cuda_test --gtest_filter='*Sanitizer*'
+#   bench      build-gpu/rmsnorm_bench --json $OUT/bench.json
+#   torch      python3 bench/torch_bench.py --json $OUT/torch.json
+#   summarize  python3 bench/summarize.py -> $OUT/summary.md
+#   cli        build-gpu/rmsnorm (the CLI's default run) --json $OUT/cli.json
+# then a table of steps (PASS/FAIL, seconds) and summary.md.
+#
+# $OUT holds at most these files, no sub-folders (the device tool returns 8
+# files): logs.txt (every step's output, one after another, with headers),
+# bench.json, torch.json, summary.md, ctest.xml, cli.json.
+#
+# Time: the whole script keeps within GPU_CHECK_BUDGET_S seconds (default 530,
+# under the device tool's 10-minute command limit). Each step has a cap (CAP
+# below), cut further when needed so that every later selected step keeps its
+# minimum (MIN below). When everything does not fit in one call, run the steps
+# in two calls (the build directory stays on a warm machine), e.g.
+#   STEPS="build ctest memcheck racecheck initcheck synccheck" bash scripts/gpu_check.sh
+#   STEPS="build bench torch summarize cli" bash scripts/gpu_check.sh
+#
+# Exit code: 0 only if build, ctest and the sanitizers passed (those of them
+# that were selected); the benchmark's targets are reported, never part of it.
+#
+# Knobs (environment): STEPS (all), BUILD_DIR (build-gpu), JOBS (16), CTEST_JOBS (8),
+# BENCH_ARGS (e.g. "--quick"), TORCH_ARGS, GTEST_SRC (a googletest source tree
+# to build when find_package(GTest) fails; default .carry/googletest),
+# RMSNORM_COMMIT (recorded instead of git's commit).
+# shellcheck disable=SC2016  # step bodies are single-quoted on purpose: the inner bash expands them
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+ROOT="$(pwd)"
+
+OUT="${OUT:-./gpu_out}"
+mkdir -p "$OUT" || exit 2
+OUT="$(cd "$OUT" && pwd)"
+LOG="$OUT/logs.txt"
+: >"$LOG"
+
+BUILD_DIR="${BUILD_DIR:-build-gpu}"
+JOBS="${JOBS:-16}"
+CTEST_JOBS="${CTEST_JOBS:-8}"
+BENCH_ARGS="${BENCH_ARGS:-}"
+TORCH_ARGS="${TORCH_ARGS:-}"
+GTEST_SRC="${GTEST_SRC:-$ROOT/.carry/googletest}"
+BUDGET="${GPU_CHECK_BUDGET_S:-530}"
+START="$(date +%s)"
+STATE="$(mktemp -d)"  # flags passed between steps (kept out of $OUT)
+trap 'rm -rf "$STATE"' EXIT
+export ROOT OUT BUILD_DIR JOBS CTEST_JOBS GTEST_SRC STATE PYTHONUNBUFFERED=1
+
+# The commit the results belong to; "-dirty" when the tree has changes, since
+# such results cannot be traced to sources.
+if [ -n "${RMSNORM_COMMIT:-}" ]; then
+  COMMIT="$RMSNORM_COMMIT"
+else
+  COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  if [ "$COMMIT" != unknown ] && [ -n "$(git status --porcelain 2>/dev/null | head -n 1)" ]; then
+    COMMIT="$COMMIT-dirty"
+  fi
+fi
+export COMMIT
+
+SANITIZER="$(command -v compute-sanitizer || true)"
+for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+  [ -z "$SANITIZER" ] && [ -x "$c" ] && SANITIZER="$c"
+done
+export SANITIZER
+
+ALL_STEPS="env build ctest memcheck racecheck initcheck synccheck bench torch summarize cli"
+STEPS="${STEPS:-$ALL_STEPS}"
+# Seconds: the most a step may take, and the least it is left when earlier
+# steps ran long. Caps are generous guesses (the build of every target on 16
+# cores, the GPU test matrix on 8 ctest jobs, a sanitizer pass over the
+# CudaSanitizer subset at its 10-100x slowdown); the minima add up to 320 s.
+declare -A CAP=([env]=20 [build]=240 [ctest]=180 [memcheck]=90 [racecheck]=90 [initcheck]=60 [synccheck]=60
+                [bench]=150 [torch]=100 [summarize]=15 [cli]=60)
+declare -A MIN=([env]=5 [build]=60 [ctest]=45 [memcheck]=30 [racecheck]=30 [initcheck]=20 [synccheck]=20
+                [bench]=60 [torch]=30 [summarize]=5 [cli]=15)
+for s in $STEPS; do
+  [ -n "${CAP[$s]:-}" ] || { echo "gpu_check: unknown step '$s' (steps: $ALL_STEPS)"; exit 2; }
+done
+selected() { [[ " $STEPS " == *" $1 "* ]]; }
+
+declare -a STEP_NAMES=() STEP_RESULTS=() STEP_SECONDS=() STEP_LIMITS=()
+
+# run_step NAME BODY
+#   BODY: a bash snippet run under `timeout`. Its limit is CAP[NAME] seconds,
+#   or less so that the MIN of every selected later step remains of the
+#   budget. Result: PASS (exit 0), FAIL (other exit), TIMEOUT, SKIP (no time
+#   left). A step not in STEPS is not run and not reported.
+run_step() {
+  local name="$1" body="$2"
+  selected "$name" || return 0
+  local now elapsed left limit rc result t0 t1 reserve=0 later=0 s
+  for s in $ALL_STEPS; do
+    if [ "$s" = "$name" ]; then later=1; continue; fi
+    if [ "$later" = 1 ] && selected "$s"; then reserve=$((reserve + MIN[$s])); fi
+  done
+  now="$(date +%s)"
+  elapsed=$((now - START))
+  left=$((BUDGET - elapsed - reserve))
+  limit=$((CAP[$name] < left ? CAP[$name] : left))
+  # A step always gets its own minimum while the budget lasts, even when that
+  # eats into the later steps' minima (they are cut in turn).
+  if [ "$limit" -lt "${MIN[$name]}" ]; then
+    limit=$((MIN[$name] < BUDGET - elapsed ? MIN[$name] : BUDGET - elapsed))
+  fi
+  {
+    printf '\n===== %s (limit %ss, %ss into the run, %s UTC) =====\n' "$name" "$limit" "$elapsed" "$(date -u +%H:%M:%S)"
+  } >>"$LOG"
+  if [ "$limit" -lt 5 ]; then
+    echo "no time left in the ${BUDGET}s budget" >>"$LOG"
+    result=SKIP
+    t0="$now"
+    t1="$now"
+  else
+    printf '[%4ss] %-10s running (limit %ss)\n' "$elapsed" "$name" "$limit"
+    t0="$(date +%s)"
+    timeout --signal=TERM --kill-after=15 "$limit" bash -c "$body" >>"$LOG" 2>&1
+    rc=$?
+    t1="$(date +%s)"
+    case "$rc" in
+      0) result=PASS ;;
+      124 | 137) result=TIMEOUT ;;
+      *) result="FAIL(rc=$rc)" ;;
+    esac
+  fi
+  printf -- '----- %s: %s in %ss\n' "$name" "$result" "$((t1 - t0))" >>"$LOG"
+  STEP_NAMES+=("$name")
+  STEP_RESULTS+=("$result")
+  STEP_SECONDS+=("$((t1 - t0))")
+  STEP_LIMITS+=("$limit")
+}
+
+# ---- (a) environment ---------------------------------------------------------------------------
+run_step env '
+  set -x
+  uname -a
+  nvidia-smi
+  nvcc --version
+  cmake --version | head -n 1
+  ninja --version
+  c++ --version | head -n 1
+  echo "compute-sanitizer: ${SANITIZER:-not found}"
+  [ -n "$SANITIZER" ] && "$SANITIZER" --version | tail -n 2
+  python3 -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, torch.cuda.is_available())"
+  echo "commit: $COMMIT"
+  true'
+
+# ---- (b) configure + build ---------------------------------------------------------------------
+# find_package(GTest) may fail on a bare image: then build googletest from
+# GTEST_SRC (carried with the tree) into a temporary prefix and configure
+# again; failing that, configure without tests so that the benchmark and the
+# CLI still build (the ctest step then fails, saying why).
+run_step build '
+  configure() {
+    rm -f "$BUILD_DIR/CMakeCache.txt"
+    cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 "$@"
+  }
+  if ! configure; then
+    if [ -f "$GTEST_SRC/CMakeLists.txt" ]; then
+      echo "configure failed; building googletest from $GTEST_SRC"
+      cmake -S "$GTEST_SRC" -B /tmp/gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_GMOCK=OFF \
+            -DCMAKE_INSTALL_PREFIX=/tmp/gtest-install -DCMAKE_POSITION_INDEPENDENT_CODE=ON &&
+        cmake --build /tmp/gtest-build -j "$JOBS" && cmake --install /tmp/gtest-build
+    fi
+    if ! configure -DCMAKE_PREFIX_PATH=/tmp/gtest-install; then
+      echo "configure failed again; configuring without tests (RMSNORM_BUILD_TESTS=OFF)"
+      touch "$STATE/tests_disabled"
+      configure -DRMSNORM_BUILD_TESTS=OFF || exit 1
+    fi
+  fi
+  # -k 0: build every target that can be built, so one broken target does not
+  # hide the others (the step still fails).
+  cmake --build "$BUILD_DIR" -j "$JOBS" -- -k 0'
+
+# ---- (c) tests ---------------------------------------------------------------------------------
+run_step ctest '
+  if [ -f "$STATE/tests_disabled" ]; then echo "tests were not built (configuring with tests failed: GTest missing, or a broken tests/CMakeLists.txt; see the build step)"; exit 1; fi
+  [ -f "$BUILD_DIR/CTestTestfile.cmake" ] || { echo "no $BUILD_DIR/CTestTestfile.cmake: the build step failed"; exit 1; }
+  ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 600 -j "$CTEST_JOBS" \
+        --output-junit "$OUT/ctest.xml"'
+
+# ---- (d) compute-sanitizer ---------------------------------------------------------------------
+# Over the CudaSanitizer suite (a subset of tests/cuda_test.cu that covers
+# every dispatch band). A filter that matches no test passes vacuously under
+# gtest, so "0 tests" is a failure here.
+SAN_BODY='
+  tool="$1"; shift
+  exe="$BUILD_DIR/tests/rmsnorm_cuda_test"
+  [ -n "$SANITIZER" ] || { echo "compute-sanitizer not found"; exit 1; }
+  [ -x "$exe" ] || { echo "$exe was not built"; exit 1; }
+  "$SANITIZER" --tool "$tool" --error-exitcode 1 "$@" "$exe" --gtest_filter="*Sanitizer*" 2>&1 | tee "$STATE/san_$tool.txt"
+  rc=${PIPESTATUS[0]}
+  if grep -q "Running 0 tests" "$STATE/san_$tool.txt"; then echo "no test matched *Sanitizer*"; exit 1; fi
+  if grep -q "\[  SKIPPED \]" "$STATE/san_$tool.txt"; then echo "note: some sanitizer tests were skipped"; fi
+  exit $rc'
+run_step memcheck "set -- memcheck; $SAN_BODY"
+run_step racecheck "set -- racecheck --racecheck-report all; $SAN_BODY"
+run_step initcheck "set -- initcheck; $SAN_BODY"
+run_step synccheck "set -- synccheck; $SAN_BODY"
+
+# ---- (e) benchmark -----------------------------------------------------------------------------
+run_step bench '
+  [ -x "$BUILD_DIR/rmsnorm_bench" ] || { echo "$BUILD_DIR/rmsnorm_bench was not built"; exit 1; }
+  "$BUILD_DIR/rmsnorm_bench" --json "$OUT/bench.json" --commit "$COMMIT" '"$BENCH_ARGS"
+
+# ---- (f) PyTorch reference ---------------------------------------------------------------------
+run_step torch 'python3 bench/torch_bench.py --json "$OUT/torch.json" --commit "$COMMIT" '"$TORCH_ARGS"
+
+# ---- (g) summary -------------------------------------------------------------------------------
+run_step summarize '
+  [ -f "$OUT/bench.json" ] || { echo "no bench.json"; exit 1; }
+  torch_arg=()
+  [ -f "$OUT/torch.json" ] && torch_arg=(--torch "$OUT/torch.json")
+  python3 bench/summarize.py "$OUT/bench.json" "${torch_arg[@]}" --out "$OUT/summary.md"'
+
+# ---- (h) CLI default ---------------------------------------------------------------------------
+run_step cli '
+  [ -x "$BUILD_DIR/rmsnorm" ] || { echo "$BUILD_DIR/rmsnorm was not built"; exit 1; }
+  "$BUILD_DIR/rmsnorm" --json "$OUT/cli.json"'
+
+# ---- (i) report --------------------------------------------------------------------------------
+fail=0
+for i in "${!STEP_NAMES[@]}"; do
+  case "${STEP_NAMES[$i]}" in
+    build | ctest | memcheck | racecheck | initcheck | synccheck)
+      [ "${STEP_RESULTS[$i]}" = PASS ] || fail=1 ;;
+  esac
+done
+
+{
+  # Failing steps first (the end of their logs), so that the table and the
+  # summary stay at the very end of the output.
+  for i in "${!STEP_NAMES[@]}"; do
+    r="${STEP_RESULTS[$i]}"
+    if [ "$r" != PASS ] && [ "$r" != SKIP ]; then
+      n="${STEP_NAMES[$i]}"
+      echo
+      echo "---- last lines of step $n ($r) ----"
+      awk -v n="$n" '$0 ~ "^===== " n " \\(" {p=1; buf=""; k=0; next} p && $0 ~ "^----- " n ": " {p=0} p {a[k++ % 25]=$0} END {s = k > 25 ? k - 25 : 0; for (j = s; j < k; j++) print a[j % 25]}' "$LOG" | cut -c1-300
+    fi
+  done
+  echo
+  echo "GPU check ($(date -u +%Y-%m-%dT%H:%M:%SZ), commit $COMMIT, $(($(date +%s) - START))s of ${BUDGET}s)"
+  printf '%-10s %-14s %8s %8s\n' step result seconds limit
+  for i in "${!STEP_NAMES[@]}"; do
+    printf '%-10s %-14s %8s %8s\n' "${STEP_NAMES[$i]}" "${STEP_RESULTS[$i]}" "${STEP_SECONDS[$i]}" "${STEP_LIMITS[$i]}"
+  done
+  echo "exit code: $fail (build, ctest and the sanitizers decide it; benchmark targets are reported only)"
+  echo "files in $OUT: $(find "$OUT" -maxdepth 1 -type f -printf '%f ')"
+  if [ -f "$OUT/summary.md" ]; then
+    echo
+    cat "$OUT/summary.md"
+  fi
+} | tee -a "$LOG"
+
+exit "$fail"
