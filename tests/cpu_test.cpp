@@ -316,8 +316,9 @@ TEST_P(CpuSweep, EveryColsTo1100) {
 }
 
 // Large D, including primes (8191, 12289) and 3584, 7168 (common model widths
-// that are not powers of two). Rows stay few; 3 threads exercise the column
-// split of the gw tiles (one gw partial, more threads than partials).
+// that are not powers of two). Rows stay few; from D = 65536 on, 3 threads
+// take the column split of the gw tiles (one gw partial, more threads than
+// partials); below that the work is too small to be given to threads.
 TEST_P(CpuSweep, LargeCols) {
   std::mt19937_64 rng(2000 + GetParam());
   for (int64_t cols : {3584, 4096, 7168, 8191, 12289, 16384, 65536, 262144}) {
@@ -620,6 +621,42 @@ TEST(CpuGw, Partition) {
   for (GwMode m : {GwMode::kStore, GwMode::kStoreF32, GwMode::kAccumulate, GwMode::kAccumulateF32})
     EXPECT_EQ(cpu::backward_workspace_bytes(1000, 64, m), 4u * 64u * 4u);
   EXPECT_EQ(cpu::backward_workspace_bytes(0, 64, GwMode::kStore), 0u);
+}
+
+// The documented summation order, bit for bit: partial p sums rows
+// [p*rows/P, (p+1)*rows/P) in order, in fp32, with x_hat = x * r (r as forward
+// reports it); gw adds the partials in order. 1000 rows -> 4 partials of
+// 250; 70001 rows -> 256 partials of 273 or 274 rows.
+TEST(CpuGw, SummationOrderIsTheDocumentedOne) {
+  std::mt19937_64 rng(54);
+  for (int64_t rows : {1, 1000, 70001})
+    for (int threads : {1, 3}) {
+      Case c;
+      c.rows = rows;
+      c.cols = 37;
+      c.dtype = RMSNORM_DTYPE_BF16;
+      c.gw = GwMode::kStoreF32;
+      c.use_rstd = true;
+      c.threads = threads;
+      SCOPED_TRACE(describe(c));
+      const Inputs in = make_inputs(c, rng);
+      HostMatrix y;
+      const std::vector<float> rstd = run_forward(c, in, y);
+      const BackwardOut out = run_backward(c, in, rstd.data());
+      const int64_t parts = cpu::gw_partials(rows);
+      for (int64_t j = 0; j < c.cols; ++j) {
+        float total = 0.0f;
+        for (int64_t p = 0; p < parts; ++p) {
+          float acc = 0.0f;
+          for (int64_t i = p * rows / parts; i < (p + 1) * rows / parts; ++i) {
+            const float xh = static_cast<float>(in.x.get(i, j)) * rstd[static_cast<size_t>(i)];
+            acc += static_cast<float>(in.gy.get(i, j)) * xh;
+          }
+          total = p == 0 ? acc : total + acc;
+        }
+        ASSERT_EQ(out.gw.get(0, j), static_cast<double>(total)) << "col " << j;
+      }
+    }
 }
 
 // >= 65536 rows, where a naive fp32 chain would lose digits; the bound grows
