@@ -726,9 +726,8 @@ TEST_F(Cuda, WrongMemorySpace) {
 
 // ---- under compute-sanitizer: every band, small -------------------------------------------------
 
-TEST_F(CudaSanitizer, EveryBandForwardAndBackward) {
-  std::mt19937_64 rng(11);
-  for (int64_t d : {1, 8, 33, 64, 384, 1000, 4096, 8192, 20000, 70000, 140000, 300000}) {
+void sanitizer_cases(std::initializer_list<int64_t> ds, std::mt19937_64& rng) {
+  for (int64_t d : ds) {
     for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32}) {
       for (int64_t rows : {int64_t{1}, int64_t{5}}) {
         Case c;
@@ -739,10 +738,25 @@ TEST_F(CudaSanitizer, EveryBandForwardAndBackward) {
         check_forward(c, rng);
         c.gw_mode = rows == 1 ? RMSNORM_GW_ACCUMULATE : RMSNORM_GW_STORE;
         check_backward(c, rng);
-        if (HasFailure()) return;
+        if (::testing::Test::HasFailure()) return;
       }
     }
   }
+}
+
+TEST_F(CudaSanitizer, RowsBand) {
+  std::mt19937_64 rng(11);
+  sanitizer_cases({1, 8, 33, 64, 384, 1000, 4096, 8192}, rng);
+}
+
+TEST_F(CudaSanitizer, ClusterBand) {
+  std::mt19937_64 rng(12);
+  sanitizer_cases({20000, 70000, 140000}, rng);
+}
+
+TEST_F(CudaSanitizer, LoopedBand) {
+  std::mt19937_64 rng(13);
+  sanitizer_cases({300000}, rng);
 }
 
 }  // namespace
