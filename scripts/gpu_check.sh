@@ -83,7 +83,7 @@ STEPS="${STEPS:-$ALL_STEPS}"
 # steps ran long. Caps are generous guesses (the build of every target on 16
 # cores, the GPU test matrix on 8 ctest jobs, a sanitizer pass over the
 # CudaSanitizer subset at its 10-100x slowdown); the minima add up to 320 s.
-declare -A CAP=([env]=20 [build]=240 [ctest]=300 [memcheck]=90 [racecheck]=240 [initcheck]=60 [synccheck]=60
+declare -A CAP=([env]=20 [build]=240 [ctest]=300 [memcheck]=90 [racecheck]=140 [initcheck]=60 [synccheck]=60
                 [bench]=150 [torch]=100 [summarize]=15 [cli]=60)
 declare -A MIN=([env]=5 [build]=60 [ctest]=45 [memcheck]=30 [racecheck]=30 [initcheck]=20 [synccheck]=20
                 [bench]=60 [torch]=30 [summarize]=5 [cli]=15)
@@ -219,7 +219,7 @@ run_step memcheck "set -- memcheck; $SAN_BODY"
 # racecheck tracks every shared-memory access; the test's stale-shared-memory
 # poison kernel (hundreds of CTAs x 227 KB before each launch) would dominate
 # it, and hazards do not depend on the stale contents, so it is skipped there.
-run_step racecheck "export RMSNORM_TEST_SKIP_SMEM_POISON=1 SAN_BAND_S=75; set -- racecheck --racecheck-report all; $SAN_BODY"
+run_step racecheck "export RMSNORM_TEST_SKIP_SMEM_POISON=1 SAN_BAND_S=45; set -- racecheck --racecheck-report all; $SAN_BODY"
 run_step initcheck "set -- initcheck; $SAN_BODY"
 run_step synccheck "set -- synccheck; $SAN_BODY"
 

@@ -60,7 +60,12 @@ ForwardLaunch forward_launch(int64_t rows, int64_t cols, int esize, const Device
   ForwardLaunch l;
   l.row = row_plan(cols, esize, /*backward=*/false, dev);
   const int64_t groups = (rows + l.row.rows_per_block - 1) / l.row.rows_per_block;
-  l.grid = std::min(groups, kMaxGrid / l.row.cluster) * l.row.cluster;
+  // kRows is persistent (it prefetches the next row group): a full SM's worth
+  // of CTAs each, 2048 threads per SM.
+  const int64_t cap = l.row.band == Band::kRows
+                          ? int64_t{dev.sm_count} * (kMaxThreadsPerSm / l.row.block)
+                          : kMaxGrid / l.row.cluster;
+  l.grid = std::max<int64_t>(1, std::min(groups, cap)) * l.row.cluster;
   l.smem = 0;
   return l;
 }

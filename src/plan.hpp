@@ -47,6 +47,7 @@ inline constexpr int kChunkBytes = 16;
 inline constexpr int64_t kMaxCols = (int64_t{1} << 31) - 64;
 inline constexpr int kWarp = 32;
 inline constexpr int kMaxThreadsPerRow = 1024;
+inline constexpr int kMaxThreadsPerSm = 2048;  // sm_80 and sm_90
 // Elements per thread, whatever the dtype (chunks per thread = elements / vec):
 // kRows 8 (one 16-byte chunk at 16-bit, two at fp32), kCluster 16. Chosen
 // from the compiler's resource report: at 8 elements, backward holds x, gy,

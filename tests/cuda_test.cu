@@ -707,6 +707,50 @@ TEST_F(Cuda, MoreThan2To31Elements) {
   for (void* ptr : {x, y, gy, gx, dw, gw, ws}) cudaFree(ptr);
 }
 
+// In place: forward with y == x and backward with gx == gy give the same
+// bits as out of place, in every band.
+TEST_F(Cuda, InPlace) {
+  std::mt19937_64 rng(14);
+  for (int64_t d : kBandDs) {
+    Case c;
+    c.cols = d;
+    c.rows = d > 10000 ? 5 : 300;
+    c.with_rstd = false;
+    SCOPED_TRACE(describe(c));
+    const Inputs in = make_inputs(c, rng);
+    HostMatrix y;
+    std::vector<float> rstd;
+    gpu_forward(c, in, &y, &rstd);
+    ASSERT_FALSE(HasFatalFailure());
+    Arena::get().reset();
+    const Dev dx = upload(in.x);
+    const Dev dw = upload(in.w);
+    const rmsnorm_problem_t p = problem_of(c);
+    const rmsnorm_backend_t b = cuda_backend();
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward(&p, dx.data(), c.cols, dw.data(), dx.data(), c.cols, nullptr, &b))
+        << rmsnorm_last_error();
+    HostMatrix yin = in.x;
+    download(dx, yin);
+    ASSERT_EQ(0, std::memcmp(y.storage.data(), yin.storage.data(), y.storage.size())) << "forward in place differs";
+
+    std::vector<float> none;
+    BackwardOut out;
+    c.gw_mode = RMSNORM_GW_NONE;
+    gpu_backward(c, in, none, &out, rng);
+    ASSERT_FALSE(HasFatalFailure());
+    Arena::get().reset();
+    const Dev ex = upload(in.x), ew = upload(in.w), egy = upload(in.gy);
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+              rmsnorm_backward(&p, ex.data(), c.cols, ew.data(), egy.data(), c.cols, nullptr, egy.data(), c.cols, nullptr,
+                               RMSNORM_GW_NONE, nullptr, 0, &b))
+        << rmsnorm_last_error();
+    HostMatrix gxin = in.gy;
+    download(egy, gxin);
+    ASSERT_EQ(0, std::memcmp(out.gx.storage.data(), gxin.storage.data(), out.gx.storage.size()))
+        << "backward in place differs";
+  }
+}
+
 // Host memory handed to the CUDA backend and device memory handed to the CPU
 // backend are refused, nothing written.
 TEST_F(Cuda, WrongMemorySpace) {
@@ -751,7 +795,7 @@ TEST_F(CudaSanitizer, RowsBand) {
 
 TEST_F(CudaSanitizer, ClusterBand) {
   std::mt19937_64 rng(12);
-  sanitizer_cases({20000, 70000, 140000}, rng);
+  sanitizer_cases({20000, 70000}, rng);
 }
 
 TEST_F(CudaSanitizer, LoopedBand) {

@@ -59,7 +59,8 @@ __device__ __forceinline__ float inv_rms(float sum_sq, int cols, float eps) {
 
 // ---- kRows: rows_per_block rows per CTA, threads_per_row = kTpr --------------------------------
 template <typename T, int kTpr>
-__global__ void __launch_bounds__(plan::forward_block(kTpr)) forward_rows_kernel(const ForwardParams<T> p) {
+__global__ void __launch_bounds__(plan::forward_block(kTpr), plan::kMaxThreadsPerSm / plan::forward_block(kTpr))
+    forward_rows_kernel(const ForwardParams<T> p) {
   constexpr int kBlock = plan::forward_block(kTpr);
   constexpr int kRowsPerBlock = kBlock / kTpr;
   constexpr int kCpt = plan::rows_chunks_per_thread(sizeof(T));
@@ -69,38 +70,55 @@ __global__ void __launch_bounds__(plan::forward_block(kTpr)) forward_rows_kernel
 
   const int slot = plan::row_slot(threadIdx.x, kTpr);
   const int lane = threadIdx.x % kTpr;
-  Pack<T> w[kCpt];
-#pragma unroll
-  for (int it = 0; it < kCpt; ++it) {
-    const int c = it * kTpr + lane;
-    if (p.w != nullptr && c < p.chunks) w[it] = load_chunk(p.w, c, p.cols, p.vector_io);
-  }
+  // Persistent CTAs with a software pipeline: the next row group's x is
+  // loaded before this one's reduction, so loads stay in flight across the
+  // barriers (one 16-byte chunk per thread would otherwise leave the memory
+  // system idle while rows reduce and store).
   const int64_t groups = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  auto load_row = [&](int64_t g, Pack<T>(&xs)[kCpt]) {
+    const int64_t row = g * kRowsPerBlock + slot;
+    if (g >= groups || row >= p.rows) return;
+    const T* xr = p.x + row * p.x_stride;
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) {
+      const int c = it * kTpr + lane;
+      if (c < p.chunks) xs[it] = load_chunk(xr, c, p.cols, p.vector_io);
+    }
+  };
+  Pack<T> x[kCpt];
+  load_row(blockIdx.x, x);
   for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
     const int64_t row = g * kRowsPerBlock + slot;
     const bool valid = row < p.rows;
-    const T* xr = p.x + row * p.x_stride;
-    Pack<T> x[kCpt];
+    Pack<T> xn[kCpt];
+    load_row(g + gridDim.x, xn);
     float ss = 0.0f;
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
       const int c = it * kTpr + lane;
       if (valid && c < p.chunks) {
-        x[it] = load_chunk(xr, c, p.cols, p.vector_io);
 #pragma unroll
         for (int j = 0; j < Pack<T>::kN; ++j) ss += to_float(x[it].v[j]) * to_float(x[it].v[j]);
       }
     }
     const float total = row_sum<kTpr, kBlock>(make_float2(ss, 0.0f), scratch).x;
-    if (!valid) continue;
-    const float r = inv_rms<T>(total, p.cols, p.eps);
-    if (p.rstd != nullptr && lane == 0) p.rstd[row] = r;
-    T* yr = p.y + row * p.y_stride;
+    if (valid) {
+      const float r = inv_rms<T>(total, p.cols, p.eps);
+      if (p.rstd != nullptr && lane == 0) p.rstd[row] = r;
+      T* yr = p.y + row * p.y_stride;
 #pragma unroll
-    for (int it = 0; it < kCpt; ++it) {
-      const int c = it * kTpr + lane;
-      if (c < p.chunks) store_chunk(yr, c, p.cols, p.vector_io, normalize_chunk(p, x[it], w[it], r));
+      for (int it = 0; it < kCpt; ++it) {
+        const int c = it * kTpr + lane;
+        if (c < p.chunks) {
+          // w from L1 at each use: registers go to the prefetched row instead.
+          Pack<T> w;
+          if (p.w != nullptr) w = load_chunk(p.w, c, p.cols, p.vector_io);
+          store_chunk(yr, c, p.cols, p.vector_io, normalize_chunk(p, x[it], w, r));
+        }
+      }
     }
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) x[it] = xn[it];
   }
 }
 

@@ -9,14 +9,26 @@ namespace rmsnorm::cuda {
 
 namespace {
 
-// One thread per column, rows in order: deterministic, coalesced across columns.
+// Column sums of the temporary: CTA = 32 columns x 32 row lanes; lane k adds
+// rows k, k + 32, ... in order (fp32), then the 32 lane sums are added in lane
+// order. Deterministic; a warp reads 32 consecutive columns of one row.
+constexpr int kSumCols = 32;
+constexpr int kSumLanes = 32;
+
 template <typename T>
-__global__ void column_sum_kernel(const T* __restrict__ temp, int64_t rows, int64_t cols, GwOut out) {
-  const int64_t col = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (col >= cols) return;
+__global__ void __launch_bounds__(kSumCols * kSumLanes)
+    column_sum_kernel(const T* __restrict__ temp, int64_t rows, int64_t cols, GwOut out) {
+  __shared__ float lanes[kSumLanes][kSumCols + 1];
+  const int64_t col = int64_t{blockIdx.x} * kSumCols + threadIdx.x;
   float s = 0.0f;
-  for (int64_t r = 0; r < rows; ++r) s += to_float(temp[r * cols + col]);
-  store_gw_final<T>(out, col, s);
+  if (col < cols)
+    for (int64_t r = threadIdx.y; r < rows; r += kSumLanes) s += to_float(temp[r * cols + col]);
+  lanes[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || col >= cols) return;
+  float total = lanes[0][threadIdx.x];
+  for (int k = 1; k < kSumLanes; ++k) total += lanes[k][threadIdx.x];
+  store_gw_final<T>(out, col, total);
 }
 
 template <typename T>
@@ -44,8 +56,8 @@ rmsnorm_status_t run(const BackwardArgs& a, void* temp, cudaStream_t stream) {
   GwOut out;
   out.gw = a.gw;
   out.mode = static_cast<int>(a.gw_mode);
-  column_sum_kernel<T><<<static_cast<unsigned>((a.cols + 255) / 256), 256, 0, stream>>>(static_cast<const T*>(temp),
-                                                                                         a.rows, a.cols, out);
+  column_sum_kernel<T><<<static_cast<unsigned>((a.cols + kSumCols - 1) / kSumCols), dim3(kSumCols, kSumLanes), 0,
+                         stream>>>(static_cast<const T*>(temp), a.rows, a.cols, out);
   RMSNORM_CUDA_LAUNCHED("column_sum_kernel");
   return RMSNORM_STATUS_SUCCESS;
 }
