@@ -23,8 +23,8 @@ RowPlan row_plan(int64_t cols, int esize, bool backward, const Device& dev) {
   p.esize = esize;
   p.vec = vec_elems(esize);
   p.chunks = chunks_of(cols, esize);
-  const int rows_cpt = rows_chunks_per_thread(static_cast<size_t>(esize), backward);
-  const int cluster_cpt = cluster_chunks_per_thread(static_cast<size_t>(esize), backward);
+  const int rows_cpt = rows_chunks_per_thread(static_cast<size_t>(esize));
+  const int cluster_cpt = cluster_chunks_per_thread(static_cast<size_t>(esize));
   const int64_t rows_capacity = int64_t{kMaxThreadsPerRow} * rows_cpt;
   const int64_t cta_capacity = int64_t{kClusterThreads} * cluster_cpt;
   if (p.chunks <= rows_capacity) {
@@ -60,9 +60,12 @@ ForwardLaunch forward_launch(int64_t rows, int64_t cols, int esize, const Device
   ForwardLaunch l;
   l.row = row_plan(cols, esize, /*backward=*/false, dev);
   const int64_t groups = (rows + l.row.rows_per_block - 1) / l.row.rows_per_block;
-  // One row group per CTA up to kMaxGrid (a persistent, prefetching grid
-  // measured no faster: bench/results/2026-11-30_h200_8291f97_ab_forward_{A,B}*.md).
-  l.grid = std::max<int64_t>(1, std::min(groups, kMaxGrid / l.row.cluster)) * l.row.cluster;
+  // kRows is persistent (it prefetches the next row group): a full SM's worth
+  // of CTAs each, 2048 threads per SM.
+  const int64_t cap = l.row.band == Band::kRows
+                          ? int64_t{dev.sm_count} * (kMaxThreadsPerSm / l.row.block)
+                          : kMaxGrid / l.row.cluster;
+  l.grid = std::max<int64_t>(1, std::min(groups, cap)) * l.row.cluster;
   l.smem = 0;
   return l;
 }

@@ -11,24 +11,22 @@
 // at most `chunks_per_thread` of them, held in registers, so x (and gy) is
 // read from DRAM once. Bands, chosen from the chunk count alone:
 //
-//   kRows     threads_per_row = smallest power of two in 1..1024 that
-//             covers the row; rows_per_block = block / tpr rows per CTA.
-//             Reduction: xor-butterfly inside each aligned group of tpr
-//             lanes (tpr <= 32), then one scratch slot per warp of the row
-//             (tpr > 32). Forward: 4 chunks per thread, D <= 32768 (16-bit)
-//             or 16384 (fp32); backward: 8 elements per thread, D <= 8192.
-//   kCluster  1024 threads per CTA, `cluster` in {1, 2, 4, 8, 16} CTAs per
-//             row (16 where the device co-schedules it); CTA sums are
-//             exchanged through distributed shared memory (sm_90; cluster
-//             == 1 elsewhere). Forward: 4 chunks per thread; backward: 16
-//             elements per thread.
+//   kRows     8 elements per thread; threads_per_row = smallest power of
+//             two in 1..1024 that covers the row; rows_per_block =
+//             block / tpr rows per CTA. Reduction: xor-butterfly inside each
+//             aligned group of tpr lanes (tpr <= 32), then one scratch slot
+//             per warp of the row (tpr > 32). D <= 8192.
+//   kCluster  1024 threads per CTA, 16 elements per thread, `cluster` in
+//             {1, 2, 4, 8, 16} CTAs per row (16 where the device
+//             co-schedules it); CTA sums are exchanged through distributed
+//             shared memory (sm_90; cluster == 1 elsewhere).
+//             D <= 131072 (262144 with clusters of 16).
 //   kLooped   any D: one CTA walks the row twice (x read twice). Used above
 //             the cluster band, and on pre-Hopper GPUs above cluster == 1.
 //
-// The reduction order of a row depends on D and the direction alone (never
-// on the number of rows, the row's position, or alignment): results are
-// batch-invariant. Forward and backward split rows differently, so a
-// recomputed rstd in backward may differ from forward's in the last bit.
+// The reduction order of a row depends on the band alone (never on the
+// number of rows, the row's position, or alignment): results are
+// batch-invariant, and backward's recomputed rstd equals forward's.
 #pragma once
 
 #include <cstddef>
@@ -50,21 +48,19 @@ inline constexpr int64_t kMaxCols = (int64_t{1} << 31) - 64;
 inline constexpr int kWarp = 32;
 inline constexpr int kMaxThreadsPerRow = 1024;
 inline constexpr int kMaxThreadsPerSm = 2048;  // sm_80 and sm_90
-// Work per thread. Forward: 4 chunks (64 bytes) per thread in both bands;
-// measured on the H200 (bench/results/2026-11-30_h200_8291f97_*), one 16-byte
-// chunk per thread left the forward instruction-bound (ncu: SM 69% busy, DRAM
-// 45%) on per-row overhead. Backward: 8 elements per thread (kRows) and 16
-// (kCluster), whatever the dtype: what fits x, gy and the row sums in
-// registers with two 512-thread CTAs per SM (compiler resource report).
-inline constexpr int kForwardChunksPerThread = 4;
+// Elements per thread, whatever the dtype (chunks per thread = elements / vec):
+// kRows 8 (one 16-byte chunk at 16-bit, two at fp32), kCluster 16. Chosen
+// from the compiler's resource report: at 8 elements, backward holds x, gy,
+// w' and the row sums in registers with two 512-thread CTAs per SM and no
+// spills; 16 elements at 1024 threads per CTA still fit in 64 registers.
 inline constexpr int kRowsElemsPerThread = 8;
 inline constexpr int kClusterThreads = 1024;
 inline constexpr int kClusterElemsPerThread = 16;
-RMSNORM_HD constexpr int rows_chunks_per_thread(size_t esize, bool backward) {
-  return backward ? kRowsElemsPerThread / (kChunkBytes / static_cast<int>(esize)) : kForwardChunksPerThread;
+RMSNORM_HD constexpr int rows_chunks_per_thread(size_t esize) {
+  return kRowsElemsPerThread / (kChunkBytes / static_cast<int>(esize));
 }
-RMSNORM_HD constexpr int cluster_chunks_per_thread(size_t esize, bool backward) {
-  return backward ? kClusterElemsPerThread / (kChunkBytes / static_cast<int>(esize)) : kForwardChunksPerThread;
+RMSNORM_HD constexpr int cluster_chunks_per_thread(size_t esize) {
+  return kClusterElemsPerThread / (kChunkBytes / static_cast<int>(esize));
 }
 inline constexpr int kMaxPortableCluster = 8;
 inline constexpr int kMaxCluster = 16;  // non-portable; used where the device can co-schedule it

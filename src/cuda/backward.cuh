@@ -46,12 +46,6 @@ struct BackwardParams {
 
 // The weight chunk is loaded where it is used rather than held in registers
 // across rows: it stays in L1, and the registers go to x, gy and the gw sums.
-template <bool kVec, typename T>
-__device__ __forceinline__ Pack<T> load_weight(const BackwardParams<T>& p, int chunk) {
-  Pack<T> w;
-  if (p.w != nullptr) w = load_chunk(p.w, chunk, p.cols, kVec);
-  return w;
-}
 template <typename T>
 __device__ __forceinline__ Pack<T> load_weight(const BackwardParams<T>& p, int chunk) {
   Pack<T> w;
@@ -115,12 +109,12 @@ __device__ __forceinline__ Pack<T> xhat_gy_chunk(const Pack<T>& x, const Pack<T>
 // final slot sum, and consecutive threads hit consecutive banks. Registers
 // hold x and gy only, so 512-thread CTAs run two per SM without spilling.
 // kTwoPass: instead of accumulating gw, write gy * x_hat to p.temp (benchmark only).
-template <typename T, int kTpr, bool kTwoPass, bool kVec>
+template <typename T, int kTpr, bool kTwoPass>
 __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::backward_blocks_per_sm(kTpr))
     backward_rows_kernel(const BackwardParams<T> p) {
   constexpr int kBlock = plan::backward_block(kTpr);
   constexpr int kRowsPerBlock = kBlock / kTpr;
-  constexpr int kCpt = plan::rows_chunks_per_thread(sizeof(T), /*backward=*/true);
+  constexpr int kCpt = plan::rows_chunks_per_thread(sizeof(T));
   constexpr int kN = Pack<T>::kN;
   static_assert(kRowsPerBlock * kTpr == kBlock, "plan: rows_per_block * threads_per_row == block");
   static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
@@ -149,8 +143,8 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::backward_blo
     for (int it = 0; it < kCpt; ++it) {
       const int c = it * kTpr + lane;
       if (c < p.chunks) {
-        xs[it] = load_chunk(xr, c, p.cols, kVec);
-        gys[it] = load_chunk(gyr, c, p.cols, kVec);
+        xs[it] = load_chunk(xr, c, p.cols, p.vector_io);
+        gys[it] = load_chunk(gyr, c, p.cols, p.vector_io);
       }
     }
   };
@@ -164,7 +158,7 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::backward_blo
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
       const int c = it * kTpr + lane;
-      if (valid && c < p.chunks) sums = add2(sums, chunk_sums(x[it], gy[it], load_weight<kVec>(p, c), has_w, p.w_offset));
+      if (valid && c < p.chunks) sums = add2(sums, chunk_sums(x[it], gy[it], load_weight(p, c), has_w, p.w_offset));
     }
     sums = row_sum<kTpr, kBlock>(sums, scratch);
     const RowScalars s = valid ? row_scalars(p, row, sums) : RowScalars{0.0f, 0.0f};
@@ -174,8 +168,8 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::backward_blo
       const int c = it * kTpr + lane;
       if (valid && c < p.chunks) {
         float a[kN];
-        const Pack<T> gx = grad_chunk(x[it], gy[it], load_weight<kVec>(p, c), has_w, p.w_offset, s, a);
-        store_chunk(gxr, c, p.cols, kVec, gx);
+        const Pack<T> gx = grad_chunk(x[it], gy[it], load_weight(p, c), has_w, p.w_offset, s, a);
+        store_chunk(gxr, c, p.cols, p.vector_io, gx);
         if (with_gw) {
 #pragma unroll
           for (int j = 0; j < kN; ++j) acc[(it * kN + j) * kBlock + threadIdx.x] += a[j];
@@ -211,10 +205,10 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::backward_blo
 // for the second pass: this CTA read those bytes microseconds earlier and the
 // whole grid's working set (clusters x row) is far below the 60 MB L2, so the
 // reload hits L2 and DRAM still sees gy once. gw partials in shared memory.
-template <typename T, bool kVec>
+template <typename T>
 __global__ void __launch_bounds__(plan::kClusterThreads, 1) backward_cluster_kernel(const BackwardParams<T> p) {
   constexpr int kBlock = plan::kClusterThreads;
-  constexpr int kCpt = plan::cluster_chunks_per_thread(sizeof(T), /*backward=*/true);
+  constexpr int kCpt = plan::cluster_chunks_per_thread(sizeof(T));
   constexpr int kN = Pack<T>::kN;
   static_assert(plan::backward_cluster_smem() == sizeof(float) * kBlock * kCpt * kN,
                 "plan: shared gw accumulators");
@@ -236,13 +230,13 @@ __global__ void __launch_bounds__(plan::kClusterThreads, 1) backward_cluster_ker
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
       const int c = it * stride + gtid;
-      if (c < p.chunks) x[it] = load_chunk(xr, c, p.cols, kVec);
+      if (c < p.chunks) x[it] = load_chunk(xr, c, p.cols, p.vector_io);
     }
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
       const int c = it * stride + gtid;
       if (c < p.chunks)
-        sums = add2(sums, chunk_sums(x[it], load_chunk(gyr, c, p.cols, kVec), load_weight<kVec>(p, c), has_w,
+        sums = add2(sums, chunk_sums(x[it], load_chunk(gyr, c, p.cols, p.vector_io), load_weight(p, c), has_w,
                                      p.w_offset));
     }
     sums = cluster_sum(cta_sum<kBlock>(sums, scratch), &exchange);
@@ -253,9 +247,9 @@ __global__ void __launch_bounds__(plan::kClusterThreads, 1) backward_cluster_ker
       const int c = it * stride + gtid;
       if (c < p.chunks) {
         float a[kN];
-        store_chunk(gxr, c, p.cols, kVec,
-                    grad_chunk(x[it], reload_chunk(gyr, c, p.cols, kVec),
-                               has_w ? reload_chunk(p.w, c, p.cols, kVec) : Pack<T>{}, has_w, p.w_offset, s, a));
+        store_chunk(gxr, c, p.cols, p.vector_io,
+                    grad_chunk(x[it], reload_chunk(gyr, c, p.cols, p.vector_io),
+                               has_w ? reload_chunk(p.w, c, p.cols, p.vector_io) : Pack<T>{}, has_w, p.w_offset, s, a));
         if (p.with_gw) {
 #pragma unroll
           for (int j = 0; j < kN; ++j) acc[(it * kN + j) * kBlock + threadIdx.x] += a[j];
@@ -389,23 +383,21 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
           return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "backward block disagrees with the kernel");
         const size_t smem = with_gw ? plan::backward_rows_smem(kTpr) : 0;
         if (smem != l.smem) return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "backward smem disagrees with the kernel");
-        const auto kernel = p.vector_io ? backward_rows_kernel<T, kTpr, false, true>
-                                        : backward_rows_kernel<T, kTpr, false, false>;
         if (smem > 48 * 1024)
-          RMSNORM_CUDA_TRY(
-              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        kernel<<<grid, plan::backward_block(kTpr), smem, stream>>>(p);
+          RMSNORM_CUDA_TRY(cudaFuncSetAttribute(backward_rows_kernel<T, kTpr, false>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        backward_rows_kernel<T, kTpr, false><<<grid, plan::backward_block(kTpr), smem, stream>>>(p);
         RMSNORM_CUDA_LAUNCHED("backward_rows_kernel");
         return RMSNORM_STATUS_SUCCESS;
       });
       break;
     case plan::Band::kCluster: {
       // Per device (function attributes belong to a context), so set it on every call; it is a host-side call.
-      const auto kernel = p.vector_io ? backward_cluster_kernel<T, true> : backward_cluster_kernel<T, false>;
       if (l.smem > 0)
-        RMSNORM_CUDA_TRY(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l.smem)));
-      st = launch_clustered(kernel, l.grid, plan::kClusterThreads, l.row.cluster, l.smem, stream, p);
+        RMSNORM_CUDA_TRY(cudaFuncSetAttribute(backward_cluster_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(l.smem)));
+      st = launch_clustered(backward_cluster_kernel<T>, l.grid, plan::kClusterThreads, l.row.cluster, l.smem, stream,
+                            p);
       break;
     }
     case plan::Band::kLooped:

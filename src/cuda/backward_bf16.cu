@@ -8,7 +8,7 @@ template rmsnorm_status_t launch_backward<__nv_bfloat16>(const BackwardArgs&, co
 int query_max_cluster() {
   // The backward kernel is the heavier of the two cluster kernels (shared gw
   // accumulators), so what fits for it fits for the forward.
-  const auto kernel = backward_cluster_kernel<__nv_bfloat16, true>;
+  const auto kernel = backward_cluster_kernel<__nv_bfloat16>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(plan::backward_cluster_smem())) != cudaSuccess) {

@@ -58,30 +58,20 @@ struct alignas(16) Pack {
 };
 
 // In-row indices are 32-bit (api.cpp limits cols to plan::kMaxCols); row
-// offsets are 64-bit. Loads chunk `chunk` of a row; elements past `cols`
-// read as 0 (they add nothing to any sum). vector_io: every row start is
-// 16-byte aligned, so a full chunk is one 16-byte load; otherwise element
-// loads (any alignment). The rows and cluster kernels pass it as a template
-// constant, so each instantiation compiles one path.
+// offsets are 64-bit. Loads chunk `chunk` of a row; elements past `cols` read as 0 (they add
+// nothing to any sum). vector_io: every row start is 16-byte aligned, so a
+// full chunk is one 16-byte load; otherwise element loads (any alignment).
 template <typename T>
 __device__ __forceinline__ Pack<T> load_chunk(const T* __restrict__ row, int chunk, int cols, bool vector_io) {
   constexpr int kN = Pack<T>::kN;
   const int base = chunk * kN;
   Pack<T> p;
-  if (vector_io) {
-    if (base + kN <= cols) {
-      // Through uint4: copying Pack<T> itself copies __half / __nv_bfloat16
-      // members one by one (they are not trivially copyable), which compiles
-      // to eight 2-byte loads instead of one 16-byte load.
-      const uint4 u = *reinterpret_cast<const uint4*>(row + base);
-      memcpy(&p, &u, sizeof(u));
-    } else {
-      // The row's partial last chunk: a rolled loop, so that kernels
-      // instantiated with vector_io == true carry no unrolled element path
-      // (its registers would be reserved for every chunk).
-#pragma unroll 1
-      for (int j = 0; j < kN; ++j) p.v[j] = base + j < cols ? row[base + j] : from_float<T>(0.0f);
-    }
+  if (vector_io && base + kN <= cols) {
+    // Through uint4: copying Pack<T> itself copies __half / __nv_bfloat16
+    // members one by one (they are not trivially copyable), which compiles
+    // to eight 2-byte loads instead of one 16-byte load.
+    const uint4 u = *reinterpret_cast<const uint4*>(row + base);
+    memcpy(&p, &u, sizeof(u));
   } else {
 #pragma unroll
     for (int j = 0; j < kN; ++j) p.v[j] = base + j < cols ? row[base + j] : from_float<T>(0.0f);
@@ -115,16 +105,10 @@ __device__ __forceinline__ void store_chunk(T* __restrict__ row, int chunk, int 
                                             const Pack<T>& p) {
   constexpr int kN = Pack<T>::kN;
   const int base = chunk * kN;
-  if (vector_io) {
-    if (base + kN <= cols) {
-      uint4 u;
-      memcpy(&u, &p, sizeof(u));
-      *reinterpret_cast<uint4*>(row + base) = u;
-    } else {
-#pragma unroll 1
-      for (int j = 0; j < kN; ++j)
-        if (base + j < cols) row[base + j] = p.v[j];
-    }
+  if (vector_io && base + kN <= cols) {
+    uint4 u;
+    memcpy(&u, &p, sizeof(u));
+    *reinterpret_cast<uint4*>(row + base) = u;
   } else {
 #pragma unroll
     for (int j = 0; j < kN; ++j)

@@ -58,29 +58,40 @@ __device__ __forceinline__ float inv_rms(float sum_sq, int cols, float eps) {
 }
 
 // ---- kRows: rows_per_block rows per CTA, threads_per_row = kTpr --------------------------------
-// Four independent 16-byte loads per thread are issued before the first use.
-template <typename T, int kTpr, bool kVec>
-__global__ void __launch_bounds__(plan::forward_block(kTpr)) forward_rows_kernel(const ForwardParams<T> p) {
+template <typename T, int kTpr>
+__global__ void __launch_bounds__(plan::forward_block(kTpr), plan::kMaxThreadsPerSm / plan::forward_block(kTpr))
+    forward_rows_kernel(const ForwardParams<T> p) {
   constexpr int kBlock = plan::forward_block(kTpr);
   constexpr int kRowsPerBlock = kBlock / kTpr;
-  constexpr int kCpt = plan::rows_chunks_per_thread(sizeof(T), /*backward=*/false);
+  constexpr int kCpt = plan::rows_chunks_per_thread(sizeof(T));
   static_assert(kRowsPerBlock * kTpr == kBlock, "plan: rows_per_block * threads_per_row == block");
   static_assert(Pack<T>::kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
   __shared__ float2 scratch[kTpr > 32 ? kRowsPerBlock * plan::warps_per_row(kTpr) : 1];
 
   const int slot = plan::row_slot(threadIdx.x, kTpr);
   const int lane = threadIdx.x % kTpr;
+  // Persistent CTAs with a software pipeline: the next row group's x is
+  // loaded before this one's reduction, so loads stay in flight across the
+  // barriers (one 16-byte chunk per thread would otherwise leave the memory
+  // system idle while rows reduce and store).
   const int64_t groups = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+  auto load_row = [&](int64_t g, Pack<T>(&xs)[kCpt]) {
     const int64_t row = g * kRowsPerBlock + slot;
-    const bool valid = row < p.rows;
+    if (g >= groups || row >= p.rows) return;
     const T* xr = p.x + row * p.x_stride;
-    Pack<T> x[kCpt];
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
       const int c = it * kTpr + lane;
-      if (valid && c < p.chunks) x[it] = load_chunk(xr, c, p.cols, kVec);
+      if (c < p.chunks) xs[it] = load_chunk(xr, c, p.cols, p.vector_io);
     }
+  };
+  Pack<T> x[kCpt];
+  load_row(blockIdx.x, x);
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+    const int64_t row = g * kRowsPerBlock + slot;
+    const bool valid = row < p.rows;
+    Pack<T> xn[kCpt];
+    load_row(g + gridDim.x, xn);
     float ss = 0.0f;
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
@@ -91,20 +102,23 @@ __global__ void __launch_bounds__(plan::forward_block(kTpr)) forward_rows_kernel
       }
     }
     const float total = row_sum<kTpr, kBlock>(make_float2(ss, 0.0f), scratch).x;
-    if (!valid) continue;
-    const float r = inv_rms<T>(total, p.cols, p.eps);
-    if (p.rstd != nullptr && lane == 0) p.rstd[row] = r;
-    T* yr = p.y + row * p.y_stride;
+    if (valid) {
+      const float r = inv_rms<T>(total, p.cols, p.eps);
+      if (p.rstd != nullptr && lane == 0) p.rstd[row] = r;
+      T* yr = p.y + row * p.y_stride;
 #pragma unroll
-    for (int it = 0; it < kCpt; ++it) {
-      const int c = it * kTpr + lane;
-      if (c < p.chunks) {
-        // w from L1 at each use rather than held in registers across rows.
-        Pack<T> w;
-        if (p.w != nullptr) w = load_chunk(p.w, c, p.cols, kVec);
-        store_chunk(yr, c, p.cols, kVec, normalize_chunk(p, x[it], w, r));
+      for (int it = 0; it < kCpt; ++it) {
+        const int c = it * kTpr + lane;
+        if (c < p.chunks) {
+          // w from L1 at each use: registers go to the prefetched row instead.
+          Pack<T> w;
+          if (p.w != nullptr) w = load_chunk(p.w, c, p.cols, p.vector_io);
+          store_chunk(yr, c, p.cols, p.vector_io, normalize_chunk(p, x[it], w, r));
+        }
       }
     }
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) x[it] = xn[it];
   }
 }
 
@@ -152,35 +166,26 @@ __device__ __forceinline__ unsigned cluster_rank() {
 }
 
 // ---- kCluster: one row per cluster of CTAs of 1024 threads -------------------------------------
-template <typename T, bool kVec>
+template <typename T>
 __global__ void __launch_bounds__(plan::kClusterThreads, 1) forward_cluster_kernel(const ForwardParams<T> p) {
   constexpr int kBlock = plan::kClusterThreads;
-  constexpr int kCpt = plan::cluster_chunks_per_thread(sizeof(T), /*backward=*/false);
+  constexpr int kCpt = plan::cluster_chunks_per_thread(sizeof(T));
   __shared__ float2 scratch[plan::warps_per_row(kBlock)];
   __shared__ float2 exchange;
   const unsigned cs = cluster_size();
   const int stride = kBlock * static_cast<int>(cs);  // G: threads per row over the cluster
   const int gtid = static_cast<int>(cluster_rank()) * kBlock + threadIdx.x;
-  // x is read twice: once for the sum of squares, once (reload_chunk, an L2
-  // hit: the grid's working set is a few MB) for y, so no register holds it
-  // across the cluster reduction; DRAM still sees x once.
   for (int64_t row = blockIdx.x / cs; row < p.rows; row += gridDim.x / cs) {
     const T* xr = p.x + row * p.x_stride;
+    Pack<T> x[kCpt];
     float ss = 0.0f;
-    {
-      Pack<T> x[kCpt];
 #pragma unroll
-      for (int it = 0; it < kCpt; ++it) {
-        const int c = it * stride + gtid;
-        if (c < p.chunks) x[it] = load_chunk(xr, c, p.cols, kVec);
-      }
+    for (int it = 0; it < kCpt; ++it) {
+      const int c = it * stride + gtid;
+      if (c < p.chunks) {
+        x[it] = load_chunk(xr, c, p.cols, p.vector_io);
 #pragma unroll
-      for (int it = 0; it < kCpt; ++it) {
-        const int c = it * stride + gtid;
-        if (c < p.chunks) {
-#pragma unroll
-          for (int j = 0; j < Pack<T>::kN; ++j) ss += to_float(x[it].v[j]) * to_float(x[it].v[j]);
-        }
+        for (int j = 0; j < Pack<T>::kN; ++j) ss += to_float(x[it].v[j]) * to_float(x[it].v[j]);
       }
     }
     const float total = cluster_sum(cta_sum<kBlock>(make_float2(ss, 0.0f), scratch), &exchange).x;
@@ -191,9 +196,10 @@ __global__ void __launch_bounds__(plan::kClusterThreads, 1) forward_cluster_kern
     for (int it = 0; it < kCpt; ++it) {
       const int c = it * stride + gtid;
       if (c < p.chunks) {
+        // Weight loaded here, not held across the reduction (1024 threads leave 64 registers each).
         Pack<T> w;
-        if (p.w != nullptr) w = reload_chunk(p.w, c, p.cols, kVec);
-        store_chunk(yr, c, p.cols, kVec, normalize_chunk(p, reload_chunk(xr, c, p.cols, kVec), w, r));
+        if (p.w != nullptr) w = load_chunk(p.w, c, p.cols, p.vector_io);
+        store_chunk(yr, c, p.cols, p.vector_io, normalize_chunk(p, x[it], w, r));
       }
     }
   }
@@ -294,18 +300,12 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
         constexpr int kTpr = decltype(tpr)::value;
         if (plan::forward_block(kTpr) != l.row.block)
           return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "forward block disagrees with the kernel");
-        if (p.vector_io)
-          forward_rows_kernel<T, kTpr, true><<<grid, plan::forward_block(kTpr), 0, stream>>>(p);
-        else
-          forward_rows_kernel<T, kTpr, false><<<grid, plan::forward_block(kTpr), 0, stream>>>(p);
+        forward_rows_kernel<T, kTpr><<<grid, plan::forward_block(kTpr), 0, stream>>>(p);
         RMSNORM_CUDA_LAUNCHED("forward_rows_kernel");
         return RMSNORM_STATUS_SUCCESS;
       });
     case plan::Band::kCluster:
-      return p.vector_io ? launch_clustered(forward_cluster_kernel<T, true>, l.grid, plan::kClusterThreads,
-                                            l.row.cluster, 0, stream, p)
-                         : launch_clustered(forward_cluster_kernel<T, false>, l.grid, plan::kClusterThreads,
-                                            l.row.cluster, 0, stream, p);
+      return launch_clustered(forward_cluster_kernel<T>, l.grid, plan::kClusterThreads, l.row.cluster, 0, stream, p);
     case plan::Band::kLooped:
       forward_looped_kernel<T><<<grid, plan::kLoopedThreads, 0, stream>>>(p);
       RMSNORM_CUDA_LAUNCHED("forward_looped_kernel");
