@@ -127,14 +127,33 @@ run_step() {
   else
     printf '[%4ss] %-10s running (limit %ss)\n' "$elapsed" "$name" "$limit"
     t0="$(date +%s)"
-    timeout --signal=TERM --kill-after=15 "$limit" bash -c "$body" >>"$LOG" 2>&1
+    # The step runs in its own process group, and a timeout kills the whole
+    # group: `timeout` alone signals only its child, so processes that child
+    # started (ctest's test binaries) survived a cut step and shared the GPU
+    # with the benchmark that followed (seen on 2026-11-30, run of 9801510).
+    setsid bash -c "$body" >>"$LOG" 2>&1 &
+    local pid=$! flag="$STATE/timeout_$name"
+    (
+      sleep "$limit"
+      touch "$flag"
+      kill -TERM -- "-$pid" 2>/dev/null
+      sleep 10
+      kill -KILL -- "-$pid" 2>/dev/null
+    ) &
+    local watchdog=$!
+    wait "$pid"
     rc=$?
+    kill "$watchdog" 2>/dev/null
+    wait "$watchdog" 2>/dev/null
+    kill -KILL -- "-$pid" 2>/dev/null  # anything the step left behind
     t1="$(date +%s)"
-    case "$rc" in
-      0) result=PASS ;;
-      124 | 137) result=TIMEOUT ;;
-      *) result="FAIL(rc=$rc)" ;;
-    esac
+    if [ -e "$flag" ]; then
+      result=TIMEOUT
+    elif [ "$rc" = 0 ]; then
+      result=PASS
+    else
+      result="FAIL(rc=$rc)"
+    fi
   fi
   printf -- '----- %s: %s in %ss\n' "$name" "$result" "$((t1 - t0))" >>"$LOG"
   STEP_NAMES+=("$name")
