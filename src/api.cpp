@@ -135,12 +135,16 @@ rmsnorm_status_t check_problem_and_backend(const rmsnorm_problem_t* p, const rms
   c->dtype = static_cast<DType>(p->dtype);
   c->esize = rmsnorm_dtype_size(p->dtype);
   if (b->kind == RMSNORM_BACKEND_CPU) {
+    if (b->num_threads < 0)
+      return fail(RMSNORM_STATUS_INVALID_OPTION, "backend.num_threads", "must be >= 0 (got " + num(b->num_threads) + ")");
     c->cuda = false;
     c->threads = b->num_threads;
     return RMSNORM_STATUS_SUCCESS;
   }
   if (b->kind != RMSNORM_BACKEND_CUDA)
     return fail(RMSNORM_STATUS_INVALID_OPTION, "backend.kind", "unknown backend kind " + num(b->kind));
+  if (b->device < -1)
+    return fail(RMSNORM_STATUS_INVALID_OPTION, "backend.device", "must be a device ordinal or -1 (got " + num(b->device) + ")");
   c->cuda = true;
   c->stream = b->stream;
 #if defined(RMSNORM_WITH_CUDA)
@@ -167,9 +171,13 @@ rmsnorm_status_t check_pointer(const char* name, const void* p, size_t align, co
   if (!aligned(p, align))
     return fail(RMSNORM_STATUS_MISALIGNED, name, "must be aligned to " + num(static_cast<int64_t>(align)) + " bytes");
 #if defined(RMSNORM_WITH_CUDA)
-  const cuda::MemorySpace space = cuda::memory_space(p);
+  int owner = -1;
+  const cuda::MemorySpace space = cuda::memory_space(p, &owner);
   if (!c.cuda && space == cuda::MemorySpace::kDevice)
     return fail(RMSNORM_STATUS_WRONG_MEMORY_SPACE, name, "is device memory, but the backend is CPU");
+  if (c.cuda && space == cuda::MemorySpace::kDevice && owner != c.device)
+    return fail(RMSNORM_STATUS_WRONG_MEMORY_SPACE, name,
+                "is memory of device " + num(owner) + ", but the backend runs on device " + num(c.device));
   if (c.cuda && space == cuda::MemorySpace::kHost)
     return fail(RMSNORM_STATUS_WRONG_MEMORY_SPACE, name, "is pageable host memory, but the backend is CUDA");
 #else

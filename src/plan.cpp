@@ -100,7 +100,10 @@ BackwardLaunch backward_launch(int64_t rows, int64_t cols, int esize, bool with_
   // its partial in the workspace, so it always has one.
   l.direct_gw = with_gw && l.partials == 1 && l.row.band != Band::kLooped;
   // One fp32 partial row of `cols` floats per CTA (or cluster).
-  l.workspace = (with_gw && !l.direct_gw) ? static_cast<size_t>(l.partials) * static_cast<size_t>(cols) * sizeof(float) : 0;
+  // No rows: gw is written as the empty sum without touching a workspace.
+  l.workspace = (with_gw && !l.direct_gw && rows > 0)
+                    ? static_cast<size_t>(l.partials) * static_cast<size_t>(cols) * sizeof(float)
+                    : 0;
   return l;
 }
 

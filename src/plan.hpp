@@ -26,7 +26,9 @@
 //
 // The reduction order of a row depends on the band alone (never on the
 // number of rows, the row's position, or alignment): results are
-// batch-invariant, and backward's recomputed rstd equals forward's.
+// batch-invariant. (Backward adds x^2 per chunk before adding chunk sums,
+// forward keeps one running sum; they agree bitwise only with one chunk per
+// thread, so a recomputed rstd may differ from forward's in the last bit.)
 #pragma once
 
 #include <cstddef>

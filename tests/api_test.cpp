@@ -766,6 +766,18 @@ TEST(ApiCuda, UnavailableOrWrongMemory) {
   expect_rejected(c, FWD, RMSNORM_STATUS_BACKEND_UNAVAILABLE, {"backend.device"});
 }
 
+// Backend fields outside their documented range are refused whether or not a
+// GPU is present (the device check comes before the availability check).
+TEST(ApiBackend, NegativeThreadsOrDevice) {
+  Call c;
+  c.be = rmsnorm_backend_cpu(-2);
+  expect_rejected(c, FWD, RMSNORM_STATUS_INVALID_OPTION, {"backend.num_threads"});
+  expect_rejected(c, BWD, RMSNORM_STATUS_INVALID_OPTION, {"backend.num_threads"});
+  c.be = rmsnorm_backend_cuda(-5, nullptr);
+  expect_rejected(c, FWD, RMSNORM_STATUS_INVALID_OPTION, {"backend.device"});
+  expect_rejected(c, BWD, RMSNORM_STATUS_INVALID_OPTION, {"backend.device"});
+}
+
 // ---- small ABI functions ----------------------------------------------------------------------------
 
 TEST(ApiMisc, StatusStrings) {

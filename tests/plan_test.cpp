@@ -211,6 +211,13 @@ TEST(Plan, BackwardWorkspaceIsBoundedIndependentlyOfRows) {
   }
 }
 
+// No rows: gw is the empty sum, written without a workspace, in every band.
+TEST(Plan, NoRowsNeedNoWorkspace) {
+  for (int64_t d : {1, 64, 4096, 8193, 40000, 300000, 2000000}) {
+    for (int esize : {2, 4}) EXPECT_EQ(backward_launch(0, d, esize, true, hopper()).workspace, 0u) << d;
+  }
+}
+
 TEST(Plan, PreHopperNeverUsesClustersOfMoreThanOneCta) {
   for (int64_t d = 8000; d <= kMaxD; d += 101) {
     const RowPlan p = row_plan(d, 2, true, ampere());

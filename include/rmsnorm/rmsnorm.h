@@ -21,7 +21,11 @@
  *
  * In-place use: forward may run with y == x (same row stride); backward may
  * run with gx == gy (same row stride). Any other overlap between an output
- * and another operand is rejected with RMSNORM_STATUS_OVERLAP.
+ * and another operand is rejected with RMSNORM_STATUS_OVERLAP. The check is
+ * exact for matrices of equal row stride (interleaved views of one buffer)
+ * and conservative otherwise: operands with different strides, or a vector
+ * placed in a matrix's row padding, are rejected when their byte ranges
+ * intersect even if no byte is shared.
  */
 #ifndef RMSNORM_RMSNORM_H_
 #define RMSNORM_RMSNORM_H_
@@ -46,11 +50,13 @@ extern "C" {
 typedef enum rmsnorm_status {
   RMSNORM_STATUS_SUCCESS = 0,
   RMSNORM_STATUS_NULL_POINTER = 1,        /* a required pointer is NULL */
-  RMSNORM_STATUS_INVALID_SHAPE = 2,       /* rows < 0 or cols <= 0, or shapes disagree */
+  RMSNORM_STATUS_INVALID_SHAPE = 2,       /* rows < 0, cols <= 0 or cols >= 2^31 - 64, extents that
+                                             overflow the address space, or shapes that disagree */
   RMSNORM_STATUS_INVALID_STRIDE = 3,      /* a row stride < cols */
   RMSNORM_STATUS_INVALID_EPS = 4,         /* eps negative, NaN or infinite */
   RMSNORM_STATUS_INVALID_DTYPE = 5,       /* unknown dtype */
-  RMSNORM_STATUS_INVALID_OPTION = 6,      /* unknown flag, gw mode or backend kind */
+  RMSNORM_STATUS_INVALID_OPTION = 6,      /* unknown flag, gw mode or backend kind; device < -1;
+                                             num_threads < 0 */
   RMSNORM_STATUS_MISALIGNED = 7,          /* a pointer is not aligned to its element size */
   RMSNORM_STATUS_WORKSPACE_TOO_SMALL = 8, /* workspace smaller than the queried size */
   RMSNORM_STATUS_OVERLAP = 9,             /* an output overlaps another operand */

@@ -9,6 +9,14 @@ int query_max_cluster() {
   // The backward kernel is the heavier of the two cluster kernels (shared gw
   // accumulators), so what fits for it fits for the forward.
   const auto kernel = backward_cluster_kernel<__nv_bfloat16>;
+  // Clusters need the kernels compiled for compute_90 or later: a build for
+  // older targets runs on Hopper through its PTX with the cluster code
+  // compiled out (__CUDA_ARCH__ < 900), so the plan must not use clusters.
+  cudaFuncAttributes fattr;
+  if (cudaFuncGetAttributes(&fattr, kernel) != cudaSuccess || fattr.ptxVersion < 90) {
+    cudaGetLastError();
+    return 1;
+  }
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(plan::backward_cluster_smem())) != cudaSuccess) {

@@ -215,6 +215,6 @@ inline rmsnorm_status_t cuda_fail(cudaError_t e, const char* what) {
 // After a launch: configuration errors surface here, not at the next call.
 #define RMSNORM_CUDA_LAUNCHED(name) RMSNORM_CUDA_TRY(cudaGetLastError())
 
-plan::Device device_properties(int device);
+rmsnorm_status_t device_properties(int device, plan::Device* out);
 
 }  // namespace rmsnorm::cuda

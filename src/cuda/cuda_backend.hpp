@@ -17,9 +17,10 @@ bool available();
 rmsnorm_status_t resolve_device(int32_t requested, int* device);
 
 // Where a pointer lives, as far as the CUDA runtime can tell: pageable host
-// memory, device-only memory, or memory both sides reach (managed, pinned).
+// memory, device-only memory (of device *owner), or memory both sides reach
+// (managed, pinned).
 enum class MemorySpace { kHost, kDevice, kBoth };
-MemorySpace memory_space(const void* p);
+MemorySpace memory_space(const void* p, int* owner);
 
 // Workspace bytes of the fused backward on `device` (0 for GwMode::kNone).
 rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, GwMode mode, int device,

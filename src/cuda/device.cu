@@ -55,7 +55,7 @@ rmsnorm_status_t resolve_device(int32_t requested, int* device) {
   return RMSNORM_STATUS_SUCCESS;
 }
 
-MemorySpace memory_space(const void* p) {
+MemorySpace memory_space(const void* p, int* owner) {
   cudaPointerAttributes attr;
   const cudaError_t e = cudaPointerGetAttributes(&attr, p);
   if (e != cudaSuccess) {
@@ -63,45 +63,45 @@ MemorySpace memory_space(const void* p) {
     return MemorySpace::kHost;  // no usable runtime: everything is host memory
   }
   // Managed and registered host memory are reachable from both sides.
+  *owner = attr.device;
   if (attr.type == cudaMemoryTypeDevice) return MemorySpace::kDevice;
   if (attr.type == cudaMemoryTypeUnregistered) return MemorySpace::kHost;
   return MemorySpace::kBoth;
 }
 
 // Properties are read once per device: the plan (and so every reduction
-// order) must not change between calls on the same device.
-plan::Device device_properties(int device) {
+// order) must not change between calls on the same device. A failed query
+// is an error of the call, never replaced by defaults: the workspace size
+// and the launch must come from the same plan.
+rmsnorm_status_t device_properties(int device, plan::Device* out) {
   static std::mutex mutex;
   static std::map<int, plan::Device> cache;
   std::lock_guard<std::mutex> lock(mutex);
   const auto it = cache.find(device);
-  if (it != cache.end()) return it->second;
+  if (it != cache.end()) {
+    *out = it->second;
+    return RMSNORM_STATUS_SUCCESS;
+  }
   plan::Device d;
   int smem = 0;
-  if (cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    cudaGetLastError();
-    return d;  // not cached; the caller's next CUDA call reports the problem
-  }
+  RMSNORM_CUDA_TRY(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device));
+  RMSNORM_CUDA_TRY(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device));
+  RMSNORM_CUDA_TRY(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   d.max_smem_optin = static_cast<size_t>(smem);
   d.max_cluster = 1;
   if (d.cc_major >= 9) {
     int current = -1;
-    cudaGetDevice(&current);
-    if (current != device) cudaSetDevice(device);
+    RMSNORM_CUDA_TRY(cudaGetDevice(&current));
+    if (current != device) RMSNORM_CUDA_TRY(cudaSetDevice(device));
     d.max_cluster = query_max_cluster();
-    if (current != device && current >= 0) cudaSetDevice(current);
+    if (current != device) RMSNORM_CUDA_TRY(cudaSetDevice(current));
   }
   cache[device] = d;
-  return d;
-}
-
-static rmsnorm_status_t check_device(int device, plan::Device* dev) {
-  *dev = device_properties(device);
-  RMSNORM_CUDA_TRY(cudaGetLastError());
+  *out = d;
   return RMSNORM_STATUS_SUCCESS;
 }
+
+static rmsnorm_status_t check_device(int device, plan::Device* dev) { return device_properties(device, dev); }
 
 rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, GwMode mode, int device,
                                           size_t* bytes) {

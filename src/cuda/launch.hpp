@@ -16,8 +16,9 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
 template <typename T>
 rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev, cudaStream_t stream);
 
-// Largest cluster of backward cluster-band CTAs the current device can
-// co-schedule (8, or 16 where non-portable clusters fit); defined in backward_bf16.cu.
+// Largest cluster of cluster-band CTAs the current device can run: 1 when
+// the kernels were not compiled for compute_90+, else 8, or 16 where
+// non-portable clusters fit; defined in backward_bf16.cu.
 int query_max_cluster();
 
 // Calls fn(T{}) with the CUDA element type of dtype.

@@ -35,7 +35,9 @@ template <typename T>
 rmsnorm_status_t run(const BackwardArgs& a, void* temp, cudaStream_t stream) {
   int device = 0;
   RMSNORM_CUDA_TRY(cudaGetDevice(&device));
-  const plan::Device dev = device_properties(device);
+  plan::Device dev;
+  const rmsnorm_status_t props = device_properties(device, &dev);
+  if (props != RMSNORM_STATUS_SUCCESS) return props;
   const plan::BackwardLaunch l = plan::backward_launch(a.rows, a.cols, static_cast<int>(sizeof(T)), false, dev);
   if (l.row.band != plan::Band::kRows || l.row.threads_per_row < 32)
     return fail(RMSNORM_STATUS_INVALID_SHAPE, "cols", "the two-pass variant covers the kRows band with >= 32 threads per row only");
