@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "args.hpp"
+#include "cuda/common.cuh"  // from_float: the library's own float -> T rounding
 #include "cuda/two_pass.hpp"
 #include "rmsnorm/rmsnorm.h"
 
@@ -196,21 +197,6 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-template <typename T>
-__device__ __forceinline__ T to_elem(float v);
-template <>
-__device__ __forceinline__ float to_elem<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half to_elem<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 to_elem<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
 // mean + scale * N(0, 1) per element, Box-Muller over a counter hash: fresh,
 // reproducible per seed, no cuRAND dependency. u1 is in (0, 1], so log never
 // sees 0; a zero draw has probability ~0, so outputs are never all zeros.
@@ -222,7 +208,7 @@ __global__ void fill_normal_kernel(T* p, size_t n, uint64_t seed, float mean, fl
     const float u1 = static_cast<float>((h >> 40) + 1) * (1.0f / 16777216.0f);
     const float u2 = static_cast<float>((h >> 16) & 0xFFFFFFull) * (1.0f / 16777216.0f);
     const float z = sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
-    p[i] = to_elem<T>(mean + scale * z);
+    p[i] = rmsnorm::cuda::from_float<T>(mean + scale * z);
   }
 }
 
