@@ -220,11 +220,11 @@ SAN_BODY='
   exe="$BUILD_DIR/tests/rmsnorm_cuda_test"
   [ -n "$SANITIZER" ] || { echo "compute-sanitizer not found"; exit 1; }
   [ -x "$exe" ] || { echo "$exe was not built"; exit 1; }
-  # One run per band (CudaSanitizer.RowsBand, .ClusterBand, .LoopedBand), each
+  # One run per band (CudaSanitizer.RowsBand, .PersistentReuse, .ClusterBand, .LoopedBand), each
   # with a share of the step limit, so a slow band cannot hide the others.
   rc=0
   : >"$STATE/san_$tool.txt"
-  for band in RowsBand ClusterBand LoopedBand; do
+  for band in RowsBand PersistentReuse ClusterBand LoopedBand; do
     timeout "${SAN_BAND_S:-80}" "$SANITIZER" --tool "$tool" --error-exitcode 1 "$@" "$exe" \
       --gtest_filter="CudaSanitizer.$band" 2>&1 | tee -a "$STATE/san_$tool.txt"
     r=${PIPESTATUS[0]}

@@ -23,14 +23,12 @@ RowPlan row_plan(int64_t cols, int esize, bool backward, const Device& dev) {
   p.esize = esize;
   p.vec = vec_elems(esize);
   p.chunks = chunks_of(cols, esize);
-  const int rows_cpt = rows_chunks_per_thread(static_cast<size_t>(esize));
-  const int cluster_cpt = cluster_chunks_per_thread(static_cast<size_t>(esize));
-  const int64_t rows_capacity = int64_t{kMaxThreadsPerRow} * rows_cpt;
-  const int64_t cta_capacity = int64_t{kClusterThreads} * cluster_cpt;
+  const int64_t rows_capacity = int64_t{kMaxRowsTpr} * kChunksPerThread;
+  const int64_t cta_capacity = int64_t{kClusterTpr} * kChunksPerThread;
   if (p.chunks <= rows_capacity) {
     p.band = Band::kRows;
-    p.threads_per_row = next_pow2_at_least((p.chunks + rows_cpt - 1) / rows_cpt);
-    p.chunks_per_thread = rows_cpt;
+    p.threads_per_row = next_pow2_at_least((p.chunks + kChunksPerThread - 1) / kChunksPerThread);
+    p.chunks_per_thread = kChunksPerThread;
     p.cluster = 1;
     p.block = backward ? backward_block(p.threads_per_row) : forward_block(p.threads_per_row);
     p.rows_per_block = p.block / p.threads_per_row;
@@ -40,10 +38,10 @@ RowPlan row_plan(int64_t cols, int esize, bool backward, const Device& dev) {
   const int max_cluster = dev.cc_major >= 9 ? dev.max_cluster : 1;
   if (cluster <= max_cluster) {
     p.band = Band::kCluster;
-    p.threads_per_row = kClusterThreads;
-    p.chunks_per_thread = cluster_cpt;
+    p.threads_per_row = kClusterTpr;
+    p.chunks_per_thread = kChunksPerThread;
     p.cluster = cluster;
-    p.block = kClusterThreads;
+    p.block = kClusterTpr;
     p.rows_per_block = 1;
     return p;
   }
@@ -60,11 +58,11 @@ ForwardLaunch forward_launch(int64_t rows, int64_t cols, int esize, const Device
   ForwardLaunch l;
   l.row = row_plan(cols, esize, /*backward=*/false, dev);
   const int64_t groups = (rows + l.row.rows_per_block - 1) / l.row.rows_per_block;
-  // kRows is persistent (it prefetches the next row group): a full SM's worth
-  // of CTAs each, 2048 threads per SM.
-  const int64_t cap = l.row.band == Band::kRows
-                          ? int64_t{dev.sm_count} * (kMaxThreadsPerSm / l.row.block)
-                          : kMaxGrid / l.row.cluster;
+  // kRows and kCluster are persistent (they prefetch the next row group):
+  // as many CTAs as fit at once, kForwardThreadsPerSm threads per SM.
+  int64_t cap = kMaxGrid;
+  if (l.row.band != Band::kLooped)
+    cap = std::max<int64_t>(1, int64_t{dev.sm_count} * forward_blocks_per_sm(l.row.threads_per_row) / l.row.cluster);
   l.grid = std::max<int64_t>(1, std::min(groups, cap)) * l.row.cluster;
   l.smem = 0;
   return l;
@@ -76,22 +74,22 @@ BackwardLaunch backward_launch(int64_t rows, int64_t cols, int esize, bool with_
   const int64_t groups = (rows + l.row.rows_per_block - 1) / l.row.rows_per_block;
   switch (l.row.band) {
     case Band::kRows: {
-      const int per_sm = backward_blocks_per_sm(l.row.threads_per_row);
-      l.grid = std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{dev.sm_count} * per_sm));
+      l.grid = std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{dev.sm_count} * kBackwardBlocksPerSm));
       l.partials = l.grid;
-      if (with_gw) l.smem = backward_rows_smem(l.row.threads_per_row);
+      if (with_gw) l.smem = backward_smem(esize);
       break;
     }
     case Band::kCluster: {
-      // One CTA per SM (1024 threads); a cluster needs `cluster` SMs.
-      const int64_t clusters = std::max<int64_t>(1, std::min<int64_t>(rows, dev.sm_count / l.row.cluster));
+      // One CTA per SM; a cluster needs `cluster` SMs.
+      const int64_t clusters =
+          std::max<int64_t>(1, std::min<int64_t>(rows, dev.sm_count * kBackwardBlocksPerSm / l.row.cluster));
       l.grid = clusters * l.row.cluster;
       l.partials = clusters;
-      if (with_gw) l.smem = backward_cluster_smem();
+      if (with_gw) l.smem = backward_smem(esize);
       break;
     }
     case Band::kLooped: {
-      l.grid = std::max<int64_t>(1, std::min<int64_t>(rows, int64_t{dev.sm_count} * kBackwardBlocksPerSm));
+      l.grid = std::max<int64_t>(1, std::min<int64_t>(rows, int64_t{dev.sm_count} * kLoopedBlocksPerSm));
       l.partials = l.grid;
       break;
     }

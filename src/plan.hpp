@@ -4,31 +4,33 @@
 // functions, with static_asserts tying the two (see src/cuda/*.cuh).
 //
 // Work split. A row of D elements is cut into chunks of one 16-byte vector
-// (kVec = 16 / sizeof(T) elements; the last chunk may be partial). A row is
+// (vec = 16 / sizeof(T) elements; the last chunk may be partial). A row is
 // owned by `threads_per_row` threads of one CTA, or of each CTA of a cluster
-// of `cluster` CTAs. Thread g (0 <= g < threads_per_row * cluster, CTA rank
-// major) owns chunks g, g + G, g + 2G, ... (G = threads_per_row * cluster),
-// at most `chunks_per_thread` of them, held in registers, so x (and gy) is
-// read from DRAM once. Bands, chosen from the chunk count alone:
+// of `cluster` CTAs. Thread g (0 <= g < G = threads_per_row * cluster, CTA
+// rank major) owns chunks g, g + G, g + 2G, ..., at most kChunksPerThread (4)
+// of them, held in registers, so x (and gy) is read from DRAM once. Bands,
+// chosen from the chunk count alone, identical for forward and backward:
 //
-//   kRows     8 elements per thread; threads_per_row = smallest power of
-//             two in 1..1024 that covers the row; rows_per_block =
-//             block / tpr rows per CTA. Reduction: xor-butterfly inside each
-//             aligned group of tpr lanes (tpr <= 32), then one scratch slot
-//             per warp of the row (tpr > 32). D <= 8192.
-//   kCluster  1024 threads per CTA, 16 elements per thread, `cluster` in
-//             {1, 2, 4, 8, 16} CTAs per row (16 where the device
-//             co-schedules it); CTA sums are exchanged through distributed
-//             shared memory (sm_90; cluster == 1 elsewhere).
-//             D <= 131072 (262144 with clusters of 16).
+//   kRows     threads_per_row = smallest power of two in 1..512 that covers
+//             the row; rows_per_block = block / tpr row slots per CTA.
+//             D <= 16384 (16-bit) or 8192 (fp32).
+//   kCluster  512 threads per CTA, `cluster` in {2, 4, 8, 16} CTAs per row
+//             (16 where the device co-schedules it); CTA sums are exchanged
+//             through distributed shared memory (sm_90 only).
+//             D <= 131072 (16-bit) / 65536 (fp32), twice that with 16.
 //   kLooped   any D: one CTA walks the row twice (x read twice). Used above
-//             the cluster band, and on pre-Hopper GPUs above cluster == 1.
+//             the cluster band, and on pre-Hopper GPUs above kRows.
 //
-// The reduction order of a row depends on the band alone (never on the
-// number of rows, the row's position, or alignment): results are
-// batch-invariant. (Backward adds x^2 per chunk before adding chunk sums,
-// forward keeps one running sum; they agree bitwise only with one chunk per
-// thread, so a recomputed rstd may differ from forward's in the last bit.)
+// Reduction of a row: each thread adds its elements in order (one running
+// sum), an xor butterfly over the lanes of each warp of the row, the row's
+// warp sums in warp order, then the cluster's CTA sums in rank order. The
+// order depends on D alone (never on the number of rows, the row's position,
+// or alignment), so results are batch-invariant, and backward's recomputed
+// rstd is bitwise the forward's (same geometry, same code).
+//
+// Both kernels are persistent: each CTA (or cluster) walks row groups
+// unit, unit + units, ... and loads the next group's chunks before reducing
+// the current one, so every thread keeps loads in flight across barriers.
 #pragma once
 
 #include <cstddef>
@@ -48,62 +50,58 @@ inline constexpr int kChunkBytes = 16;
 // Kernels index within a row in 32 bits.
 inline constexpr int64_t kMaxCols = (int64_t{1} << 31) - 64;
 inline constexpr int kWarp = 32;
-inline constexpr int kMaxThreadsPerRow = 1024;
 inline constexpr int kMaxThreadsPerSm = 2048;  // sm_80 and sm_90
-// Elements per thread, whatever the dtype (chunks per thread = elements / vec):
-// kRows 8 (one 16-byte chunk at 16-bit, two at fp32), kCluster 16. Chosen
-// from the compiler's resource report: at 8 elements, backward holds x, gy,
-// w' and the row sums in registers with two 512-thread CTAs per SM and no
-// spills; 16 elements at 1024 threads per CTA still fit in 64 registers.
-inline constexpr int kRowsElemsPerThread = 8;
-inline constexpr int kClusterThreads = 1024;
-inline constexpr int kClusterElemsPerThread = 16;
-RMSNORM_HD constexpr int rows_chunks_per_thread(size_t esize) {
-  return kRowsElemsPerThread / (kChunkBytes / static_cast<int>(esize));
-}
-RMSNORM_HD constexpr int cluster_chunks_per_thread(size_t esize) {
-  return kClusterElemsPerThread / (kChunkBytes / static_cast<int>(esize));
-}
+// 4 chunks (64 bytes) per thread and operand: measured on the H200, one
+// 16-byte chunk per thread left the kernels issue-bound on per-row overhead
+// (ncu: SM 69% busy, DRAM 45%); 4 amortize the reduction over 4x the bytes.
+inline constexpr int kChunksPerThread = 4;
+inline constexpr int kMaxRowsTpr = 512;  // kRows: threads per row (one CTA)
+inline constexpr int kClusterTpr = 512;  // kCluster: threads per CTA (one row slot)
 inline constexpr int kMaxPortableCluster = 8;
 inline constexpr int kMaxCluster = 16;  // non-portable; used where the device can co-schedule it
 inline constexpr int kLoopedThreads = 1024;
-// Minimum CTA size: forward packs rows into 128-thread CTAs, backward into
-// 512-thread CTAs (two per SM) so that the per-CTA gw partials stay few.
-inline constexpr int kForwardMinBlock = 128;
-inline constexpr int kBackwardMinBlock = 512;
-// Backward CTAs per SM for kRows and kLooped: the workspace holds one fp32
-// partial row per CTA, so this bounds it by 2 * SMs * D * 4 bytes.
-inline constexpr int kBackwardBlocksPerSm = 2;
+inline constexpr int kLoopedBlocksPerSm = 2;  // backward: two partial rows per SM
+// Forward: CTAs of >= 256 threads, 1024 threads per SM, so 64 registers per
+// thread hold the current and the prefetched chunks without spilling.
+inline constexpr int kForwardMinBlock = 256;
+inline constexpr int kForwardThreadsPerSm = 1024;
+// Backward: one 512-thread CTA per SM (128 registers per thread: x, gy and
+// the prefetched x and gy; the fp32 gw sums live in shared memory). The
+// workspace holds one fp32 partial row per CTA (or cluster), so it is at
+// most SMs * D * 4 bytes.
+inline constexpr int kBackwardBlock = 512;
+inline constexpr int kBackwardBlocksPerSm = 1;
 
 RMSNORM_HD constexpr int vec_elems(int esize) { return kChunkBytes / esize; }
 RMSNORM_HD constexpr int64_t chunks_of(int64_t cols, int esize) {
   return (cols + vec_elems(esize) - 1) / vec_elems(esize);
 }
 RMSNORM_HD constexpr int forward_block(int tpr) { return tpr > kForwardMinBlock ? tpr : kForwardMinBlock; }
-RMSNORM_HD constexpr int backward_block(int tpr) { return tpr > kBackwardMinBlock ? tpr : kBackwardMinBlock; }
+RMSNORM_HD constexpr int forward_blocks_per_sm(int tpr) { return kForwardThreadsPerSm / forward_block(tpr); }
+RMSNORM_HD constexpr int backward_block(int tpr) { return tpr > kBackwardBlock ? tpr : kBackwardBlock; }
 RMSNORM_HD constexpr int warps_per_row(int tpr) { return tpr > kWarp ? tpr / kWarp : 1; }
 // Thread t of a CTA works on row slot t / tpr, as lane t % tpr of that row.
 RMSNORM_HD constexpr int row_slot(int thread, int tpr) { return thread / tpr; }
-// Scratch entry where warp w of row slot s leaves its partial (tpr > 32).
-RMSNORM_HD constexpr int scratch_index(int slot, int warp_in_row, int tpr) {
-  return slot * warps_per_row(tpr) + warp_in_row;
+// Scratch entry where warp w of row slot s leaves its partial (tpr > 32);
+// two buffers (by row parity) so that one barrier per row suffices.
+RMSNORM_HD constexpr int scratch_index(int parity, int slot, int warp_in_row, int tpr, int slots) {
+  return (parity * slots + slot) * warps_per_row(tpr) + warp_in_row;
 }
+// Named barrier of a row slot (0 = the whole CTA when it holds one slot).
+// Hardware has 16 (0..15); slots > 1 only for tpr in 64..256, at most 8 slots.
+RMSNORM_HD constexpr int slot_barrier_id(int slot, int slots) { return slots == 1 ? 0 : 1 + slot; }
 
-// Backward CTAs per SM for kRows (__launch_bounds__ min blocks).
-RMSNORM_HD constexpr int backward_blocks_per_sm(int tpr) { return backward_block(tpr) <= kBackwardMinBlock ? 2 : 1; }
-// Dynamic shared memory of the backward gw accumulators (fp32 per owned element).
-RMSNORM_HD constexpr size_t backward_rows_smem(int tpr) {
-  return sizeof(float) * static_cast<size_t>(backward_block(tpr)) * kRowsElemsPerThread;
-}
-RMSNORM_HD constexpr size_t backward_cluster_smem() {
-  return sizeof(float) * static_cast<size_t>(kClusterThreads) * kClusterElemsPerThread;
+// Dynamic shared memory of the backward's gw sums: fp32 per owned element
+// of every thread (64 KiB at 16-bit, 32 KiB at fp32).
+RMSNORM_HD constexpr size_t backward_smem(int esize) {
+  return sizeof(float) * static_cast<size_t>(kBackwardBlock) * kChunksPerThread * vec_elems(esize);
 }
 
 struct Device {
   int sm_count = 132;
   int cc_major = 9;
   size_t max_smem_optin = 227 * 1024;  // per block, bytes
-  int max_cluster = 8;                 // largest cluster of 1024-thread CTAs the device co-schedules
+  int max_cluster = 8;                 // largest cluster of kClusterTpr-thread CTAs the device co-schedules
 };
 
 struct RowPlan {
@@ -112,7 +110,7 @@ struct RowPlan {
   int vec = 8;                   // elements per chunk
   int64_t chunks = 0;            // per row
   int threads_per_row = 1;       // per CTA
-  int chunks_per_thread = 0;     // per thread (kRows, kCluster); per pass step for kLooped
+  int chunks_per_thread = 0;     // kChunksPerThread (kRows, kCluster); per pass step for kLooped
   int cluster = 1;               // CTAs per row
   int block = 128;               // threads per CTA
   int rows_per_block = 1;        // row slots per CTA

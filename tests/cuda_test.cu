@@ -5,8 +5,9 @@
 // poisoned with NaN bytes, a kernel that fills shared memory with NaN run
 // just before the launch under test (stale shared memory), every element
 // compared, the worst one printed. Sizes are chosen per dispatch band
-// (plan.hpp): kRows D <= 8192 (tpr 1..1024), kCluster D in (8192, 131072]
-// (or 262144 with clusters of 16), kLooped above.
+// (plan.hpp): kRows D <= 16384 at 16-bit / 8192 at fp32 (tpr 1..512),
+// kCluster above that up to 131072 / 65536 (twice that with clusters of
+// 16), kLooped above.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -790,7 +791,27 @@ void sanitizer_cases(std::initializer_list<int64_t> ds, std::mt19937_64& rng) {
 
 TEST_F(CudaSanitizer, RowsBand) {
   std::mt19937_64 rng(11);
-  sanitizer_cases({1, 8, 33, 64, 384, 1000, 4096, 8192}, rng);
+  sanitizer_cases({1, 8, 33, 64, 384, 1000, 4096, 8192, 16384}, rng);
+}
+
+// Enough rows that every persistent CTA (cluster) walks at least three row
+// groups, so the double-buffered scratch and exchange slots are reused:
+// D = 1000 fp32 (tpr 64: 4 forward / 8 backward slots per CTA, named
+// barriers), D = 4096 bf16 (tpr 128), D = 20000 bf16 (clusters of 2).
+TEST_F(CudaSanitizer, PersistentReuse) {
+  std::mt19937_64 rng(14);
+  const std::tuple<int64_t, int32_t, int64_t> cases[] = {
+      {1000, RMSNORM_DTYPE_F32, 6400}, {4096, RMSNORM_DTYPE_BF16, 1600}, {20000, RMSNORM_DTYPE_BF16, 400}};
+  for (const auto& [d, dt, rows] : cases) {
+    Case c;
+    c.dtype = dt;
+    c.cols = d;
+    c.rows = rows;
+    check_forward(c, rng);
+    c.gw_mode = RMSNORM_GW_STORE_F32;
+    check_backward(c, rng);
+    if (HasFailure()) return;
+  }
 }
 
 TEST_F(CudaSanitizer, ClusterBand) {

@@ -3,6 +3,7 @@
 // batch-invariant row plans, and the backward workspace bound.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -44,29 +45,31 @@ std::string check_row_plan(const RowPlan& p, int64_t d, int esize, const Device&
     os << "tpr does not tile warps; ";
   switch (p.band) {
     case Band::kRows: {
-      if (p.chunks_per_thread != rows_chunks_per_thread(static_cast<size_t>(esize))) os << "rows cpt; ";
+      if (p.chunks_per_thread != kChunksPerThread) os << "rows cpt; ";
       if (p.cluster != 1) os << "rows cluster; ";
+      if (p.threads_per_row > kMaxRowsTpr) os << "rows tpr above the maximum; ";
       // Covers the row, and the next smaller power of two would not (no idle half).
       if (int64_t{p.threads_per_row} * p.chunks_per_thread < p.chunks) os << "rows band does not cover D; ";
       if (p.threads_per_row > 1 && int64_t{p.threads_per_row / 2} * p.chunks_per_thread >= p.chunks)
         os << "rows band not minimal; ";
-      if (d > 8192) os << "rows band above D = 8192; ";
+      if (d > (esize == 2 ? 16384 : 8192)) os << "rows band above D = 16384 (16-bit) / 8192 (fp32); ";
       break;
     }
     case Band::kCluster: {
-      if (d <= 8192) os << "cluster band below D = 8192; ";
-      if (p.block != kClusterThreads || p.threads_per_row != kClusterThreads) os << "cluster block; ";
-      if (p.chunks_per_thread != cluster_chunks_per_thread(static_cast<size_t>(esize))) os << "cluster cpt; ";
-      if (!is_pow2(p.cluster) || p.cluster > (dev.cc_major >= 9 ? dev.max_cluster : 1)) os << "cluster size; ";
-      const int64_t per_cta = int64_t{kClusterThreads} * p.chunks_per_thread;
+      if (d <= (esize == 2 ? 16384 : 8192)) os << "cluster band inside the rows band; ";
+      if (p.block != kClusterTpr || p.threads_per_row != kClusterTpr || p.rows_per_block != 1) os << "cluster block; ";
+      if (p.chunks_per_thread != kChunksPerThread) os << "cluster cpt; ";
+      if (!is_pow2(p.cluster) || p.cluster < 2 || p.cluster > (dev.cc_major >= 9 ? dev.max_cluster : 1))
+        os << "cluster size; ";
+      const int64_t per_cta = int64_t{kClusterTpr} * p.chunks_per_thread;
       if (per_cta * p.cluster < p.chunks) os << "cluster does not cover D; ";
       if (p.cluster > 1 && per_cta * (p.cluster / 2) >= p.chunks) os << "cluster not minimal; ";
       break;
     }
     case Band::kLooped: {
       const int max_cluster = dev.cc_major >= 9 ? dev.max_cluster : 1;
-      const int64_t per_cta = int64_t{kClusterThreads} * cluster_chunks_per_thread(static_cast<size_t>(esize));
-      if (per_cta * max_cluster >= p.chunks) os << "looped although a cluster covers D; ";
+      const int64_t per_cta = int64_t{kClusterTpr} * kChunksPerThread;
+      if (per_cta * std::max(max_cluster, 1) >= p.chunks) os << "looped although a cluster covers D; ";
       if (p.block != kLoopedThreads) os << "looped block; ";
       break;
     }
@@ -115,20 +118,22 @@ TEST(Plan, ChunkOwnershipCoversEachElementExactlyOnce) {
     for (int64_t i = 0; i < d; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)], 1) << "D=" << d << " element " << i;
   };
   for (int esize : {2, 4}) {
-    for (int64_t d = 1; d <= 16384; ++d) check(d, esize, hopper());
+    for (int64_t d = 1; d <= 20000; ++d) check(d, esize, hopper());
     for (int64_t d = 16385; d <= kMaxD; d += 997) check(d, esize, hopper(16));
     for (int64_t d : {int64_t{131072}, int64_t{262144}, int64_t{262143}, int64_t{262145}}) check(d, esize, hopper(16));
   }
 }
 
 // Reduction participants: the xor butterfly partners of a thread and the
-// scratch entries it reads belong to its own row slot, and no two slots
-// share a scratch entry.
+// scratch entries it reads belong to its own row slot, no two (slot, warp,
+// parity) share a scratch entry, and each slot has its own named barrier.
 TEST(Plan, ReductionGroupsNeverMixRows) {
-  for (int tpr = 1; tpr <= 1024; tpr *= 2) {
+  for (int tpr = 1; tpr <= kMaxRowsTpr; tpr *= 2) {
     for (bool backward : {false, true}) {
       const int block = backward ? backward_block(tpr) : forward_block(tpr);
       ASSERT_EQ(block % tpr, 0);
+      ASSERT_LE(block, 1024);
+      const int slots = block / tpr;
       const int lanes = tpr < 32 ? tpr : 32;
       for (int t = 0; t < block; ++t) {
         for (int off = 1; off < lanes; off <<= 1) {
@@ -139,18 +144,32 @@ TEST(Plan, ReductionGroupsNeverMixRows) {
         }
       }
       if (tpr > 32) {
-        const int slots = block / tpr, wpr = warps_per_row(tpr);
-        std::vector<int> owner(static_cast<size_t>(slots * wpr), -1);
-        for (int t = 0; t < block; t += 32) {
-          const int s = row_slot(t, tpr), w = (t % tpr) / 32;
-          const int idx = scratch_index(s, w, tpr);
-          ASSERT_GE(idx, 0);
-          ASSERT_LT(idx, slots * wpr);
-          ASSERT_EQ(owner[static_cast<size_t>(idx)], -1) << "two warps share a scratch entry";
-          owner[static_cast<size_t>(idx)] = s;
+        const int wpr = warps_per_row(tpr);
+        const int entries = 2 * slots * wpr;
+        std::vector<int> owner(static_cast<size_t>(entries), -1);
+        for (int parity = 0; parity < 2; ++parity) {
+          for (int t = 0; t < block; t += 32) {
+            const int s = row_slot(t, tpr), w = (t % tpr) / 32;
+            const int idx = scratch_index(parity, s, w, tpr, slots);
+            ASSERT_GE(idx, 0);
+            ASSERT_LT(idx, entries);
+            ASSERT_EQ(owner[static_cast<size_t>(idx)], -1) << "two warps share a scratch entry";
+            owner[static_cast<size_t>(idx)] = s;
+          }
         }
-        for (int s = 0; s < slots; ++s)
-          for (int w = 0; w < wpr; ++w) ASSERT_EQ(owner[static_cast<size_t>(scratch_index(s, w, tpr))], s);
+        // Warp sums of a slot are contiguous (read in warp order).
+        for (int parity = 0; parity < 2; ++parity)
+          for (int s = 0; s < slots; ++s)
+            for (int w = 0; w < wpr; ++w)
+              ASSERT_EQ(scratch_index(parity, s, w, tpr, slots), scratch_index(parity, s, 0, tpr, slots) + w);
+        // Named barriers: slot s of several uses id 1 + s (0 is __syncthreads), all < 16.
+        std::vector<int> ids;
+        for (int s = 0; s < slots; ++s) ids.push_back(slot_barrier_id(s, slots));
+        for (size_t i = 0; i < ids.size(); ++i) {
+          ASSERT_LT(ids[i], 16);
+          ASSERT_EQ(ids[i] == 0, slots == 1);
+          for (size_t j = 0; j < i; ++j) ASSERT_NE(ids[i], ids[j]);
+        }
       }
     }
   }

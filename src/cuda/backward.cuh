@@ -5,16 +5,17 @@
 //   gx = r * (w' * gy - x_hat * c)
 //   gw = sum over rows of gy * x_hat             (fp32, one rounding)
 //
-// Work split: a persistent grid. Each CTA (kRows, kLooped) or cluster
-// (kCluster) owns the rows g, g + P, g + 2P, ... (P = number of CTAs or
-// clusters); within it, rows are split exactly as in the forward (plan.hpp),
-// so each thread owns fixed columns and keeps their gw partial sums in fp32:
-// registers for kRows, shared memory for kCluster, its own workspace row for
-// kLooped. One reduction per row carries both sum(x^2) and sum(x w' gy). At
-// the end the row slots of a CTA are added in slot order and the CTA writes
-// one fp32 partial row to the workspace (at most 2 per SM); the finalize
-// kernel adds the partial rows in order and writes gw. With a single partial
-// the main kernel writes gw itself. No atomics: bitwise deterministic.
+// Work split: a persistent grid (plan.hpp). Each CTA (kRows, kLooped) or
+// cluster (kCluster) walks the row groups unit, unit + units, ...; within a
+// group rows are split exactly as in the forward, so each thread owns fixed
+// columns and keeps their gw sums in fp32 registers across all its rows
+// (kLooped: in its own workspace row). One reduction per row carries both
+// sum(x^2) and sum(x w' gy); the next group's x and gy are loaded before it.
+// At the end the row slots of a CTA are added in slot order (through shared
+// memory) and each CTA or cluster writes one fp32 partial row to the
+// workspace (at most one per SM); the finalize kernel adds the partial rows in
+// order and writes gw. With a single partial the main kernel writes gw
+// itself. No atomics: bitwise deterministic.
 #pragma once
 
 #include "cuda/forward.cuh"
@@ -53,16 +54,16 @@ __device__ __forceinline__ Pack<T> load_weight(const BackwardParams<T>& p, int c
   return w;
 }
 
-// Per-chunk sums: x^2 and x * w' * gy.
+// Adds a chunk's terms to this thread's running sums: x^2 (in the forward's
+// order, see add_squares) and x * w' * gy.
 template <typename T>
-__device__ __forceinline__ float2 chunk_sums(const Pack<T>& x, const Pack<T>& gy, const Pack<T>& w, bool has_w,
-                                             float w_offset) {
-  float2 s = make_float2(0.0f, 0.0f);
+__device__ __forceinline__ float2 add_chunk_sums(float2 s, const Pack<T>& x, const Pack<T>& gy, const Pack<T>& w,
+                                                 bool has_w, float w_offset) {
 #pragma unroll
   for (int j = 0; j < Pack<T>::kN; ++j) {
-    const float xv = to_float(x.v[j]);
+    const float xv = x.get(j);
     s.x += xv * xv;
-    s.y += xv * weight_of(w, j, has_w, w_offset) * to_float(gy.v[j]);
+    s.y += xv * weight_of(w, j, has_w, w_offset) * gy.get(j);
   }
   return s;
 }
@@ -86,11 +87,16 @@ __device__ __forceinline__ Pack<T> grad_chunk(const Pack<T>& x, const Pack<T>& g
                                               float w_offset, RowScalars s, float (&gw_terms)[Pack<T>::kN]) {
   Pack<T> gx;
 #pragma unroll
-  for (int j = 0; j < Pack<T>::kN; ++j) {
-    const float xh = to_float(x.v[j]) * s.r;
-    const float g = to_float(gy.v[j]);
-    gx.v[j] = from_float<T>(s.r * (weight_of(w, j, has_w, w_offset) * g - xh * s.c));
-    gw_terms[j] = g * xh;
+  for (int j = 0; j < Pack<T>::kN; j += 2) {
+    float o[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const float xh = x.get(j + k) * s.r;
+      const float g = gy.get(j + k);
+      o[k] = s.r * (weight_of(w, j + k, has_w, w_offset) * g - xh * s.c);
+      gw_terms[j + k] = g * xh;
+    }
+    gx.set2(j, o[0], o[1]);
   }
   return gx;
 }
@@ -99,173 +105,124 @@ template <typename T>
 __device__ __forceinline__ Pack<T> xhat_gy_chunk(const Pack<T>& x, const Pack<T>& gy, float r) {
   Pack<T> o;
 #pragma unroll
-  for (int j = 0; j < Pack<T>::kN; ++j) o.v[j] = from_float<T>(to_float(gy.v[j]) * (to_float(x.v[j]) * r));
+  for (int j = 0; j < Pack<T>::kN; j += 2) o.set2(j, gy.get(j) * (x.get(j) * r), gy.get(j + 1) * (x.get(j + 1) * r));
   return o;
 }
 
-// ---- kRows: persistent CTAs of rows_per_block row slots ----------------------------------------
-// gw partials live in dynamic shared memory, acc[(it * kN + j) * kBlock + tid]
-// (plan::backward_rows_smem): each entry belongs to one thread until the
-// final slot sum, and consecutive threads hit consecutive banks. Registers
-// hold x and gy only, so 512-thread CTAs run two per SM without spilling.
+// ---- kRows and kCluster: persistent, x and gy in registers, gw sums in registers -------------
+// kClustered == false: rows_per_block row slots of kTpr threads per CTA, one
+// CTA per SM. kClustered == true: one row per cluster, kTpr threads per CTA.
 // kTwoPass: instead of accumulating gw, write gy * x_hat to p.temp (benchmark only).
-template <typename T, int kTpr, bool kTwoPass>
-__global__ void __launch_bounds__(plan::backward_block(kTpr), plan::backward_blocks_per_sm(kTpr))
-    backward_rows_kernel(const BackwardParams<T> p) {
+// kVec: 16-byte I/O (see forward_kernel).
+template <typename T, int kTpr, bool kClustered, bool kTwoPass, bool kVec>
+__global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlocksPerSm)
+    backward_kernel(const BackwardParams<T> p) {
   constexpr int kBlock = plan::backward_block(kTpr);
-  constexpr int kRowsPerBlock = kBlock / kTpr;
-  constexpr int kCpt = plan::rows_chunks_per_thread(sizeof(T));
+  constexpr int kSlots = kBlock / kTpr;
+  constexpr int kCpt = plan::kChunksPerThread;
   constexpr int kN = Pack<T>::kN;
-  static_assert(kRowsPerBlock * kTpr == kBlock, "plan: rows_per_block * threads_per_row == block");
+  static_assert(kSlots * kTpr == kBlock, "plan: rows_per_block * threads_per_row == block");
+  static_assert(!kClustered || (kTpr == plan::kClusterTpr && kSlots == 1), "plan: cluster CTAs hold one row slot");
+  static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
-  static_assert(plan::backward_rows_smem(kTpr) == sizeof(float) * kBlock * kCpt * kN,
-                "plan: shared gw accumulators");
-  __shared__ float2 scratch[kTpr > 32 ? kRowsPerBlock * plan::warps_per_row(kTpr) : 1];
-  extern __shared__ float acc[];
+  static_assert(plan::backward_smem(sizeof(T)) == sizeof(float) * kBlock * kCpt * kN, "plan: shared gw sums");
+  __shared__ RowScratch<float2, kTpr, kSlots> scratch;
+  __shared__ float2 exchange[2];
+  // gw sums of this thread's columns, fp32, in shared memory (registers hold
+  // x, gy and the prefetched next x and gy; with the sums too, 128 registers
+  // spill). float4 k of thread t at acc[k * kBlock + t]: a warp's accesses
+  // are consecutive 16-byte words, no bank conflicts; only thread t touches
+  // its entries until the final slot sum.
+  extern __shared__ float4 acc[];
+  constexpr int kQ = kN / 4;  // float4 per chunk
 
-  const int slot = plan::row_slot(threadIdx.x, kTpr);
-  const int lane = threadIdx.x % kTpr;
+  const RowMap<kTpr, kClustered> m;
   const bool has_w = p.w != nullptr;
   const bool with_gw = !kTwoPass && p.with_gw;
+  const int64_t groups = (p.rows + kSlots - 1) / kSlots;
   if (with_gw)
-    for (int k = 0; k < kCpt * kN; ++k) acc[k * kBlock + threadIdx.x] = 0.0f;
-
-  // Software pipeline: the next row's x and gy are loaded before this row's
-  // reduction, so each thread keeps a load in flight across the barriers.
-  const int64_t groups = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  Pack<T> x[kCpt], gy[kCpt];
-  auto load_row = [&](int64_t g, Pack<T>(&xs)[kCpt], Pack<T>(&gys)[kCpt]) {
-    const int64_t row = g * kRowsPerBlock + slot;
-    if (g >= groups || row >= p.rows) return;
-    const T* xr = p.x + row * p.x_stride;
-    const T* gyr = p.gy + row * p.gy_stride;
 #pragma unroll
-    for (int it = 0; it < kCpt; ++it) {
-      const int c = it * kTpr + lane;
-      if (c < p.chunks) {
-        xs[it] = load_chunk(xr, c, p.cols, p.vector_io);
-        gys[it] = load_chunk(gyr, c, p.cols, p.vector_io);
-      }
-    }
-  };
-  load_row(blockIdx.x, x, gy);
-  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
-    const int64_t row = g * kRowsPerBlock + slot;
+    for (int k = 0; k < kCpt * kQ; ++k) acc[k * kBlock + threadIdx.x] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+  // Prefetch only with 16-byte I/O: element loads hold twice the registers.
+  constexpr bool kPrefetch = kVec;
+  Pack<T> x[kCpt], gy[kCpt];
+  if constexpr (kPrefetch) {
+    load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, kVec, m, m.unit, kSlots, x);
+    load_group(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, kVec, m, m.unit, kSlots, gy);
+  }
+  int parity = 0;
+  for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
+    const int64_t row = g * kSlots + m.slot;
     const bool valid = row < p.rows;
     Pack<T> xn[kCpt], gyn[kCpt];
-    load_row(g + gridDim.x, xn, gyn);
+    const int64_t next = kPrefetch ? g + m.units : g;
+    load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, kVec, m, next, kSlots, kPrefetch ? xn : x);
+    load_group(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, kVec, m, next, kSlots, kPrefetch ? gyn : gy);
     float2 sums = make_float2(0.0f, 0.0f);
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
-      const int c = it * kTpr + lane;
-      if (valid && c < p.chunks) sums = add2(sums, chunk_sums(x[it], gy[it], load_weight(p, c), has_w, p.w_offset));
+      const int c = m.chunk(it);
+      if (valid && c < p.chunks) sums = add_chunk_sums(sums, x[it], gy[it], load_weight(p, c), has_w, p.w_offset);
     }
-    sums = row_sum<kTpr, kBlock>(sums, scratch);
-    const RowScalars s = valid ? row_scalars(p, row, sums) : RowScalars{0.0f, 0.0f};
-    T* gxr = p.gx + row * p.gx_stride;
+    sums = row_sum<kTpr, kSlots>(sums, scratch, parity);
+    if constexpr (kClustered) sums = cluster_sum(sums, exchange, parity);
+    if (valid) {
+      const RowScalars s = row_scalars(p, row, sums);
+      T* gxr = p.gx + row * p.gx_stride;
 #pragma unroll
-    for (int it = 0; it < kCpt; ++it) {
-      const int c = it * kTpr + lane;
-      if (valid && c < p.chunks) {
-        float a[kN];
-        const Pack<T> gx = grad_chunk(x[it], gy[it], load_weight(p, c), has_w, p.w_offset, s, a);
-        store_chunk(gxr, c, p.cols, p.vector_io, gx);
-        if (with_gw) {
+      for (int it = 0; it < kCpt; ++it) {
+        const int c = m.chunk(it);
+        if (c < p.chunks) {
+          float a[kN];
+          store_chunk(gxr, c, p.cols, kVec, grad_chunk(x[it], gy[it], load_weight(p, c), has_w, p.w_offset, s, a));
+          if (with_gw) {
 #pragma unroll
-          for (int j = 0; j < kN; ++j) acc[(it * kN + j) * kBlock + threadIdx.x] += a[j];
+            for (int q = 0; q < kQ; ++q) {
+              float4& v = acc[(it * kQ + q) * kBlock + threadIdx.x];
+              v = make_float4(v.x + a[4 * q], v.y + a[4 * q + 1], v.z + a[4 * q + 2], v.w + a[4 * q + 3]);
+            }
+          }
+          if constexpr (kTwoPass)
+            store_chunk(p.temp + row * p.cols, c, p.cols, p.temp_vector_io, xhat_gy_chunk(x[it], gy[it], s.r));
         }
-        if constexpr (kTwoPass)
-          store_chunk(p.temp + row * p.cols, c, p.cols, p.temp_vector_io, xhat_gy_chunk(x[it], gy[it], s.r));
       }
     }
+    if constexpr (kPrefetch) {
 #pragma unroll
-    for (int it = 0; it < kCpt; ++it) {
-      x[it] = xn[it];
-      gy[it] = gyn[it];
+      for (int it = 0; it < kCpt; ++it) {
+        x[it] = xn[it];
+        gy[it] = gyn[it];
+      }
     }
   }
+  if constexpr (kClustered) cluster_sync();  // keep `exchange` alive until every CTA has read it
   if (!with_gw) return;
 
-  // gw: add the row slots in slot order, write one partial (or gw itself).
-  __syncthreads();
-  for (int e = threadIdx.x; e < kCpt * kTpr * kN; e += kBlock) {
-    const int it = e / (kTpr * kN), l = (e / kN) % kTpr, j = e % kN;
-    const int col = (it * kTpr + l) * kN + j;
-    if (col >= p.cols) continue;
-    const float* a = acc + (it * kN + j) * kBlock + l;
-    float v = a[0];
-#pragma unroll
-    for (int s = 1; s < kRowsPerBlock; ++s) v += a[s * kTpr];
-    emit_gw<T>(p.gw, blockIdx.x, p.cols, col, v);
-  }
-}
-
-// ---- kCluster: persistent clusters, one row at a time per cluster -------------------------------
-// x stays in registers from the first pass to the second; gy is loaded again
-// for the second pass: this CTA read those bytes microseconds earlier and the
-// whole grid's working set (clusters x row) is far below the 60 MB L2, so the
-// reload hits L2 and DRAM still sees gy once. gw partials in shared memory.
-template <typename T>
-__global__ void __launch_bounds__(plan::kClusterThreads, 1) backward_cluster_kernel(const BackwardParams<T> p) {
-  constexpr int kBlock = plan::kClusterThreads;
-  constexpr int kCpt = plan::cluster_chunks_per_thread(sizeof(T));
-  constexpr int kN = Pack<T>::kN;
-  static_assert(plan::backward_cluster_smem() == sizeof(float) * kBlock * kCpt * kN,
-                "plan: shared gw accumulators");
-  __shared__ float2 scratch[plan::warps_per_row(kBlock)];
-  __shared__ float2 exchange;
-  extern __shared__ float acc[];
-  const unsigned cs = cluster_size();
-  const int stride = kBlock * static_cast<int>(cs);
-  const int gtid = static_cast<int>(cluster_rank()) * kBlock + threadIdx.x;
-  const bool has_w = p.w != nullptr;
-  if (p.with_gw)
-    for (int k = 0; k < kCpt * kN; ++k) acc[k * kBlock + threadIdx.x] = 0.0f;
-
-  for (int64_t row = blockIdx.x / cs; row < p.rows; row += gridDim.x / cs) {
-    const T* xr = p.x + row * p.x_stride;
-    const T* gyr = p.gy + row * p.gy_stride;
-    Pack<T> x[kCpt];
-    float2 sums = make_float2(0.0f, 0.0f);
+  // Element j of chunk `it` of lane l in slot s, as a float of acc.
+  const float* accf = reinterpret_cast<const float*>(acc);
+  auto at = [&](int it, int j, int thread) { return ((it * kQ + j / 4) * kBlock + thread) * 4 + j % 4; };
+  if constexpr (kSlots == 1) {
+    // One slot: this thread's sums are the CTA's (cluster's) partial for its columns.
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
-      const int c = it * stride + gtid;
-      if (c < p.chunks) x[it] = load_chunk(xr, c, p.cols, p.vector_io);
+      const int c = m.chunk(it);
+#pragma unroll
+      for (int j = 0; j < kN; ++j)
+        if (c < p.chunks && c * kN + j < p.cols) emit_gw<T>(p.gw, m.unit, p.cols, c * kN + j, accf[at(it, j, threadIdx.x)]);
     }
+  } else {
+    // Add the row slots in slot order, one thread per column.
+    __syncthreads();
+    for (int e = threadIdx.x; e < kCpt * kTpr * kN; e += kBlock) {
+      const int it = e / (kTpr * kN), l = (e / kN) % kTpr, j = e % kN;
+      const int col = (it * kTpr + l) * kN + j;
+      if (col >= p.cols) continue;
+      float v = accf[at(it, j, l)];
 #pragma unroll
-    for (int it = 0; it < kCpt; ++it) {
-      const int c = it * stride + gtid;
-      if (c < p.chunks)
-        sums = add2(sums, chunk_sums(x[it], load_chunk(gyr, c, p.cols, p.vector_io), load_weight(p, c), has_w,
-                                     p.w_offset));
+      for (int s = 1; s < kSlots; ++s) v += accf[at(it, j, s * kTpr + l)];
+      emit_gw<T>(p.gw, m.unit, p.cols, col, v);
     }
-    sums = cluster_sum(cta_sum<kBlock>(sums, scratch), &exchange);
-    const RowScalars s = row_scalars(p, row, sums);
-    T* gxr = p.gx + row * p.gx_stride;
-#pragma unroll
-    for (int it = 0; it < kCpt; ++it) {
-      const int c = it * stride + gtid;
-      if (c < p.chunks) {
-        float a[kN];
-        store_chunk(gxr, c, p.cols, p.vector_io,
-                    grad_chunk(x[it], reload_chunk(gyr, c, p.cols, p.vector_io),
-                               has_w ? reload_chunk(p.w, c, p.cols, p.vector_io) : Pack<T>{}, has_w, p.w_offset, s, a));
-        if (p.with_gw) {
-#pragma unroll
-          for (int j = 0; j < kN; ++j) acc[(it * kN + j) * kBlock + threadIdx.x] += a[j];
-        }
-      }
-    }
-  }
-  if (!p.with_gw) return;
-  const int64_t partial = blockIdx.x / cs;
-#pragma unroll
-  for (int it = 0; it < kCpt; ++it) {
-    const int c = it * stride + gtid;
-#pragma unroll
-    for (int j = 0; j < kN; ++j)
-      if (c < p.chunks && c * kN + j < p.cols)
-        emit_gw<T>(p.gw, partial, p.cols, c * kN + j, acc[(it * kN + j) * kBlock + threadIdx.x]);
   }
 }
 
@@ -274,7 +231,7 @@ template <typename T>
 __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(const BackwardParams<T> p) {
   constexpr int kBlock = plan::kLoopedThreads;
   constexpr int kN = Pack<T>::kN;
-  __shared__ float2 scratch[plan::warps_per_row(kBlock)];
+  __shared__ RowScratch<float2, kBlock, 1> scratch;
   const bool has_w = p.w != nullptr;
   // Each thread touches only the workspace columns of its own chunks, in the
   // same mapping below, so no barrier is needed around these updates.
@@ -284,14 +241,15 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
       for (int j = 0; j < kN; ++j)
         if (c * kN + j < p.cols) part[c * kN + j] = 0.0f;
 
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+  int parity = 0;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
     const T* xr = p.x + row * p.x_stride;
     const T* gyr = p.gy + row * p.gy_stride;
     float2 sums = make_float2(0.0f, 0.0f);
     for (int c = threadIdx.x; c < p.chunks; c += kBlock)
-      sums = add2(sums, chunk_sums(load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io),
-                                   load_weight(p, c), has_w, p.w_offset));
-    const RowScalars s = row_scalars(p, row, cta_sum<kBlock>(sums, scratch));
+      sums = add_chunk_sums(sums, load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io),
+                            load_weight(p, c), has_w, p.w_offset);
+    const RowScalars s = row_scalars(p, row, cta_sum<kBlock>(sums, scratch, parity));
     T* gxr = p.gx + row * p.gx_stride;
     for (int c = threadIdx.x; c < p.chunks; c += kBlock) {
       float a[kN];
@@ -312,6 +270,11 @@ template <typename T>
 __global__ void __launch_bounds__(plan::kFinalizeCols * plan::kFinalizeLanes)
     finalize_gw_kernel(const float* __restrict__ partials, int64_t count, int64_t cols, GwOut out) {
   __shared__ float lanes[plan::kFinalizeLanes][plan::kFinalizeCols];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the main kernel (sm_90): it may
+  // start while that kernel drains; this waits for its completion and memory.
+  cudaGridDependencySynchronize();
+#endif
   const int64_t col = int64_t{blockIdx.x} * plan::kFinalizeCols + threadIdx.x;
   float v = 0.0f;
   if (col < cols)
@@ -327,11 +290,21 @@ __global__ void __launch_bounds__(plan::kFinalizeCols * plan::kFinalizeLanes)
 
 template <typename T>
 rmsnorm_status_t launch_finalize(const float* partials, int64_t count, int64_t cols, const GwOut& out,
-                                 cudaStream_t stream) {
-  const dim3 block(plan::kFinalizeCols, plan::kFinalizeLanes);
-  const dim3 grid(static_cast<unsigned>((cols + plan::kFinalizeCols - 1) / plan::kFinalizeCols));
-  finalize_gw_kernel<T><<<grid, block, 0, stream>>>(partials, count, cols, out);
-  RMSNORM_CUDA_LAUNCHED("finalize_gw_kernel");
+                                 const plan::Device& dev, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>((cols + plan::kFinalizeCols - 1) / plan::kFinalizeCols));
+  cfg.blockDim = dim3(plan::kFinalizeCols, plan::kFinalizeLanes);
+  cfg.stream = stream;
+  // Programmatic dependent launch (sm_90): the launch overlaps the main
+  // kernel's tail; the kernel waits for it in cudaGridDependencySynchronize.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (dev.cc_major >= 9) {
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  RMSNORM_CUDA_TRY(cudaLaunchKernelEx(&cfg, finalize_gw_kernel<T>, partials, count, cols, out));
   return RMSNORM_STATUS_SUCCESS;
 }
 
@@ -371,7 +344,7 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
   const BackwardParams<T> p = backward_params<T>(a, l);
   if (a.rows == 0) {
     // No rows: gw is the empty sum (0), stored or added per mode.
-    return with_gw ? launch_finalize<T>(nullptr, 0, a.cols, p.gw, stream) : RMSNORM_STATUS_SUCCESS;
+    return with_gw ? launch_finalize<T>(nullptr, 0, a.cols, p.gw, dev, stream) : RMSNORM_STATUS_SUCCESS;
   }
   const dim3 grid(static_cast<unsigned>(l.grid));
   rmsnorm_status_t st = RMSNORM_STATUS_SUCCESS;
@@ -379,25 +352,30 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
     case plan::Band::kRows:
       st = dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
         constexpr int kTpr = decltype(tpr)::value;
+        const auto kernel = p.vector_io ? backward_kernel<T, kTpr, false, false, true>
+                                        : backward_kernel<T, kTpr, false, false, false>;
         if (plan::backward_block(kTpr) != l.row.block)
           return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "backward block disagrees with the kernel");
-        const size_t smem = with_gw ? plan::backward_rows_smem(kTpr) : 0;
+        const size_t smem = with_gw ? plan::backward_smem(sizeof(T)) : 0;
         if (smem != l.smem) return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "backward smem disagrees with the kernel");
+        // Function attributes belong to a context: set on every call (host-side only).
         if (smem > 48 * 1024)
-          RMSNORM_CUDA_TRY(cudaFuncSetAttribute(backward_rows_kernel<T, kTpr, false>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        backward_rows_kernel<T, kTpr, false><<<grid, plan::backward_block(kTpr), smem, stream>>>(p);
-        RMSNORM_CUDA_LAUNCHED("backward_rows_kernel");
+          RMSNORM_CUDA_TRY(
+              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        kernel<<<grid, plan::backward_block(kTpr), smem, stream>>>(p);
+        RMSNORM_CUDA_LAUNCHED("backward_kernel");
         return RMSNORM_STATUS_SUCCESS;
       });
       break;
     case plan::Band::kCluster: {
-      // Per device (function attributes belong to a context), so set it on every call; it is a host-side call.
-      if (l.smem > 0)
-        RMSNORM_CUDA_TRY(cudaFuncSetAttribute(backward_cluster_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(l.smem)));
-      st = launch_clustered(backward_cluster_kernel<T>, l.grid, plan::kClusterThreads, l.row.cluster, l.smem, stream,
-                            p);
+      const auto kernel = p.vector_io ? backward_kernel<T, plan::kClusterTpr, true, false, true>
+                                      : backward_kernel<T, plan::kClusterTpr, true, false, false>;
+      if (l.row.block != plan::kClusterTpr || l.smem != (with_gw ? plan::backward_smem(sizeof(T)) : 0))
+        return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "cluster geometry disagrees with the kernel");
+      if (l.smem > 48 * 1024)
+        RMSNORM_CUDA_TRY(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l.smem)));
+      st = launch_clustered(kernel, l.grid, plan::kClusterTpr, l.row.cluster, l.smem, stream, p);
       break;
     }
     case plan::Band::kLooped:
@@ -406,7 +384,7 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
       break;
   }
   if (st != RMSNORM_STATUS_SUCCESS) return st;
-  if (with_gw && !l.direct_gw) return launch_finalize<T>(p.gw.partials, l.partials, a.cols, p.gw, stream);
+  if (with_gw && !l.direct_gw) return launch_finalize<T>(p.gw.partials, l.partials, a.cols, p.gw, dev, stream);
   return RMSNORM_STATUS_SUCCESS;
 }
 

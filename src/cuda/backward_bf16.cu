@@ -6,9 +6,9 @@ namespace rmsnorm::cuda {
 template rmsnorm_status_t launch_backward<__nv_bfloat16>(const BackwardArgs&, const plan::Device&, cudaStream_t);
 
 int query_max_cluster() {
-  // The backward kernel is the heavier of the two cluster kernels (shared gw
-  // accumulators), so what fits for it fits for the forward.
-  const auto kernel = backward_cluster_kernel<__nv_bfloat16>;
+  // The backward kernel is the heavier of the two cluster kernels (one CTA
+  // per SM), so what fits for it fits for the forward.
+  const auto kernel = backward_kernel<__nv_bfloat16, plan::kClusterTpr, true, false, true>;
   // Clusters need the kernels compiled for compute_90 or later: a build for
   // older targets runs on Hopper through its PTX with the cluster code
   // compiled out (__CUDA_ARCH__ < 900), so the plan must not use clusters.
@@ -17,9 +17,7 @@ int query_max_cluster() {
     cudaGetLastError();
     return 1;
   }
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(plan::backward_cluster_smem())) != cudaSuccess) {
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
     cudaGetLastError();
     return plan::kMaxPortableCluster;
   }
@@ -30,8 +28,8 @@ int query_max_cluster() {
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.gridDim = dim3(plan::kMaxCluster);
-  cfg.blockDim = dim3(plan::kClusterThreads);
-  cfg.dynamicSmemBytes = plan::backward_cluster_smem();
+  cfg.blockDim = dim3(plan::kClusterTpr);
+  cfg.dynamicSmemBytes = 0;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   int clusters = 0;

@@ -4,10 +4,13 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "args.hpp"
 #include "error.hpp"
@@ -49,55 +52,97 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-// One chunk: 16 bytes of T. Moved to and from memory as one uint4 (see
-// load_chunk), never by copying the struct.
+// Raw bits of one element, and back.
+__device__ __forceinline__ uint32_t bits_of(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ uint32_t bits_of(__half v) { return __half_as_ushort(v); }
+__device__ __forceinline__ uint32_t bits_of(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+template <typename T>
+__device__ __forceinline__ T from_bits(uint32_t b);
+template <>
+__device__ __forceinline__ float from_bits<float>(uint32_t b) {
+  return __uint_as_float(b);
+}
+template <>
+__device__ __forceinline__ __half from_bits<__half>(uint32_t b) {
+  return __ushort_as_half(static_cast<unsigned short>(b));
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_bits<__nv_bfloat16>(uint32_t b) {
+  return __ushort_as_bfloat16(static_cast<unsigned short>(b));
+}
+
+// One chunk: 16 bytes of T, kept as four 32-bit words (two 16-bit elements
+// per word) and converted element by element where used. Held as words, a
+// 16-bit chunk takes 4 registers; as an array of __nv_bfloat16 the compiler
+// unpacked each element into its own register, doubling the footprint of
+// the prefetched rows (the backward spilled).
 template <typename T>
 struct alignas(16) Pack {
   static constexpr int kN = plan::kChunkBytes / static_cast<int>(sizeof(T));
-  T v[kN];
+  static constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));  // 1 or 2
+  uint32_t w[4];
+
+  // Element j (a compile-time index after unrolling) as fp32.
+  __device__ __forceinline__ float get(int j) const {
+    const uint32_t word = w[j / kPerWord];
+    if constexpr (sizeof(T) == 4) {
+      return __uint_as_float(word);
+    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      return __uint_as_float(j % 2 == 0 ? word << 16 : word & 0xffff0000u);
+    } else {
+      return __half2float(__ushort_as_half(static_cast<unsigned short>(j % 2 == 0 ? word : word >> 16)));
+    }
+  }
+  // Elements j and j + 1 (j even) from fp32, rounded to nearest even.
+  __device__ __forceinline__ void set2(int j, float a, float b) {
+    if constexpr (sizeof(T) == 4) {
+      w[j] = __float_as_uint(a);
+      w[j + 1] = __float_as_uint(b);
+    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+      memcpy(&w[j / 2], &v, 4);
+    } else {
+      const __half2 v = __floats2half2_rn(a, b);
+      memcpy(&w[j / 2], &v, 4);
+    }
+  }
+  __device__ __forceinline__ T elem(int j) const {
+    return from_bits<T>(sizeof(T) == 4 ? w[j] : (w[j / 2] >> (16 * (j % 2))) & 0xffffu);
+  }
+  __device__ __forceinline__ void set_elem(int j, T v) {
+    if constexpr (sizeof(T) == 4) {
+      w[j] = bits_of(v);
+    } else {
+      const int sh = 16 * (j % 2);
+      w[j / 2] = (w[j / 2] & ~(0xffffu << sh)) | (bits_of(v) << sh);
+    }
+  }
 };
 
 // In-row indices are 32-bit (api.cpp limits cols to plan::kMaxCols); row
-// offsets are 64-bit. Loads chunk `chunk` of a row; elements past `cols` read as 0 (they add
-// nothing to any sum). vector_io: every row start is 16-byte aligned, so a
-// full chunk is one 16-byte load; otherwise element loads (any alignment).
+// offsets are 64-bit. Loads chunk `chunk` of a row; elements past `cols`
+// read as 0 (they add nothing to any sum). vector_io: every row start is
+// 16-byte aligned, so a full chunk is one 16-byte load; otherwise element
+// loads (any alignment). Kernels pass it as a template constant.
 template <typename T>
 __device__ __forceinline__ Pack<T> load_chunk(const T* __restrict__ row, int chunk, int cols, bool vector_io) {
   constexpr int kN = Pack<T>::kN;
   const int base = chunk * kN;
   Pack<T> p;
   if (vector_io && base + kN <= cols) {
-    // Through uint4: copying Pack<T> itself copies __half / __nv_bfloat16
-    // members one by one (they are not trivially copyable), which compiles
-    // to eight 2-byte loads instead of one 16-byte load.
     const uint4 u = *reinterpret_cast<const uint4*>(row + base);
-    memcpy(&p, &u, sizeof(u));
+    p.w[0] = u.x;
+    p.w[1] = u.y;
+    p.w[2] = u.z;
+    p.w[3] = u.w;
   } else {
 #pragma unroll
-    for (int j = 0; j < kN; ++j) p.v[j] = base + j < cols ? row[base + j] : from_float<T>(0.0f);
+    for (int k = 0; k < 4; ++k) p.w[k] = 0;
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+      if (base + j < cols) p.set_elem(j, row[base + j]);
   }
   return p;
-}
-
-// A second read of a chunk this thread loaded moments ago (an L2 hit). The
-// volatile asm keeps the compiler from merging it with the first load and
-// holding the value in registers across the row reduction, which is what
-// would otherwise spill at 1024 threads per CTA.
-template <typename T>
-__device__ __forceinline__ Pack<T> reload_chunk(const T* __restrict__ row, int chunk, int cols, bool vector_io) {
-  constexpr int kN = Pack<T>::kN;
-  const int base = chunk * kN;
-  if (vector_io && base + kN <= cols) {
-    uint4 u;
-    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-                 : "l"(row + base));
-    Pack<T> p;
-    static_assert(sizeof(p) == sizeof(u), "chunk is 16 bytes");
-    memcpy(&p, &u, sizeof(u));
-    return p;
-  }
-  return load_chunk(row, chunk, cols, vector_io);
 }
 
 template <typename T>
@@ -106,67 +151,159 @@ __device__ __forceinline__ void store_chunk(T* __restrict__ row, int chunk, int 
   constexpr int kN = Pack<T>::kN;
   const int base = chunk * kN;
   if (vector_io && base + kN <= cols) {
-    uint4 u;
-    memcpy(&u, &p, sizeof(u));
-    *reinterpret_cast<uint4*>(row + base) = u;
+    *reinterpret_cast<uint4*>(row + base) = make_uint4(p.w[0], p.w[1], p.w[2], p.w[3]);
   } else {
 #pragma unroll
     for (int j = 0; j < kN; ++j)
-      if (base + j < cols) row[base + j] = p.v[j];
+      if (base + j < cols) row[base + j] = p.elem(j);
   }
 }
 
 // w' for element j of a chunk: w, 1 + w (added in fp32), or 1 without weight.
 template <typename T>
 __device__ __forceinline__ float weight_of(const Pack<T>& w, int j, bool has_weight, float offset) {
-  return has_weight ? to_float(w.v[j]) + offset : 1.0f;
+  return has_weight ? w.get(j) + offset : 1.0f;
 }
 
-__device__ __forceinline__ float2 add2(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
+__device__ __forceinline__ float add(float a, float b) { return a + b; }
+__device__ __forceinline__ float2 add(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
+__device__ __forceinline__ float shfl_xor(float v, int off) { return __shfl_xor_sync(0xffffffffu, v, off); }
+__device__ __forceinline__ float2 shfl_xor(float2 v, int off) {
+  return make_float2(__shfl_xor_sync(0xffffffffu, v.x, off), __shfl_xor_sync(0xffffffffu, v.y, off));
+}
 
 // Sum over the kGroup (power of two <= 32) aligned lanes that own one row.
 // An xor butterfly rather than cub::WarpReduce: every lane needs the total
 // (no broadcast step), and the order is fixed, so every lane holds the same
 // bits. All 32 lanes of the warp execute it (rows past the end contribute 0),
-// so the full mask is always right.
-template <int kGroup>
-__device__ __forceinline__ float2 group_sum(float2 v) {
+// so the full mask is always right. V is float (forward) or float2
+// (backward); .x follows the same order in both, so the sums of x^2 agree.
+template <int kGroup, typename V>
+__device__ __forceinline__ V group_sum(V v) {
   static_assert(kGroup >= 1 && kGroup <= 32 && (kGroup & (kGroup - 1)) == 0, "group must be a power of two <= 32");
 #pragma unroll
-  for (int off = 1; off < kGroup; off <<= 1) {
-    v.x += __shfl_xor_sync(0xffffffffu, v.x, off);
-    v.y += __shfl_xor_sync(0xffffffffu, v.y, off);
-  }
+  for (int off = 1; off < kGroup; off <<= 1) v = add(v, shfl_xor(v, off));
   return v;
 }
 
-// Sum over the kTpr threads of each row slot of a CTA of kBlock threads.
-// tpr <= 32: lanes only. tpr > 32: each warp's sum goes to
-// scratch[plan::scratch_index(slot, warp)], then every thread of the slot
-// adds its slot's warp sums in warp order. The trailing barrier keeps the
-// next call from overwriting scratch while a slow warp still reads it (the
-// write-after-read race of persistent kernels that reuse scratch per row).
-// Every thread of the CTA must call it (uniform control flow).
-template <int kTpr, int kBlock>
-__device__ __forceinline__ float2 row_sum(float2 v, float2* scratch) {
+// Barrier over the threads of one row slot: the whole CTA when it holds
+// one slot, else the slot's own named barrier (so slots never wait for each
+// other). Orders shared-memory accesses like __syncthreads.
+template <int kTpr, int kSlots>
+__device__ __forceinline__ void slot_sync(int slot) {
+  if constexpr (kSlots == 1) {
+    __syncthreads();
+  } else {
+    static_assert(kTpr % 32 == 0 && plan::slot_barrier_id(kSlots - 1, kSlots) < 16, "named barriers: 1..15");
+    asm volatile("bar.sync %0, %1;" ::"r"(plan::slot_barrier_id(slot, kSlots)), "r"(kTpr) : "memory");
+  }
+}
+
+// Per-row scratch of a CTA: one entry per warp of each row slot, twice (by
+// row parity). A slot writes buffer `parity`, syncs, reads it; the next
+// write of that buffer comes two rows later, after the next row's barrier,
+// which no thread passes before every thread has finished reading: one
+// barrier per row, no write-after-read race.
+template <typename V, int kTpr, int kSlots>
+struct RowScratch {
+  static constexpr int kEntries = kTpr > 32 ? 2 * kSlots * plan::warps_per_row(kTpr) : 1;
+  alignas(16) V v[kEntries];
+};
+
+// Sum over the kTpr threads of each row slot; every thread of the CTA calls
+// it (uniform control flow). tpr <= 32: lanes only. tpr > 32: each warp's
+// sum to scratch, then every thread adds its slot's warp sums in warp order.
+template <int kTpr, int kSlots, typename V>
+__device__ __forceinline__ V row_sum(V v, RowScratch<V, kTpr, kSlots>& scratch, int parity) {
   static_assert(kTpr <= 32 ? 32 % kTpr == 0 : kTpr % 32 == 0, "threads per row must tile warps");
-  static_assert(kBlock % kTpr == 0, "a CTA holds whole rows");
   constexpr int kLanes = kTpr < 32 ? kTpr : 32;
   v = group_sum<kLanes>(v);
   if constexpr (kTpr > 32) {
     constexpr int kWarps = plan::warps_per_row(kTpr);
     const int slot = plan::row_slot(threadIdx.x, kTpr);
     const int warp_in_row = (threadIdx.x % kTpr) / 32;
-    if (threadIdx.x % 32 == 0) scratch[plan::scratch_index(slot, warp_in_row, kTpr)] = v;
-    __syncthreads();
-    float2 total = scratch[plan::scratch_index(slot, 0, kTpr)];
+    if (threadIdx.x % 32 == 0) scratch.v[plan::scratch_index(parity, slot, warp_in_row, kTpr, kSlots)] = v;
+    slot_sync<kTpr, kSlots>(slot);
+    const V* s = &scratch.v[plan::scratch_index(parity, slot, 0, kTpr, kSlots)];
+    V total = s[0];
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) total = add2(total, scratch[plan::scratch_index(slot, w, kTpr)]);
-    __syncthreads();
+    for (int w = 1; w < kWarps; ++w) total = add(total, s[w]);
     v = total;
   }
   return v;
 }
+
+__device__ __forceinline__ unsigned cluster_size() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().num_blocks();
+#else
+  return 1;
+#endif
+}
+
+__device__ __forceinline__ unsigned cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().block_rank();
+#else
+  return 0;
+#endif
+}
+
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();
+#endif
+}
+
+// Sum of one value per CTA over the cluster, in rank order (the same bits in
+// every CTA). exchange[parity] is this CTA's slot; double-buffered like
+// RowScratch, so one cluster barrier per row. Callers end with cluster_sync()
+// so that no CTA exits while another may still read its slot.
+template <typename V>
+__device__ __forceinline__ V cluster_sum(V v, V* exchange, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const unsigned n = cluster.num_blocks();
+  if (threadIdx.x == 0) exchange[parity] = v;
+  cluster.sync();
+  V total = *cluster.map_shared_rank(&exchange[parity], 0);
+  for (unsigned k = 1; k < n; ++k) total = add(total, *cluster.map_shared_rank(&exchange[parity], k));
+  return total;
+#else
+  (void)exchange;
+  (void)parity;
+  return v;  // pre-Hopper plans use clusters of one CTA
+#endif
+}
+
+// Which rows and chunks a thread works on (plan.hpp): row slot, position
+// among the row's threads, and the persistent walk over row groups by
+// CTA (kRows) or by cluster (kCluster).
+template <int kTpr, bool kClustered>
+struct RowMap {
+  int slot;       // row slot in the CTA
+  int pos;        // index among the row's G threads (CTA rank major)
+  int stride;     // G = kTpr * cluster size
+  int64_t unit;   // this CTA's (cluster's) index among the workers
+  int64_t units;  // workers
+  __device__ __forceinline__ RowMap() {
+    slot = plan::row_slot(threadIdx.x, kTpr);
+    const int lane = threadIdx.x % kTpr;
+    if constexpr (kClustered) {
+      const int cs = static_cast<int>(cluster_size());
+      pos = static_cast<int>(cluster_rank()) * kTpr + lane;
+      stride = kTpr * cs;
+      unit = blockIdx.x / cs;
+      units = gridDim.x / cs;
+    } else {
+      pos = lane;
+      stride = kTpr;
+      unit = blockIdx.x;
+      units = gridDim.x;
+    }
+  }
+  __device__ __forceinline__ int chunk(int it) const { return it * stride + pos; }
+};
 
 // Where gw goes: a finished value for column `col` is either one partial of
 // the workspace or (one partial in all) the user's gw in its mode.

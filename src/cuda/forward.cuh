@@ -12,15 +12,11 @@
 // shared memory. No scratch is shared between rows. kLooped reads x twice.
 #pragma once
 
-#include <cooperative_groups.h>
-
 #include <mutex>
 
 #include "cuda/common.cuh"
 
 namespace rmsnorm::cuda {
-
-namespace cg = cooperative_groups;
 
 template <typename T>
 struct ForwardParams {
@@ -44,10 +40,15 @@ __device__ __forceinline__ Pack<T> normalize_chunk(const ForwardParams<T>& p, co
                                                    float r) {
   Pack<T> y;
 #pragma unroll
-  for (int j = 0; j < Pack<T>::kN; ++j) {
-    const float xh = to_float(x.v[j]) * r;
-    const float wv = weight_of(w, j, p.w != nullptr, p.w_offset);
-    y.v[j] = p.round_xhat ? from_float<T>(to_float(from_float<T>(xh)) * wv) : from_float<T>(xh * wv);
+  for (int j = 0; j < Pack<T>::kN; j += 2) {
+    float o[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const float xh = x.get(j + k) * r;
+      const float wv = weight_of(w, j + k, p.w != nullptr, p.w_offset);
+      o[k] = p.round_xhat ? to_float(from_float<T>(xh)) * wv : xh * wv;
+    }
+    y.set2(j, o[0], o[1]);
   }
   return y;
 }
@@ -57,168 +58,109 @@ __device__ __forceinline__ float inv_rms(float sum_sq, int cols, float eps) {
   return 1.0f / sqrtf(sum_sq / static_cast<float>(cols) + eps);
 }
 
-// ---- kRows: rows_per_block rows per CTA, threads_per_row = kTpr --------------------------------
-template <typename T, int kTpr>
-__global__ void __launch_bounds__(plan::forward_block(kTpr), plan::kMaxThreadsPerSm / plan::forward_block(kTpr))
-    forward_rows_kernel(const ForwardParams<T> p) {
-  constexpr int kBlock = plan::forward_block(kTpr);
-  constexpr int kRowsPerBlock = kBlock / kTpr;
-  constexpr int kCpt = plan::rows_chunks_per_thread(sizeof(T));
-  static_assert(kRowsPerBlock * kTpr == kBlock, "plan: rows_per_block * threads_per_row == block");
-  static_assert(Pack<T>::kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
-  __shared__ float2 scratch[kTpr > 32 ? kRowsPerBlock * plan::warps_per_row(kTpr) : 1];
-
-  const int slot = plan::row_slot(threadIdx.x, kTpr);
-  const int lane = threadIdx.x % kTpr;
-  // Persistent CTAs with a software pipeline: the next row group's x is
-  // loaded before this one's reduction, so loads stay in flight across the
-  // barriers (one 16-byte chunk per thread would otherwise leave the memory
-  // system idle while rows reduce and store).
-  const int64_t groups = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  auto load_row = [&](int64_t g, Pack<T>(&xs)[kCpt]) {
-    const int64_t row = g * kRowsPerBlock + slot;
-    if (g >= groups || row >= p.rows) return;
-    const T* xr = p.x + row * p.x_stride;
+// Loads this thread's chunks of row group g (nothing past the rows).
+template <typename T, int kTpr, bool kClustered>
+__device__ __forceinline__ void load_group(const T* __restrict__ base, int64_t stride, int64_t rows, int chunks,
+                                           int cols, bool vector_io, const RowMap<kTpr, kClustered>& m, int64_t g,
+                                           int slots, Pack<T> (&out)[plan::kChunksPerThread]) {
+  const int64_t row = g * slots + m.slot;
+  if (row >= rows) return;
+  const T* r = base + row * stride;
 #pragma unroll
-    for (int it = 0; it < kCpt; ++it) {
-      const int c = it * kTpr + lane;
-      if (c < p.chunks) xs[it] = load_chunk(xr, c, p.cols, p.vector_io);
-    }
-  };
+  for (int it = 0; it < plan::kChunksPerThread; ++it) {
+    const int c = m.chunk(it);
+    if (c < chunks) out[it] = load_chunk(r, c, cols, vector_io);
+  }
+}
+
+// This thread's share of sum(x^2): one running sum over its elements in
+// chunk order (the backward's recompute adds the same terms in the same order).
+template <typename T>
+__device__ __forceinline__ float add_squares(float ss, const Pack<T>& x) {
+#pragma unroll
+  for (int j = 0; j < Pack<T>::kN; ++j) ss += x.get(j) * x.get(j);
+  return ss;
+}
+
+// ---- kRows and kCluster: persistent, x in registers, next row group prefetched ----------------
+// kClustered == false: rows_per_block row slots of kTpr threads per CTA.
+// kClustered == true: one row per cluster, kTpr threads per CTA.
+// kVec: every operand row is 16-byte aligned (16-byte I/O, element I/O only
+// for a partial last chunk); a template constant so that the aligned kernels
+// carry no element path (whose registers spilled the prefetch at 64).
+template <typename T, int kTpr, bool kClustered, bool kVec>
+__global__ void __launch_bounds__(plan::forward_block(kTpr), plan::forward_blocks_per_sm(kTpr))
+    forward_kernel(const ForwardParams<T> p) {
+  constexpr int kBlock = plan::forward_block(kTpr);
+  constexpr int kSlots = kBlock / kTpr;
+  constexpr int kCpt = plan::kChunksPerThread;
+  static_assert(kSlots * kTpr == kBlock, "plan: rows_per_block * threads_per_row == block");
+  static_assert(!kClustered || (kTpr == plan::kClusterTpr && kSlots == 1), "plan: cluster CTAs hold one row slot");
+  static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
+  static_assert(Pack<T>::kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
+  __shared__ RowScratch<float, kTpr, kSlots> scratch;
+  __shared__ float exchange[2];
+  const RowMap<kTpr, kClustered> m;
+  const int64_t groups = (p.rows + kSlots - 1) / kSlots;
+  // Prefetch only with 16-byte I/O: element loads hold twice the registers.
+  constexpr bool kPrefetch = kVec;
   Pack<T> x[kCpt];
-  load_row(blockIdx.x, x);
-  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
-    const int64_t row = g * kRowsPerBlock + slot;
+  if constexpr (kPrefetch) load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, kVec, m, m.unit, kSlots, x);
+  int parity = 0;
+  for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
+    const int64_t row = g * kSlots + m.slot;
     const bool valid = row < p.rows;
+    // Next group's x first: it is in flight during this row's reduction.
     Pack<T> xn[kCpt];
-    load_row(g + gridDim.x, xn);
+    if constexpr (kPrefetch)
+      load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, kVec, m, g + m.units, kSlots, xn);
+    else
+      load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, kVec, m, g, kSlots, x);
     float ss = 0.0f;
 #pragma unroll
-    for (int it = 0; it < kCpt; ++it) {
-      const int c = it * kTpr + lane;
-      if (valid && c < p.chunks) {
-#pragma unroll
-        for (int j = 0; j < Pack<T>::kN; ++j) ss += to_float(x[it].v[j]) * to_float(x[it].v[j]);
-      }
-    }
-    const float total = row_sum<kTpr, kBlock>(make_float2(ss, 0.0f), scratch).x;
+    for (int it = 0; it < kCpt; ++it)
+      if (valid && m.chunk(it) < p.chunks) ss = add_squares(ss, x[it]);
+    ss = row_sum<kTpr, kSlots>(ss, scratch, parity);
+    if constexpr (kClustered) ss = cluster_sum(ss, exchange, parity);
     if (valid) {
-      const float r = inv_rms<T>(total, p.cols, p.eps);
-      if (p.rstd != nullptr && lane == 0) p.rstd[row] = r;
+      const float r = inv_rms<T>(ss, p.cols, p.eps);
+      if (p.rstd != nullptr && m.pos == 0) p.rstd[row] = r;
       T* yr = p.y + row * p.y_stride;
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
-        const int c = it * kTpr + lane;
+        const int c = m.chunk(it);
         if (c < p.chunks) {
           // w from L1 at each use: registers go to the prefetched row instead.
           Pack<T> w;
-          if (p.w != nullptr) w = load_chunk(p.w, c, p.cols, p.vector_io);
-          store_chunk(yr, c, p.cols, p.vector_io, normalize_chunk(p, x[it], w, r));
+          if (p.w != nullptr) w = load_chunk(p.w, c, p.cols, kVec);
+          store_chunk(yr, c, p.cols, kVec, normalize_chunk(p, x[it], w, r));
         }
       }
     }
+    if constexpr (kPrefetch)
 #pragma unroll
-    for (int it = 0; it < kCpt; ++it) x[it] = xn[it];
+      for (int it = 0; it < kCpt; ++it) x[it] = xn[it];
   }
+  if constexpr (kClustered) cluster_sync();  // keep `exchange` alive until every CTA has read it
 }
 
 // Sum over a CTA of kBlock threads (one row slot), result in every thread.
 template <int kBlock>
-__device__ __forceinline__ float2 cta_sum(float2 v, float2* scratch) {
-  return row_sum<kBlock, kBlock>(v, scratch);
-}
-
-// Sum of one float2 per CTA over the cluster, in rank order (same bits in
-// every CTA). `slot` is this CTA's shared exchange slot. Two cluster barriers:
-// the first publishes the slots, the second keeps them alive until every CTA
-// has read them (also before this CTA reuses its slot or exits).
-__device__ __forceinline__ float2 cluster_sum(float2 v, float2* slot) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cg::cluster_group cluster = cg::this_cluster();
-  const unsigned n = cluster.num_blocks();
-  if (n == 1) return v;
-  if (threadIdx.x == 0) *slot = v;
-  cluster.sync();
-  float2 total = *cluster.map_shared_rank(slot, 0);
-  for (unsigned k = 1; k < n; ++k) total = add2(total, *cluster.map_shared_rank(slot, k));
-  cluster.sync();
-  return total;
-#else
-  (void)slot;
-  return v;  // pre-Hopper plans use clusters of one CTA
-#endif
-}
-
-__device__ __forceinline__ unsigned cluster_size() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return cg::this_cluster().num_blocks();
-#else
-  return 1;
-#endif
-}
-
-__device__ __forceinline__ unsigned cluster_rank() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return cg::this_cluster().block_rank();
-#else
-  return 0;
-#endif
-}
-
-// ---- kCluster: one row per cluster of CTAs of 1024 threads -------------------------------------
-template <typename T>
-__global__ void __launch_bounds__(plan::kClusterThreads, 1) forward_cluster_kernel(const ForwardParams<T> p) {
-  constexpr int kBlock = plan::kClusterThreads;
-  constexpr int kCpt = plan::cluster_chunks_per_thread(sizeof(T));
-  __shared__ float2 scratch[plan::warps_per_row(kBlock)];
-  __shared__ float2 exchange;
-  const unsigned cs = cluster_size();
-  const int stride = kBlock * static_cast<int>(cs);  // G: threads per row over the cluster
-  const int gtid = static_cast<int>(cluster_rank()) * kBlock + threadIdx.x;
-  for (int64_t row = blockIdx.x / cs; row < p.rows; row += gridDim.x / cs) {
-    const T* xr = p.x + row * p.x_stride;
-    Pack<T> x[kCpt];
-    float ss = 0.0f;
-#pragma unroll
-    for (int it = 0; it < kCpt; ++it) {
-      const int c = it * stride + gtid;
-      if (c < p.chunks) {
-        x[it] = load_chunk(xr, c, p.cols, p.vector_io);
-#pragma unroll
-        for (int j = 0; j < Pack<T>::kN; ++j) ss += to_float(x[it].v[j]) * to_float(x[it].v[j]);
-      }
-    }
-    const float total = cluster_sum(cta_sum<kBlock>(make_float2(ss, 0.0f), scratch), &exchange).x;
-    const float r = inv_rms<T>(total, p.cols, p.eps);
-    if (p.rstd != nullptr && gtid == 0) p.rstd[row] = r;
-    T* yr = p.y + row * p.y_stride;
-#pragma unroll
-    for (int it = 0; it < kCpt; ++it) {
-      const int c = it * stride + gtid;
-      if (c < p.chunks) {
-        // Weight loaded here, not held across the reduction (1024 threads leave 64 registers each).
-        Pack<T> w;
-        if (p.w != nullptr) w = load_chunk(p.w, c, p.cols, p.vector_io);
-        store_chunk(yr, c, p.cols, p.vector_io, normalize_chunk(p, x[it], w, r));
-      }
-    }
-  }
+__device__ __forceinline__ float2 cta_sum(float2 v, RowScratch<float2, kBlock, 1>& scratch, int parity) {
+  return row_sum<kBlock, 1>(v, scratch, parity);
 }
 
 // ---- kLooped: any D, one CTA per row, x read twice ---------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(const ForwardParams<T> p) {
   constexpr int kBlock = plan::kLoopedThreads;
-  __shared__ float2 scratch[plan::warps_per_row(kBlock)];
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+  __shared__ RowScratch<float, kBlock, 1> scratch;
+  int parity = 0;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
     const T* xr = p.x + row * p.x_stride;
     float ss = 0.0f;
-    for (int c = threadIdx.x; c < p.chunks; c += kBlock) {
-      const Pack<T> x = load_chunk(xr, c, p.cols, p.vector_io);
-#pragma unroll
-      for (int j = 0; j < Pack<T>::kN; ++j) ss += to_float(x.v[j]) * to_float(x.v[j]);
-    }
-    const float r = inv_rms<T>(cta_sum<kBlock>(make_float2(ss, 0.0f), scratch).x, p.cols, p.eps);
+    for (int c = threadIdx.x; c < p.chunks; c += kBlock) ss = add_squares(ss, load_chunk(xr, c, p.cols, p.vector_io));
+    const float r = inv_rms<T>(row_sum<kBlock, 1>(ss, scratch, parity), p.cols, p.eps);
     if (p.rstd != nullptr && threadIdx.x == 0) p.rstd[row] = r;
     T* yr = p.y + row * p.y_stride;
     for (int c = threadIdx.x; c < p.chunks; c += kBlock) {
@@ -245,7 +187,6 @@ rmsnorm_status_t dispatch_tpr(int tpr, Fn&& fn) {
     case 128: return fn(std::integral_constant<int, 128>{});
     case 256: return fn(std::integral_constant<int, 256>{});
     case 512: return fn(std::integral_constant<int, 512>{});
-    case 1024: return fn(std::integral_constant<int, 1024>{});
   }
   return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "threads_per_row " + std::to_string(tpr) + " has no kernel");
 }
@@ -300,12 +241,19 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
         constexpr int kTpr = decltype(tpr)::value;
         if (plan::forward_block(kTpr) != l.row.block)
           return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "forward block disagrees with the kernel");
-        forward_rows_kernel<T, kTpr><<<grid, plan::forward_block(kTpr), 0, stream>>>(p);
-        RMSNORM_CUDA_LAUNCHED("forward_rows_kernel");
+        if (p.vector_io)
+          forward_kernel<T, kTpr, false, true><<<grid, plan::forward_block(kTpr), 0, stream>>>(p);
+        else
+          forward_kernel<T, kTpr, false, false><<<grid, plan::forward_block(kTpr), 0, stream>>>(p);
+        RMSNORM_CUDA_LAUNCHED("forward_kernel");
         return RMSNORM_STATUS_SUCCESS;
       });
     case plan::Band::kCluster:
-      return launch_clustered(forward_cluster_kernel<T>, l.grid, plan::kClusterThreads, l.row.cluster, 0, stream, p);
+      if (l.row.block != plan::kClusterTpr)
+        return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "cluster block disagrees with the kernel");
+      return launch_clustered(p.vector_io ? forward_kernel<T, plan::kClusterTpr, true, true>
+                                          : forward_kernel<T, plan::kClusterTpr, true, false>,
+                              l.grid, plan::kClusterTpr, l.row.cluster, 0, stream, p);
     case plan::Band::kLooped:
       forward_looped_kernel<T><<<grid, plan::kLoopedThreads, 0, stream>>>(p);
       RMSNORM_CUDA_LAUNCHED("forward_looped_kernel");

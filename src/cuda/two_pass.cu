@@ -49,8 +49,10 @@ rmsnorm_status_t run(const BackwardArgs& a, void* temp, cudaStream_t stream) {
   const rmsnorm_status_t st = dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
     constexpr int kTpr = decltype(tpr)::value;
     if constexpr (kTpr >= 32) {
-      backward_rows_kernel<T, kTpr, true><<<grid, plan::backward_block(kTpr), 0, stream>>>(p);
-      RMSNORM_CUDA_LAUNCHED("backward_rows_kernel<two-pass>");
+      if (!p.vector_io)
+        return fail(RMSNORM_STATUS_MISALIGNED, "x", "the two-pass variant needs 16-byte aligned rows");
+      backward_kernel<T, kTpr, false, true, true><<<grid, plan::backward_block(kTpr), 0, stream>>>(p);
+      RMSNORM_CUDA_LAUNCHED("backward_kernel<two-pass>");
     }
     return RMSNORM_STATUS_SUCCESS;
   });
