@@ -16,6 +16,17 @@ int next_pow2_at_least(int64_t v) {
 // Upper bound on CTAs of a grid-stride launch; past it CTAs loop over rows.
 constexpr int64_t kMaxGrid = int64_t{1} << 24;
 
+// Deepest pipeline (<= kMaxStages) whose stages fit `blocks_per_sm` CTAs
+// per SM and one CTA's opt-in limit; at least 1 (no lookahead).
+int stages_that_fit(size_t per_stage, size_t fixed, int blocks_per_sm, const Device& dev) {
+  constexpr size_t kReservedPerCta = 1024;  // the runtime's own shared memory per CTA
+  for (int s = kMaxStages; s > 1; --s) {
+    const size_t cta = per_stage * s > fixed ? per_stage * s : fixed;
+    if (cta <= dev.max_smem_optin && (cta + kReservedPerCta) * blocks_per_sm <= dev.smem_per_sm) return s;
+  }
+  return 1;
+}
+
 }  // namespace
 
 RowPlan row_plan(int64_t cols, int esize, bool backward, const Device& dev) {
@@ -64,7 +75,11 @@ ForwardLaunch forward_launch(int64_t rows, int64_t cols, int esize, const Device
   if (l.row.band != Band::kLooped)
     cap = std::max<int64_t>(1, int64_t{dev.sm_count} * forward_blocks_per_sm(l.row.threads_per_row) / l.row.cluster);
   l.grid = std::max<int64_t>(1, std::min(groups, cap)) * l.row.cluster;
-  l.smem = 0;
+  if (l.row.band != Band::kLooped) {
+    const size_t per_stage = stage_bytes(l.row.block, 1);
+    l.stages = stages_that_fit(per_stage, 0, forward_blocks_per_sm(l.row.threads_per_row), dev);
+    l.smem = per_stage * static_cast<size_t>(l.stages);
+  }
   return l;
 }
 
@@ -76,7 +91,7 @@ BackwardLaunch backward_launch(int64_t rows, int64_t cols, int esize, bool with_
     case Band::kRows: {
       l.grid = std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{dev.sm_count} * kBackwardBlocksPerSm));
       l.partials = l.grid;
-      if (with_gw) l.smem = backward_smem(esize);
+      if (with_gw) l.smem_elementwise = backward_combine_smem(l.row.threads_per_row, esize);
       break;
     }
     case Band::kCluster: {
@@ -85,7 +100,6 @@ BackwardLaunch backward_launch(int64_t rows, int64_t cols, int esize, bool with_
           std::max<int64_t>(1, std::min<int64_t>(rows, dev.sm_count * kBackwardBlocksPerSm / l.row.cluster));
       l.grid = clusters * l.row.cluster;
       l.partials = clusters;
-      if (with_gw) l.smem = backward_smem(esize);
       break;
     }
     case Band::kLooped: {
@@ -93,6 +107,11 @@ BackwardLaunch backward_launch(int64_t rows, int64_t cols, int esize, bool with_
       l.partials = l.grid;
       break;
     }
+  }
+  if (l.row.band != Band::kLooped) {
+    const size_t per_stage = stage_bytes(l.row.block, 2);
+    l.stages = stages_that_fit(per_stage, l.smem_elementwise, kBackwardBlocksPerSm, dev);
+    l.smem = std::max(per_stage * static_cast<size_t>(l.stages), l.smem_elementwise);
   }
   // A single CTA (or cluster) writes gw itself; the looped band accumulates
   // its partial in the workspace, so it always has one.

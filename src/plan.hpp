@@ -29,8 +29,12 @@
 // rstd is bitwise the forward's (same geometry, same code).
 //
 // Both kernels are persistent: each CTA (or cluster) walks row groups
-// unit, unit + units, ... and loads the next group's chunks before reducing
-// the current one, so every thread keeps loads in flight across barriers.
+// unit, unit + units, ... With 16-byte I/O each thread copies its own chunks
+// of the next `stages - 1` row groups into its own shared-memory slots with
+// cp.async while it works on the current group (a per-thread pipeline: no
+// barrier guards a stage, since only the copying thread reads it), so the
+// bytes in flight per SM are bounded by shared memory rather than by
+// registers; element I/O (misaligned operands) loads into registers.
 #pragma once
 
 #include <cstddef>
@@ -91,16 +95,27 @@ RMSNORM_HD constexpr int scratch_index(int parity, int slot, int warp_in_row, in
 // Hardware has 16 (0..15); slots > 1 only for tpr in 64..256, at most 8 slots.
 RMSNORM_HD constexpr int slot_barrier_id(int slot, int slots) { return slots == 1 ? 0 : 1 + slot; }
 
-// Dynamic shared memory of the backward's gw sums: fp32 per owned element
-// of every thread (64 KiB at 16-bit, 32 KiB at fp32).
-RMSNORM_HD constexpr size_t backward_smem(int esize) {
-  return sizeof(float) * static_cast<size_t>(kBackwardBlock) * kChunksPerThread * vec_elems(esize);
+// cp.async pipeline depth (row groups staged per thread, the current one
+// included): as many as fit, at most kMaxStages.
+inline constexpr int kMaxStages = 3;
+// Shared memory of one stage: every thread's chunks of each operand
+// (forward x; backward x and gy), uint4 [operand][chunk it][thread].
+RMSNORM_HD constexpr size_t stage_bytes(int block, int operands) {
+  return static_cast<size_t>(block) * kChunksPerThread * kChunkBytes * operands;
+}
+// The backward's end-of-kernel sum of the gw partials of a CTA's row slots:
+// fp32 per owned element of every thread; none with one slot.
+RMSNORM_HD constexpr size_t backward_combine_smem(int tpr, int esize) {
+  return backward_block(tpr) / tpr == 1
+             ? 0
+             : sizeof(float) * static_cast<size_t>(backward_block(tpr)) * kChunksPerThread * vec_elems(esize);
 }
 
 struct Device {
   int sm_count = 132;
   int cc_major = 9;
   size_t max_smem_optin = 227 * 1024;  // per block, bytes
+  size_t smem_per_sm = 228 * 1024;     // per SM, bytes
   int max_cluster = 8;                 // largest cluster of kClusterTpr-thread CTAs the device co-schedules
 };
 
@@ -128,7 +143,8 @@ inline bool rows_aligned16(const void* p, int64_t stride, int esize) {
 struct ForwardLaunch {
   RowPlan row;
   int64_t grid = 0;  // CTAs
-  size_t smem = 0;   // dynamic shared memory, bytes
+  int stages = 1;    // cp.async pipeline depth (16-byte I/O)
+  size_t smem = 0;   // dynamic shared memory with 16-byte I/O, bytes (element I/O: none)
 };
 ForwardLaunch forward_launch(int64_t rows, int64_t cols, int esize, const Device& dev);
 
@@ -136,7 +152,9 @@ struct BackwardLaunch {
   RowPlan row;
   int64_t grid = 0;       // CTAs (persistent)
   int64_t partials = 0;   // fp32 gw partial rows in the workspace
-  size_t smem = 0;        // dynamic shared memory, bytes
+  int stages = 1;         // cp.async pipeline depth (16-byte I/O)
+  size_t smem = 0;        // dynamic shared memory with 16-byte I/O, bytes
+  size_t smem_elementwise = 0;  // ... with element I/O (the gw slot sum only)
   size_t workspace = 0;   // bytes (0 without gw)
   bool direct_gw = false; // one partial: the main kernel writes gw itself
 };

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@ Device ampere() {
   d.sm_count = 108;
   d.cc_major = 8;
   d.max_smem_optin = 163 * 1024;
+  d.smem_per_sm = 164 * 1024;
   d.max_cluster = 1;
   return d;
 }
@@ -194,6 +196,31 @@ TEST(Plan, RowPlanDoesNotDependOnRows) {
   }
 }
 
+// The cp.async stages of every kernel fit the device: per CTA under the
+// opt-in limit, and the CTAs an SM is meant to hold fit its shared memory.
+TEST(Plan, PipelineStagesFitTheDevice) {
+  for (const Device& dev : {hopper(8), hopper(16), ampere()}) {
+    for (int esize : {2, 4}) {
+      for (int64_t d : {1, 8, 64, 128, 384, 512, 1024, 4096, 8192, 16384, 20000, 100000}) {
+        const ForwardLaunch f = forward_launch(1 << 20, d, esize, dev);
+        if (f.row.band != Band::kLooped) {
+          EXPECT_EQ(f.smem, stage_bytes(f.row.block, 1) * static_cast<size_t>(f.stages));
+          EXPECT_LE(f.smem, dev.max_smem_optin);
+          EXPECT_LE((f.smem + 1024) * static_cast<size_t>(forward_blocks_per_sm(f.row.threads_per_row)),
+                    f.stages > 1 ? dev.smem_per_sm : SIZE_MAX);
+        }
+        const BackwardLaunch b = backward_launch(1 << 20, d, esize, true, dev);
+        EXPECT_LE(b.smem, dev.max_smem_optin) << d;
+      }
+    }
+  }
+  // On the H200 both directions get the full depth.
+  const ForwardLaunch f = forward_launch(8192, 4096, 2, hopper());
+  const BackwardLaunch b = backward_launch(8192, 4096, 2, true, hopper());
+  EXPECT_EQ(f.stages, kMaxStages);
+  EXPECT_EQ(b.stages, kMaxStages);
+}
+
 TEST(Plan, ForwardGridCoversAllRows) {
   const Device dev = hopper();
   for (int64_t d : {1, 100, 4096, 8193, 100000, 300000}) {
@@ -221,9 +248,17 @@ TEST(Plan, BackwardWorkspaceIsBoundedIndependentlyOfRows) {
           ASSERT_EQ(l.grid, l.partials * l.row.cluster);
           ASSERT_EQ(l.direct_gw, l.partials == 1 && l.row.band != Band::kLooped);
           ASSERT_EQ(l.workspace, l.direct_gw ? 0 : static_cast<size_t>(l.partials * d) * 4);
+          ASSERT_LE(l.smem_elementwise, dev.max_smem_optin);
+          ASSERT_GE(l.stages, 1);
+          ASSERT_LE(l.stages, kMaxStages);
+          if (l.row.band != Band::kLooped) {
+            // The stages fit, and so does the gw slot sum (it reuses them with 16-byte I/O).
+            ASSERT_GE(l.smem, stage_bytes(l.row.block, 2) * static_cast<size_t>(l.stages));
+            ASSERT_GE(l.smem, l.smem_elementwise);
+          }
           const BackwardLaunch n = backward_launch(rows, d, esize, false, dev);
           ASSERT_EQ(n.workspace, 0u);
-          ASSERT_EQ(n.smem, 0u);
+          ASSERT_EQ(n.smem_elementwise, 0u);
         }
       }
     }

@@ -43,27 +43,19 @@ struct BackwardParams {
   // Two-pass variant (benchmark only): gy * x_hat per element, {rows, cols}.
   T* temp;
   bool temp_vector_io;
+  int stages;  // cp.async pipeline depth (16-byte I/O)
 };
-
-// The weight chunk is loaded where it is used rather than held in registers
-// across rows: it stays in L1, and the registers go to x, gy and the gw sums.
-template <typename T>
-__device__ __forceinline__ Pack<T> load_weight(const BackwardParams<T>& p, int chunk) {
-  Pack<T> w;
-  if (p.w != nullptr) w = load_chunk(p.w, chunk, p.cols, p.vector_io);
-  return w;
-}
 
 // Adds a chunk's terms to this thread's running sums: x^2 (in the forward's
 // order, see add_squares) and x * w' * gy.
 template <typename T>
-__device__ __forceinline__ float2 add_chunk_sums(float2 s, const Pack<T>& x, const Pack<T>& gy, const Pack<T>& w,
-                                                 bool has_w, float w_offset) {
+__device__ __forceinline__ float2 add_chunk_sums(float2 s, const Pack<T>& x, const Pack<T>& gy,
+                                                 const float (&w)[Pack<T>::kN]) {
 #pragma unroll
   for (int j = 0; j < Pack<T>::kN; ++j) {
     const float xv = x.get(j);
     s.x += xv * xv;
-    s.y += xv * weight_of(w, j, has_w, w_offset) * gy.get(j);
+    s.y += xv * w[j] * gy.get(j);
   }
   return s;
 }
@@ -73,18 +65,20 @@ struct RowScalars {
   float c;  // mean(x_hat * w' * gy)
 };
 
+// given_r: the forward's rstd of the row when the caller passed it (loaded
+// before the reduction, off the critical path); otherwise recomputed.
 template <typename T>
-__device__ __forceinline__ RowScalars row_scalars(const BackwardParams<T>& p, int64_t row, float2 sums) {
+__device__ __forceinline__ RowScalars row_scalars(const BackwardParams<T>& p, float given_r, float2 sums) {
   RowScalars s;
-  s.r = p.rstd != nullptr ? p.rstd[row] : inv_rms<T>(sums.x, p.cols, p.eps);
+  s.r = p.rstd != nullptr ? given_r : inv_rms<T>(sums.x, p.cols, p.eps);
   s.c = s.r * (sums.y / static_cast<float>(p.cols));
   return s;
 }
 
-// gx for one chunk; gy * x_hat of each element goes to gw_terms.
+// gx for one chunk; gy * x_hat of each element is added to gw_sums.
 template <typename T>
-__device__ __forceinline__ Pack<T> grad_chunk(const Pack<T>& x, const Pack<T>& gy, const Pack<T>& w, bool has_w,
-                                              float w_offset, RowScalars s, float (&gw_terms)[Pack<T>::kN]) {
+__device__ __forceinline__ Pack<T> grad_chunk(const Pack<T>& x, const Pack<T>& gy, const float (&w)[Pack<T>::kN],
+                                              RowScalars s, float (&gw_sums)[Pack<T>::kN]) {
   Pack<T> gx;
 #pragma unroll
   for (int j = 0; j < Pack<T>::kN; j += 2) {
@@ -93,8 +87,8 @@ __device__ __forceinline__ Pack<T> grad_chunk(const Pack<T>& x, const Pack<T>& g
     for (int k = 0; k < 2; ++k) {
       const float xh = x.get(j + k) * s.r;
       const float g = gy.get(j + k);
-      o[k] = s.r * (weight_of(w, j + k, has_w, w_offset) * g - xh * s.c);
-      gw_terms[j + k] = g * xh;
+      o[k] = s.r * (w[j + k] * g - xh * s.c);
+      gw_sums[j + k] += g * xh;
     }
     gx.set2(j, o[0], o[1]);
   }
@@ -109,11 +103,14 @@ __device__ __forceinline__ Pack<T> xhat_gy_chunk(const Pack<T>& x, const Pack<T>
   return o;
 }
 
-// ---- kRows and kCluster: persistent, x and gy in registers, gw sums in registers -------------
+// ---- kRows and kCluster: persistent, x and gy staged, gw sums in registers --------------------
 // kClustered == false: rows_per_block row slots of kTpr threads per CTA, one
 // CTA per SM. kClustered == true: one row per cluster, kTpr threads per CTA.
 // kTwoPass: instead of accumulating gw, write gy * x_hat to p.temp (benchmark only).
-// kVec: 16-byte I/O (see forward_kernel).
+// kVec: x and gy through the cp.async pipeline (see forward_kernel; stage
+// layout uint4 [stages][x, gy][kCpt][kBlock]); otherwise element I/O.
+// Each thread keeps the fp32 gw sums of its own columns in registers; at the
+// end the row slots' sums are added in slot order through shared memory.
 template <typename T, int kTpr, bool kClustered, bool kTwoPass, bool kVec>
 __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlocksPerSm)
     backward_kernel(const BackwardParams<T> p) {
@@ -125,83 +122,99 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
   static_assert(!kClustered || (kTpr == plan::kClusterTpr && kSlots == 1), "plan: cluster CTAs hold one row slot");
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
-  static_assert(plan::backward_smem(sizeof(T)) == sizeof(float) * kBlock * kCpt * kN, "plan: shared gw sums");
+  static_assert(plan::stage_bytes(kBlock, 2) == 2 * sizeof(uint4) * kCpt * kBlock, "plan: stage size");
+  static_assert(plan::backward_combine_smem(kTpr, sizeof(T)) == (kSlots == 1 ? 0 : sizeof(float) * kBlock * kCpt * kN),
+                "plan: gw slot sum");
   __shared__ RowScratch<float2, kTpr, kSlots> scratch;
   __shared__ float2 exchange[2];
-  // gw sums of this thread's columns, fp32, in shared memory (registers hold
-  // x, gy and the prefetched next x and gy; with the sums too, 128 registers
-  // spill). float4 k of thread t at acc[k * kBlock + t]: a warp's accesses
-  // are consecutive 16-byte words, no bank conflicts; only thread t touches
-  // its entries until the final slot sum.
-  extern __shared__ float4 acc[];
-  constexpr int kQ = kN / 4;  // float4 per chunk
+  extern __shared__ uint4 stage[];  // cp.async stages; at the end, the gw slot sum
+  constexpr int kStage = 2 * kCpt * kBlock;  // uint4 per stage
 
   const RowMap<kTpr, kClustered> m;
-  const bool has_w = p.w != nullptr;
   const bool with_gw = !kTwoPass && p.with_gw;
   const int64_t groups = (p.rows + kSlots - 1) / kSlots;
-  if (with_gw)
+  const int stages = p.stages;
+  float acc[kCpt][kN];
 #pragma unroll
-    for (int k = 0; k < kCpt * kQ; ++k) acc[k * kBlock + threadIdx.x] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int it = 0; it < kCpt; ++it)
+#pragma unroll
+    for (int j = 0; j < kN; ++j) acc[it][j] = 0.0f;
+  // w' of this thread's columns, fp32, loaded once (see forward_kernel).
+  ThreadWeights<T, kVec> wv;
+  wv.load(p.w, p.chunks, p.cols, kVec, p.w_offset, m);
 
-  // Prefetch only with 16-byte I/O: element loads hold twice the registers.
-  constexpr bool kPrefetch = kVec;
-  Pack<T> x[kCpt], gy[kCpt];
-  if constexpr (kPrefetch) {
-    load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, kVec, m, m.unit, kSlots, x);
-    load_group(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, kVec, m, m.unit, kSlots, gy);
-  }
-  int parity = 0;
+  auto stage_rows = [&](int64_t g, int s) {
+    uint4* buf = stage + s * kStage;
+    stage_group<T, kTpr, kClustered, kBlock>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, g, kSlots, buf);
+    stage_group<T, kTpr, kClustered, kBlock>(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, m, g, kSlots,
+                                             buf + kCpt * kBlock);
+    cp_async_commit();
+  };
+  if constexpr (kVec)
+    for (int s = 0; s + 1 < stages; ++s) stage_rows(m.unit + s * m.units, s);
+  int parity = 0, st = 0;
   for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
     const int64_t row = g * kSlots + m.slot;
     const bool valid = row < p.rows;
-    Pack<T> xn[kCpt], gyn[kCpt];
-    const int64_t next = kPrefetch ? g + m.units : g;
-    load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, kVec, m, next, kSlots, kPrefetch ? xn : x);
-    load_group(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, kVec, m, next, kSlots, kPrefetch ? gyn : gy);
+    const float given_r = p.rstd != nullptr && valid ? p.rstd[row] : 0.0f;
+    // Element I/O: x and gy in registers. 16-byte I/O: read from the stage
+    // where used, before and again after the reduction, so that nothing is
+    // held in registers across it (held, the fp32 copies spilled at bf16).
+    Pack<T> xr[kVec ? 1 : kCpt], gyr[kVec ? 1 : kCpt];
+    const uint4* cur = stage + st * kStage;
+    if constexpr (kVec) {
+      stage_rows(g + (stages - 1) * m.units, st == 0 ? stages - 1 : st - 1);
+      cp_async_wait(stages - 1);
+      st = st + 1 == stages ? 0 : st + 1;
+    } else {
+      load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, xr);
+      load_group(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, gyr);
+    }
+    auto x_of = [&](int it) {
+      if constexpr (kVec)
+        return pack_of<T>(cur[it * kBlock + threadIdx.x]);
+      else
+        return xr[it];
+    };
+    auto gy_of = [&](int it) {
+      if constexpr (kVec)
+        return pack_of<T>(cur[(kCpt + it) * kBlock + threadIdx.x]);
+      else
+        return gyr[it];
+    };
     float2 sums = make_float2(0.0f, 0.0f);
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
       const int c = m.chunk(it);
-      if (valid && c < p.chunks) sums = add_chunk_sums(sums, x[it], gy[it], load_weight(p, c), has_w, p.w_offset);
+      if (valid && c < p.chunks) {
+        float w[kN];
+        wv.get(it, w);
+        sums = add_chunk_sums(sums, x_of(it), gy_of(it), w);
+      }
     }
     sums = row_sum<kTpr, kSlots>(sums, scratch, parity);
     if constexpr (kClustered) sums = cluster_sum(sums, exchange, parity);
     if (valid) {
-      const RowScalars s = row_scalars(p, row, sums);
+      const RowScalars s = row_scalars(p, given_r, sums);
       T* gxr = p.gx + row * p.gx_stride;
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
         if (c < p.chunks) {
-          float a[kN];
-          store_chunk(gxr, c, p.cols, kVec, grad_chunk(x[it], gy[it], load_weight(p, c), has_w, p.w_offset, s, a));
-          if (with_gw) {
-#pragma unroll
-            for (int q = 0; q < kQ; ++q) {
-              float4& v = acc[(it * kQ + q) * kBlock + threadIdx.x];
-              v = make_float4(v.x + a[4 * q], v.y + a[4 * q + 1], v.z + a[4 * q + 2], v.w + a[4 * q + 3]);
-            }
-          }
+          const Pack<T> x = x_of(it), gy = gy_of(it);
+          float w[kN];
+          wv.get(it, w);
+          store_chunk(gxr, c, p.cols, kVec, grad_chunk(x, gy, w, s, acc[it]));
           if constexpr (kTwoPass)
-            store_chunk(p.temp + row * p.cols, c, p.cols, p.temp_vector_io, xhat_gy_chunk(x[it], gy[it], s.r));
+            store_chunk(p.temp + row * p.cols, c, p.cols, p.temp_vector_io, xhat_gy_chunk(x, gy, s.r));
         }
       }
     }
-    if constexpr (kPrefetch) {
-#pragma unroll
-      for (int it = 0; it < kCpt; ++it) {
-        x[it] = xn[it];
-        gy[it] = gyn[it];
-      }
-    }
   }
+  if constexpr (kVec) cp_async_wait(0);      // the groups staged past the last row are empty
   if constexpr (kClustered) cluster_sync();  // keep `exchange` alive until every CTA has read it
   if (!with_gw) return;
 
-  // Element j of chunk `it` of lane l in slot s, as a float of acc.
-  const float* accf = reinterpret_cast<const float*>(acc);
-  auto at = [&](int it, int j, int thread) { return ((it * kQ + j / 4) * kBlock + thread) * 4 + j % 4; };
   if constexpr (kSlots == 1) {
     // One slot: this thread's sums are the CTA's (cluster's) partial for its columns.
 #pragma unroll
@@ -209,18 +222,26 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
       const int c = m.chunk(it);
 #pragma unroll
       for (int j = 0; j < kN; ++j)
-        if (c < p.chunks && c * kN + j < p.cols) emit_gw<T>(p.gw, m.unit, p.cols, c * kN + j, accf[at(it, j, threadIdx.x)]);
+        if (c < p.chunks && c * kN + j < p.cols) emit_gw<T>(p.gw, m.unit, p.cols, c * kN + j, acc[it][j]);
     }
   } else {
-    // Add the row slots in slot order, one thread per column.
+    // Add the row slots in slot order: sums[(it * kN + j) * kBlock + tid]
+    // (consecutive threads, consecutive banks), then one thread per column.
+    float* sums = reinterpret_cast<float*>(stage);
+    __syncthreads();  // every thread is done with its stages
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it)
+#pragma unroll
+      for (int j = 0; j < kN; ++j) sums[(it * kN + j) * kBlock + threadIdx.x] = acc[it][j];
     __syncthreads();
     for (int e = threadIdx.x; e < kCpt * kTpr * kN; e += kBlock) {
       const int it = e / (kTpr * kN), l = (e / kN) % kTpr, j = e % kN;
       const int col = (it * kTpr + l) * kN + j;
       if (col >= p.cols) continue;
-      float v = accf[at(it, j, l)];
+      const float* a = sums + (it * kN + j) * kBlock + l;
+      float v = a[0];
 #pragma unroll
-      for (int s = 1; s < kSlots; ++s) v += accf[at(it, j, s * kTpr + l)];
+      for (int s = 1; s < kSlots; ++s) v += a[s * kTpr];
       emit_gw<T>(p.gw, m.unit, p.cols, col, v);
     }
   }
@@ -232,7 +253,6 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
   constexpr int kBlock = plan::kLoopedThreads;
   constexpr int kN = Pack<T>::kN;
   __shared__ RowScratch<float2, kBlock, 1> scratch;
-  const bool has_w = p.w != nullptr;
   // Each thread touches only the workspace columns of its own chunks, in the
   // same mapping below, so no barrier is needed around these updates.
   float* part = p.with_gw ? p.gw.partials + blockIdx.x * static_cast<int64_t>(p.cols) : nullptr;
@@ -245,17 +265,22 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
     const T* xr = p.x + row * p.x_stride;
     const T* gyr = p.gy + row * p.gy_stride;
+    const float given_r = p.rstd != nullptr ? p.rstd[row] : 0.0f;
     float2 sums = make_float2(0.0f, 0.0f);
-    for (int c = threadIdx.x; c < p.chunks; c += kBlock)
-      sums = add_chunk_sums(sums, load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io),
-                            load_weight(p, c), has_w, p.w_offset);
-    const RowScalars s = row_scalars(p, row, cta_sum<kBlock>(sums, scratch, parity));
+    for (int c = threadIdx.x; c < p.chunks; c += kBlock) {
+      float w[kN];
+      weights_of(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+      sums = add_chunk_sums(sums, load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io), w);
+    }
+    const RowScalars s = row_scalars(p, given_r, cta_sum<kBlock>(sums, scratch, parity));
     T* gxr = p.gx + row * p.gx_stride;
     for (int c = threadIdx.x; c < p.chunks; c += kBlock) {
-      float a[kN];
+      float w[kN], a[kN];
+#pragma unroll
+      for (int j = 0; j < kN; ++j) a[j] = 0.0f;
+      weights_of(p.w, c, p.cols, p.vector_io, p.w_offset, w);
       store_chunk(gxr, c, p.cols, p.vector_io,
-                  grad_chunk(load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io),
-                             load_weight(p, c), has_w, p.w_offset, s, a));
+                  grad_chunk(load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io), w, s, a));
       if (part != nullptr)
         for (int j = 0; j < kN; ++j)
           if (c * kN + j < p.cols) part[c * kN + j] += a[j];
@@ -334,6 +359,7 @@ BackwardParams<T> backward_params(const BackwardArgs& a, const plan::BackwardLau
   p.gw.direct = l.direct_gw;
   p.temp = nullptr;
   p.temp_vector_io = false;
+  p.stages = l.stages;
   return p;
 }
 
@@ -356,12 +382,9 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
                                         : backward_kernel<T, kTpr, false, false, false>;
         if (plan::backward_block(kTpr) != l.row.block)
           return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "backward block disagrees with the kernel");
-        const size_t smem = with_gw ? plan::backward_smem(sizeof(T)) : 0;
-        if (smem != l.smem) return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "backward smem disagrees with the kernel");
+        const size_t smem = p.vector_io ? l.smem : l.smem_elementwise;
         // Function attributes belong to a context: set on every call (host-side only).
-        if (smem > 48 * 1024)
-          RMSNORM_CUDA_TRY(
-              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
         kernel<<<grid, plan::backward_block(kTpr), smem, stream>>>(p);
         RMSNORM_CUDA_LAUNCHED("backward_kernel");
         return RMSNORM_STATUS_SUCCESS;
@@ -370,12 +393,11 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
     case plan::Band::kCluster: {
       const auto kernel = p.vector_io ? backward_kernel<T, plan::kClusterTpr, true, false, true>
                                       : backward_kernel<T, plan::kClusterTpr, true, false, false>;
-      if (l.row.block != plan::kClusterTpr || l.smem != (with_gw ? plan::backward_smem(sizeof(T)) : 0))
+      if (l.row.block != plan::kClusterTpr)
         return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "cluster geometry disagrees with the kernel");
-      if (l.smem > 48 * 1024)
-        RMSNORM_CUDA_TRY(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l.smem)));
-      st = launch_clustered(kernel, l.grid, plan::kClusterTpr, l.row.cluster, l.smem, stream, p);
+      const size_t smem = p.vector_io ? l.smem : l.smem_elementwise;
+      RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
+      st = launch_clustered(kernel, l.grid, plan::kClusterTpr, l.row.cluster, smem, stream, p);
       break;
     }
     case plan::Band::kLooped:

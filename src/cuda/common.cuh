@@ -159,11 +159,92 @@ __device__ __forceinline__ void store_chunk(T* __restrict__ row, int chunk, int 
   }
 }
 
-// w' for element j of a chunk: w, 1 + w (added in fp32), or 1 without weight.
-template <typename T>
-__device__ __forceinline__ float weight_of(const Pack<T>& w, int j, bool has_weight, float offset) {
-  return has_weight ? w.get(j) + offset : 1.0f;
+// ---- cp.async pipeline (16-byte I/O) ---------------------------------------------------------
+// Each thread copies its own chunks into its own shared-memory slots and
+// later reads exactly those slots back, so completion (wait_group) is the
+// only synchronization a stage needs. cp.async.cg caches in L2 only; a
+// partial last chunk copies the row's remaining bytes and zero-fills the rest
+// (elements past cols read as 0, as with load_chunk).
+__device__ __forceinline__ void cp_async_chunk(uint4* smem, const void* gmem, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
 }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most `pending` of this thread's groups are in flight (0..2).
+__device__ __forceinline__ void cp_async_wait(int pending) {
+  if (pending <= 0)
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+  else if (pending == 1)
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+  else
+    asm volatile("cp.async.wait_group 2;" ::: "memory");
+}
+
+template <typename T>
+__device__ __forceinline__ Pack<T> pack_of(const uint4& u) {
+  Pack<T> p;
+  p.w[0] = u.x;
+  p.w[1] = u.y;
+  p.w[2] = u.z;
+  p.w[3] = u.w;
+  return p;
+}
+
+// w' of a chunk's elements in fp32: w, 1 + w (added in fp32), or 1 without
+// weight. The persistent kernels compute it once per thread: a thread owns
+// the same columns in every row.
+template <typename T>
+__device__ __forceinline__ void weights_of(const T* __restrict__ w, int chunk, int cols, bool vector_io, float offset,
+                                           float (&out)[Pack<T>::kN]) {
+  if (w == nullptr) {
+#pragma unroll
+    for (int j = 0; j < Pack<T>::kN; ++j) out[j] = 1.0f;
+    return;
+  }
+  const Pack<T> p = load_chunk(w, chunk, cols, vector_io);
+#pragma unroll
+  for (int j = 0; j < Pack<T>::kN; ++j) out[j] = p.get(j) + offset;
+}
+
+// w' of the kChunksPerThread chunks a thread owns (the same columns in every
+// row), loaded once per kernel. kFloat: held as fp32, no per-row conversion
+// (the 16-byte-I/O kernels). Otherwise held as packed T and converted at
+// each use: the element-I/O kernels need the registers for their loads.
+template <typename T, bool kFloat>
+struct ThreadWeights {
+  static constexpr int kN = Pack<T>::kN;
+  static constexpr int kCpt = plan::kChunksPerThread;
+  float f[kFloat ? kCpt : 1][kN];
+  Pack<T> packed[kFloat ? 1 : kCpt];
+  bool has = false;
+  float offset = 0.0f;
+
+  // chunk(it) < chunks for the chunks to load (others are never used).
+  template <typename Map>
+  __device__ __forceinline__ void load(const T* __restrict__ w, int chunks, int cols, bool vector_io, float off,
+                                       const Map& m) {
+    has = w != nullptr;
+    offset = off;
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) {
+      const int c = m.chunk(it);
+      if (c >= chunks) continue;
+      if constexpr (kFloat)
+        weights_of(w, c, cols, vector_io, off, f[it]);
+      else if (has)
+        packed[it] = load_chunk(w, c, cols, vector_io);
+    }
+  }
+  __device__ __forceinline__ void get(int it, float (&out)[kN]) const {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      if constexpr (kFloat)
+        out[j] = f[it][j];
+      else
+        out[j] = has ? packed[it].get(j) + offset : 1.0f;
+    }
+  }
+};
 
 __device__ __forceinline__ float add(float a, float b) { return a + b; }
 __device__ __forceinline__ float2 add(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
@@ -353,5 +434,14 @@ inline rmsnorm_status_t cuda_fail(cudaError_t e, const char* what) {
 #define RMSNORM_CUDA_LAUNCHED(name) RMSNORM_CUDA_TRY(cudaGetLastError())
 
 rmsnorm_status_t device_properties(int device, plan::Device* out);
+
+// Raises a kernel's dynamic shared-memory limit when a launch needs more than
+// the default 48 KiB less the kernel's static shared memory (scratch); a
+// function attribute belongs to a context, so this runs on every call.
+template <typename Kernel>
+cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
+  if (bytes <= 32 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+}
 
 }  // namespace rmsnorm::cuda

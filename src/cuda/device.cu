@@ -88,6 +88,8 @@ rmsnorm_status_t device_properties(int device, plan::Device* out) {
   RMSNORM_CUDA_TRY(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device));
   RMSNORM_CUDA_TRY(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   d.max_smem_optin = static_cast<size_t>(smem);
+  RMSNORM_CUDA_TRY(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  d.smem_per_sm = static_cast<size_t>(smem);
   d.max_cluster = 1;
   if (d.cc_major >= 9) {
     int current = -1;

@@ -33,11 +33,12 @@ struct ForwardParams {
   float w_offset;  // 1.0f with the Gemma offset, else 0
   bool round_xhat;
   bool vector_io;
+  int stages;  // cp.async pipeline depth (16-byte I/O)
 };
 
-template <typename T>
-__device__ __forceinline__ Pack<T> normalize_chunk(const ForwardParams<T>& p, const Pack<T>& x, const Pack<T>& w,
-                                                   float r) {
+// y for one chunk from x, w' (fp32) and r; kRoundXhat: x_hat rounded to T first.
+template <typename T, bool kRoundXhat>
+__device__ __forceinline__ Pack<T> normalize_chunk(const Pack<T>& x, const float (&w)[Pack<T>::kN], float r) {
   Pack<T> y;
 #pragma unroll
   for (int j = 0; j < Pack<T>::kN; j += 2) {
@@ -45,12 +46,21 @@ __device__ __forceinline__ Pack<T> normalize_chunk(const ForwardParams<T>& p, co
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const float xh = x.get(j + k) * r;
-      const float wv = weight_of(w, j + k, p.w != nullptr, p.w_offset);
-      o[k] = p.round_xhat ? to_float(from_float<T>(xh)) * wv : xh * wv;
+      o[k] = kRoundXhat ? to_float(from_float<T>(xh)) * w[j + k] : xh * w[j + k];
     }
     y.set2(j, o[0], o[1]);
   }
   return y;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_normalized(T* __restrict__ yr, int chunk, int cols, bool vector_io,
+                                                 bool round_xhat, const Pack<T>& x, const float (&w)[Pack<T>::kN],
+                                                 float r) {
+  if (round_xhat)
+    store_chunk(yr, chunk, cols, vector_io, normalize_chunk<T, true>(x, w, r));
+  else
+    store_chunk(yr, chunk, cols, vector_io, normalize_chunk<T, false>(x, w, r));
 }
 
 template <typename T>
@@ -73,6 +83,28 @@ __device__ __forceinline__ void load_group(const T* __restrict__ base, int64_t s
   }
 }
 
+// Starts the cp.async copies of this thread's chunks of row group g into
+// buf[it * kBlock + threadIdx.x] and commits them as one group (an empty group
+// past the rows, so that every thread counts groups alike).
+template <typename T, int kTpr, bool kClustered, int kBlock>
+__device__ __forceinline__ void stage_group(const T* __restrict__ base, int64_t stride, int64_t rows, int chunks,
+                                            int cols, const RowMap<kTpr, kClustered>& m, int64_t g, int slots,
+                                            uint4* buf) {
+  const int64_t row = g * slots + m.slot;
+  if (row < rows) {
+    const T* r = base + row * stride;
+#pragma unroll
+    for (int it = 0; it < plan::kChunksPerThread; ++it) {
+      const int c = m.chunk(it);
+      if (c < chunks) {
+        constexpr int kN = Pack<T>::kN;
+        const int n = cols - c * kN < kN ? cols - c * kN : kN;
+        cp_async_chunk(&buf[it * kBlock + threadIdx.x], r + c * kN, n * static_cast<int>(sizeof(T)));
+      }
+    }
+  }
+}
+
 // This thread's share of sum(x^2): one running sum over its elements in
 // chunk order (the backward's recompute adds the same terms in the same order).
 template <typename T>
@@ -82,12 +114,13 @@ __device__ __forceinline__ float add_squares(float ss, const Pack<T>& x) {
   return ss;
 }
 
-// ---- kRows and kCluster: persistent, x in registers, next row group prefetched ----------------
+// ---- kRows and kCluster: persistent, x staged through shared memory ---------------------------
 // kClustered == false: rows_per_block row slots of kTpr threads per CTA.
 // kClustered == true: one row per cluster, kTpr threads per CTA.
-// kVec: every operand row is 16-byte aligned (16-byte I/O, element I/O only
-// for a partial last chunk); a template constant so that the aligned kernels
-// carry no element path (whose registers spilled the prefetch at 64).
+// kVec: every operand row is 16-byte aligned: x comes through the cp.async
+// pipeline (p.stages row groups deep, dynamic shared memory
+// plan::stage_bytes(block, 1) per stage), y and w move as 16-byte vectors.
+// Otherwise element I/O straight into registers, no lookahead.
 template <typename T, int kTpr, bool kClustered, bool kVec>
 __global__ void __launch_bounds__(plan::forward_block(kTpr), plan::forward_blocks_per_sm(kTpr))
     forward_kernel(const ForwardParams<T> p) {
@@ -98,28 +131,52 @@ __global__ void __launch_bounds__(plan::forward_block(kTpr), plan::forward_block
   static_assert(!kClustered || (kTpr == plan::kClusterTpr && kSlots == 1), "plan: cluster CTAs hold one row slot");
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(Pack<T>::kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
+  static_assert(plan::stage_bytes(kBlock, 1) == sizeof(uint4) * kCpt * kBlock, "plan: stage size");
   __shared__ RowScratch<float, kTpr, kSlots> scratch;
   __shared__ float exchange[2];
+  extern __shared__ uint4 stage[];  // [stages][kCpt][kBlock]
   const RowMap<kTpr, kClustered> m;
   const int64_t groups = (p.rows + kSlots - 1) / kSlots;
-  // Prefetch only with 16-byte I/O: element loads hold twice the registers.
-  constexpr bool kPrefetch = kVec;
-  Pack<T> x[kCpt];
-  if constexpr (kPrefetch) load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, kVec, m, m.unit, kSlots, x);
-  int parity = 0;
+  const int stages = p.stages;
+  // w' of this thread's columns, fp32, loaded once (reloading it per row put
+  // an L2 round trip before every row's stores: ncu showed L1 hits of 28%).
+  ThreadWeights<T, kVec> wv;
+  wv.load(p.w, p.chunks, p.cols, kVec, p.w_offset, m);
+  if constexpr (kVec)
+    for (int s = 0; s + 1 < stages; ++s) {
+      stage_group<T, kTpr, kClustered, kBlock>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, m.unit + s * m.units,
+                                               kSlots, stage + s * kCpt * kBlock);
+      cp_async_commit();
+    }
+  int parity = 0, st = 0;
   for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
     const int64_t row = g * kSlots + m.slot;
     const bool valid = row < p.rows;
-    // Next group's x first: it is in flight during this row's reduction.
-    Pack<T> xn[kCpt];
-    if constexpr (kPrefetch)
-      load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, kVec, m, g + m.units, kSlots, xn);
-    else
-      load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, kVec, m, g, kSlots, x);
+    // Element I/O: x in registers. 16-byte I/O: read from the stage where
+    // used, before and again after the reduction (nothing held across it).
+    Pack<T> xr[kVec ? 1 : kCpt];
+    const uint4* cur = stage + st * kCpt * kBlock;
+    if constexpr (kVec) {
+      // Refill the slot consumed last iteration with the group stages - 1 ahead.
+      const int refill = st == 0 ? stages - 1 : st - 1;
+      stage_group<T, kTpr, kClustered, kBlock>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m,
+                                               g + (stages - 1) * m.units, kSlots, stage + refill * kCpt * kBlock);
+      cp_async_commit();
+      cp_async_wait(stages - 1);
+      st = st + 1 == stages ? 0 : st + 1;
+    } else {
+      load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, xr);
+    }
+    auto x_of = [&](int it) {
+      if constexpr (kVec)
+        return pack_of<T>(cur[it * kBlock + threadIdx.x]);
+      else
+        return xr[it];
+    };
     float ss = 0.0f;
 #pragma unroll
     for (int it = 0; it < kCpt; ++it)
-      if (valid && m.chunk(it) < p.chunks) ss = add_squares(ss, x[it]);
+      if (valid && m.chunk(it) < p.chunks) ss = add_squares(ss, x_of(it));
     ss = row_sum<kTpr, kSlots>(ss, scratch, parity);
     if constexpr (kClustered) ss = cluster_sum(ss, exchange, parity);
     if (valid) {
@@ -130,17 +187,14 @@ __global__ void __launch_bounds__(plan::forward_block(kTpr), plan::forward_block
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
         if (c < p.chunks) {
-          // w from L1 at each use: registers go to the prefetched row instead.
-          Pack<T> w;
-          if (p.w != nullptr) w = load_chunk(p.w, c, p.cols, kVec);
-          store_chunk(yr, c, p.cols, kVec, normalize_chunk(p, x[it], w, r));
+          float w[Pack<T>::kN];
+          wv.get(it, w);
+          store_normalized(yr, c, p.cols, kVec, p.round_xhat, x_of(it), w, r);
         }
       }
     }
-    if constexpr (kPrefetch)
-#pragma unroll
-      for (int it = 0; it < kCpt; ++it) x[it] = xn[it];
   }
+  if constexpr (kVec) cp_async_wait(0);      // the groups staged past the last row are empty
   if constexpr (kClustered) cluster_sync();  // keep `exchange` alive until every CTA has read it
 }
 
@@ -164,10 +218,9 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(co
     if (p.rstd != nullptr && threadIdx.x == 0) p.rstd[row] = r;
     T* yr = p.y + row * p.y_stride;
     for (int c = threadIdx.x; c < p.chunks; c += kBlock) {
-      const Pack<T> x = load_chunk(xr, c, p.cols, p.vector_io);
-      Pack<T> w;
-      if (p.w != nullptr) w = load_chunk(p.w, c, p.cols, p.vector_io);
-      store_chunk(yr, c, p.cols, p.vector_io, normalize_chunk(p, x, w, r));
+      float w[Pack<T>::kN];
+      weights_of(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+      store_normalized(yr, c, p.cols, p.vector_io, p.round_xhat, load_chunk(xr, c, p.cols, p.vector_io), w, r);
     }
   }
 }
@@ -231,6 +284,7 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
   p.eps = a.eps;
   p.w_offset = a.weight_offset ? 1.0f : 0.0f;
   p.round_xhat = a.round_xhat;
+  p.stages = l.stages;
   const int es = static_cast<int>(sizeof(T));
   p.vector_io = plan::rows_aligned16(a.x, a.x_stride, es) && plan::rows_aligned16(a.y, a.y_stride, es) &&
                 plan::rows_aligned16(a.weight, 0, es);
@@ -241,19 +295,24 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
         constexpr int kTpr = decltype(tpr)::value;
         if (plan::forward_block(kTpr) != l.row.block)
           return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "forward block disagrees with the kernel");
-        if (p.vector_io)
-          forward_kernel<T, kTpr, false, true><<<grid, plan::forward_block(kTpr), 0, stream>>>(p);
-        else
-          forward_kernel<T, kTpr, false, false><<<grid, plan::forward_block(kTpr), 0, stream>>>(p);
+        const auto kernel = p.vector_io ? forward_kernel<T, kTpr, false, true> : forward_kernel<T, kTpr, false, false>;
+        const size_t smem = p.vector_io ? l.smem : 0;
+        // Function attributes belong to a context: set on every call (host-side only).
+        RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
+        kernel<<<grid, plan::forward_block(kTpr), smem, stream>>>(p);
         RMSNORM_CUDA_LAUNCHED("forward_kernel");
         return RMSNORM_STATUS_SUCCESS;
       });
     case plan::Band::kCluster:
       if (l.row.block != plan::kClusterTpr)
         return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "cluster block disagrees with the kernel");
-      return launch_clustered(p.vector_io ? forward_kernel<T, plan::kClusterTpr, true, true>
-                                          : forward_kernel<T, plan::kClusterTpr, true, false>,
-                              l.grid, plan::kClusterTpr, l.row.cluster, 0, stream, p);
+    {
+      const auto kernel = p.vector_io ? forward_kernel<T, plan::kClusterTpr, true, true>
+                                      : forward_kernel<T, plan::kClusterTpr, true, false>;
+      const size_t smem = p.vector_io ? l.smem : 0;
+      RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
+      return launch_clustered(kernel, l.grid, plan::kClusterTpr, l.row.cluster, smem, stream, p);
+    }
     case plan::Band::kLooped:
       forward_looped_kernel<T><<<grid, plan::kLoopedThreads, 0, stream>>>(p);
       RMSNORM_CUDA_LAUNCHED("forward_looped_kernel");

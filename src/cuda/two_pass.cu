@@ -51,7 +51,9 @@ rmsnorm_status_t run(const BackwardArgs& a, void* temp, cudaStream_t stream) {
     if constexpr (kTpr >= 32) {
       if (!p.vector_io)
         return fail(RMSNORM_STATUS_MISALIGNED, "x", "the two-pass variant needs 16-byte aligned rows");
-      backward_kernel<T, kTpr, false, true, true><<<grid, plan::backward_block(kTpr), 0, stream>>>(p);
+      const auto kernel = backward_kernel<T, kTpr, false, true, true>;
+      RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, l.smem));
+      kernel<<<grid, plan::backward_block(kTpr), l.smem, stream>>>(p);
       RMSNORM_CUDA_LAUNCHED("backward_kernel<two-pass>");
     }
     return RMSNORM_STATUS_SUCCESS;
