@@ -353,8 +353,9 @@ void check_backward(const Case& c, std::mt19937_64& rng) {
 
 const int32_t kDtypes[] = {RMSNORM_DTYPE_F32, RMSNORM_DTYPE_F16, RMSNORM_DTYPE_BF16};
 
-// Every D in 1..8192 (the kRows band: every threads-per-row value and every
-// partial-chunk tail) x dtype x {aligned, base + 1 element, padded stride},
+// Every D in 1..8192 (the kRows band: every threads-per-row value up to 256
+// at 16-bit and 512 at fp32, every partial-chunk tail; 16-bit tpr 512 is in
+// the large-D tests) x dtype x {aligned, base + 1 element, padded stride},
 // one test per (dtype, layout) so that ctest runs them in parallel.
 // Rows rotate through {1, 2, 3, 7}; every 64th D runs 300 rows; weight / no
 // weight and rstd / none alternate; backward alternates gw in dtype and fp32.

@@ -5,11 +5,13 @@
 //
 // Work split (plan.hpp): each row is owned by threads_per_row threads of one
 // CTA (kRows: rows_per_block rows per CTA; kCluster: one row per cluster of
-// CTAs), each thread holding up to chunks_per_thread 16-byte chunks in
-// registers, so x is read once and y written once. The sum of squares is
-// reduced inside each row's lanes, then across the row's warps through a
-// per-row scratch slot, then across the cluster's CTAs through distributed
-// shared memory. No scratch is shared between rows. kLooped reads x twice.
+// CTAs), each thread owning up to 4 16-byte chunks, so x is read once and y
+// written once. With 16-byte I/O each thread stages its chunks of the next
+// row groups through shared memory with cp.async; w' stays in registers for
+// the whole kernel. The sum of squares is reduced inside each row's lanes,
+// then across the row's warps through a per-row scratch slot, then across
+// the cluster's CTAs through distributed shared memory. No scratch is shared
+// between rows. kLooped reads x twice.
 #pragma once
 
 #include <mutex>
