@@ -171,6 +171,7 @@ __device__ __forceinline__ void cp_async_chunk(uint4* smem, const void* gmem, in
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most `pending` of this thread's groups are in flight (0..2).
+static_assert(plan::kMaxStages <= 3, "cp_async_wait covers at most stages - 1 = 2 pending groups");
 __device__ __forceinline__ void cp_async_wait(int pending) {
   if (pending <= 0)
     asm volatile("cp.async.wait_group 0;" ::: "memory");
