@@ -7,6 +7,9 @@
 #                    DIR (default .carry/variant, ignored by git) so that it
 #                    travels with the working tree (device tool: carry .carry).
 #                    Repeat with other DIRs (.carry/v2, ...) for more variants.
+#                    scripts/gpu_ab.sh prepare-patch PATCH [DIR]
+#                    the same for the working tree's HEAD with PATCH applied
+#                    (e.g. bench/candidates/*.patch).
 #   On the GPU:      OUT=... scripts/gpu_ab.sh run [DIR ...]
 #                    builds rmsnorm_bench for the working tree (A) and for
 #                    each DIR (B, C, ...; default .carry/variant) in parallel,
@@ -30,6 +33,17 @@ case "$mode" in
     git archive "$rev" | tar -x -C "$dir"
     git rev-parse --short "$rev" >"$dir/AB_REVISION"
     echo "exported $rev to $dir; pass carry: [\"${dir%%/*}\"] to the device call"
+    ;;
+  prepare-patch)
+    patch="${2:?usage: gpu_ab.sh prepare-patch PATCH [DIR]}"
+    dir="${3:-.carry/variant}"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    git archive HEAD | tar -x -C "$dir"
+    # Paths in the patch are relative to the repository root; $dir lies inside it.
+    git apply --directory="$dir" "$patch"
+    echo "$(git rev-parse --short HEAD)+$(basename "$patch" .patch)" >"$dir/AB_REVISION"
+    echo "exported HEAD + $patch to $dir; pass carry: [\"${dir%%/*}\"] to the device call"
     ;;
   run)
     shift
