@@ -86,8 +86,8 @@ __device__ __forceinline__ void load_group(const T* __restrict__ base, int64_t s
 }
 
 // Starts the cp.async copies of this thread's chunks of row group g into
-// buf[it * kBlock + threadIdx.x] and commits them as one group (an empty group
-// past the rows, so that every thread counts groups alike).
+// buf[it * kBlock + threadIdx.x]; the caller commits them as one group (an
+// empty group past the rows, so that every thread counts groups alike).
 template <typename T, int kTpr, bool kClustered, int kBlock>
 __device__ __forceinline__ void stage_group(const T* __restrict__ base, int64_t stride, int64_t rows, int chunks,
                                             int cols, const RowMap<kTpr, kClustered>& m, int64_t g, int slots,
