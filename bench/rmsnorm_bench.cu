@@ -130,6 +130,8 @@ struct Meta {
   double copy_gbps = 0, copy_gbps_end = 0;
   Stats copy_st, copy_st_end;
   double rotation_bytes = 0;
+  // stream_copy_kernel: {bytes copied, GB/s}
+  std::vector<std::pair<double, double>> kernel_copy;
 };
 
 Options g_opt;
@@ -422,6 +424,54 @@ Stats measure_copy(cudaStream_t s, double* gbps) {
   return st;
 }
 
+// A plain SM-driven stream copy (uint4, 4 independent loads in flight per
+// thread, grid-stride, 2048 threads per SM): what a simple kernel that reads
+// and writes each byte once reaches, at the data sizes of the cases. A
+// diagnostic next to the cudaMemcpy ceiling, not a target.
+__global__ void __launch_bounds__(256) stream_copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
+                                                         size_t n) {
+  const size_t stride = size_t{gridDim.x} * blockDim.x;
+  size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+    dst[i] = a;
+    dst[i + stride] = b;
+    dst[i + 2 * stride] = c;
+    dst[i + 3 * stride] = d;
+  }
+  for (; i < n; i += stride) dst[i] = src[i];
+}
+
+// GB/s (read + write) of stream_copy_kernel copying `bytes`, rotating over
+// enough buffers that each call's source is out of L2; median of the reps.
+double measure_kernel_copy(cudaStream_t s, size_t bytes) {
+  const int sets = std::max<int>(2, static_cast<int>((size_t{512} << 20) / bytes) + 1);
+  std::vector<DeviceBuffer> src, dst;
+  for (int k = 0; k < sets; ++k) {
+    src.emplace_back(bytes);
+    dst.emplace_back(bytes);
+    fill_normal(src.back(), RMSNORM_DTYPE_F32, 0.0f, 1.0f, s);
+  }
+  const size_t n = bytes / sizeof(uint4);
+  const int grid = g_meta.sm_count * 8;
+  auto launch = [&](int k) {
+    stream_copy_kernel<<<grid, 256, 0, s>>>(static_cast<const uint4*>(src[k % sets].get()),
+                                            static_cast<uint4*>(dst[k % sets].get()), n);
+  };
+  for (int k = 0; k < 2 * sets; ++k) launch(k);
+  RMSNORM_BENCH_CUDA(cudaGetLastError());
+  const int reps = std::max(g_opt.copy_reps, 10);
+  g_events.ensure(static_cast<size_t>(reps));
+  for (int r = 0; r < reps; ++r) {
+    RMSNORM_BENCH_CUDA(cudaEventRecord(g_events.start(static_cast<size_t>(r)), s));
+    launch(r);
+    RMSNORM_BENCH_CUDA(cudaEventRecord(g_events.stop(static_cast<size_t>(r)), s));
+  }
+  RMSNORM_BENCH_CUDA(cudaStreamSynchronize(s));
+  const Stats st = summarize(g_events.elapsed_us(static_cast<size_t>(reps)));
+  return 2.0 * static_cast<double>(bytes) / st.median / 1e3;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Host-side sanity check of two rows (first and last of set 0): a kernel that
 // is fast because it is wrong must not produce a PASS. Not a test: a normwise
@@ -671,6 +721,11 @@ void write_json(const std::string& fatal_error) {
   s += "  \"copy\": {\"bytes_per_copy\": " + jn(2.0 * (1 << 30)) + ", \"gbps\": " + jn(m.copy_gbps) +
        ", \"stats\": " + json_stats(m.copy_st) + ", \"gbps_end\": " + jn(m.copy_gbps_end) +
        ", \"stats_end\": " + json_stats(m.copy_st_end) + "},\n";
+  s += "  \"kernel_copy\": [";
+  for (size_t i = 0; i < m.kernel_copy.size(); ++i)
+    s += std::string(i ? ", " : "") + "{\"bytes_copied\": " + jn(m.kernel_copy[i].first) +
+         ", \"gbps\": " + jn(m.kernel_copy[i].second) + "}";
+  s += "],\n";
   s += "  \"cases\": [";
   for (size_t i = 0; i < g_cases.size(); ++i) {
     const CaseResult& c = g_cases[i];
@@ -1179,6 +1234,13 @@ int main(int argc, char** argv) {
   g_meta.copy_st = measure_copy(stream, &g_meta.copy_gbps);
   std::printf("copy ceiling: D2D cudaMemcpyAsync 1 GiB, read+write, median of %d: %.1f us -> %.1f GB/s\n",
               g_meta.copy_st.reps, g_meta.copy_st.median, g_meta.copy_gbps);
+
+  for (size_t mib : {size_t{64}, size_t{128}, size_t{1024}}) {
+    const double gbps = measure_kernel_copy(stream, mib << 20);
+    g_meta.kernel_copy.emplace_back(static_cast<double>(mib << 20), gbps);
+    std::printf("plain copy kernel (diagnostic): %zu MiB -> %.1f GB/s = %.1f%% of the ceiling\n", mib, gbps,
+                100.0 * gbps / g_meta.copy_gbps);
+  }
 
   print_header();
   for (const Shape& sh : kShapes)
