@@ -117,6 +117,7 @@ struct Device {
   size_t max_smem_optin = 227 * 1024;  // per block, bytes
   size_t smem_per_sm = 228 * 1024;     // per SM, bytes
   int max_cluster = 8;                 // largest cluster of kClusterTpr-thread CTAs the device co-schedules
+  bool sm90_code = false;              // the kernels carry compute_90 code (programmatic dependent launch)
 };
 
 struct RowPlan {

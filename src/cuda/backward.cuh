@@ -321,11 +321,13 @@ rmsnorm_status_t launch_finalize(const float* partials, int64_t count, int64_t c
   cfg.blockDim = dim3(plan::kFinalizeCols, plan::kFinalizeLanes);
   cfg.stream = stream;
   // Programmatic dependent launch (sm_90): the launch overlaps the main
-  // kernel's tail; the kernel waits for it in cudaGridDependencySynchronize.
+  // kernel's tail; the kernel waits for it in cudaGridDependencySynchronize,
+  // which exists only in compute_90 code: a build for older targets running
+  // on Hopper through PTX must launch it plainly.
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
-  if (dev.cc_major >= 9) {
+  if (dev.sm90_code) {
     cfg.attrs = attr;
     cfg.numAttrs = 1;
   }

@@ -5,6 +5,15 @@
 namespace rmsnorm::cuda {
 template rmsnorm_status_t launch_backward<__nv_bfloat16>(const BackwardArgs&, const plan::Device&, cudaStream_t);
 
+bool kernels_have_sm90_code() {
+  cudaFuncAttributes fattr;
+  if (cudaFuncGetAttributes(&fattr, finalize_gw_kernel<__nv_bfloat16>) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return fattr.ptxVersion >= 90;
+}
+
 int query_max_cluster() {
   // The backward kernel is the heavier of the two cluster kernels (one CTA
   // per SM), so what fits for it fits for the forward.

@@ -95,6 +95,7 @@ rmsnorm_status_t device_properties(int device, plan::Device* out) {
     int current = -1;
     RMSNORM_CUDA_TRY(cudaGetDevice(&current));
     if (current != device) RMSNORM_CUDA_TRY(cudaSetDevice(device));
+    d.sm90_code = kernels_have_sm90_code();
     d.max_cluster = query_max_cluster();
     if (current != device) RMSNORM_CUDA_TRY(cudaSetDevice(current));
   }

@@ -21,6 +21,11 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
 // non-portable clusters fit; defined in backward_bf16.cu.
 int query_max_cluster();
 
+// Whether the library's kernels were compiled for compute_90 or later (a
+// build for older targets runs on Hopper through PTX with the sm_90 paths
+// compiled out); defined in backward_bf16.cu.
+bool kernels_have_sm90_code();
+
 // Calls fn(T{}) with the CUDA element type of dtype.
 template <typename Fn>
 rmsnorm_status_t dispatch_dtype(DType dtype, Fn&& fn) {
