@@ -18,8 +18,10 @@
 #                    (bench/compare.py). Nothing else runs on the GPU
 #                    meanwhile. Correctness is not checked here: run
 #                    scripts/gpu_check.sh on whichever side lands.
-#                    $OUT gets ab_<label>.json per side, ab_compare.md and
-#                    ab_log.txt (few files: the device tool returns 8).
+#                    $OUT gets ab_json.tar.gz (ab_<label>.json per side,
+#                    re-packed after each side, so a run cut short keeps what
+#                    it measured), ab_compare.md and ab_log.txt (few files:
+#                    the device tool returns 8).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -60,7 +62,7 @@ case "$mode" in
         -DRMSNORM_BUILD_TESTS=OFF >/dev/null
       cmake --build "$2" -j "$jobs" --target rmsnorm_bench >/dev/null
     }
-    labels=(A B C D E F G)
+    labels=(A B C D E F G H I J K L M N)
     [ ${#dirs[@]} -lt ${#labels[@]} ] || { echo "at most $(( ${#labels[@]} - 1 )) variants"; exit 2; }
     srcs=(. "${dirs[@]}")
     revs=("$(git rev-parse --short HEAD 2>/dev/null || echo working-tree)")
@@ -71,12 +73,15 @@ case "$mode" in
     args=()
     for i in "${!srcs[@]}"; do
       l="${labels[$i]}"
-      echo "== $l = ${revs[$i]} (${srcs[$i]})" | tee -a "$out/ab_log.txt"
-      "build-ab-$l/rmsnorm_bench" ${BENCH_ARGS:-} --commit "$l:${revs[$i]}" --json "$out/ab_$l.json" \
-        >>"$out/ab_log.txt" 2>&1
-      args+=("$l=$out/ab_$l.json")
+      echo "== $l = ${revs[$i]} (${srcs[$i]}) at $(date -u +%T)" | tee -a "$out/ab_log.txt"
+      mkdir -p "$out/json"
+      "build-ab-$l/rmsnorm_bench" ${BENCH_ARGS:-} --commit "$l:${revs[$i]}" --json "$out/json/ab_$l.json" \
+        >>"$out/ab_log.txt" 2>&1 || { echo "side $l failed (build or run)" | tee -a "$out/ab_log.txt"; continue; }
+      tar -czf "$out/ab_json.tar.gz" -C "$out" json
+      args+=("$l=$out/json/ab_$l.json")
     done
     python3 bench/compare.py "${args[@]}" --out "$out/ab_compare.md"
+    rm -rf "$out/json"
     ;;
   *)
     sed -n '2,21p' "$0"
