@@ -65,14 +65,15 @@ def build(ours, torch_doc):
     copy = ours.get("copy", {})
     lines.append(f"- copy ceiling (D2D 1 GiB, read+write, median): {fmt(copy.get('gbps'), '.1f')} GB/s "
                  f"(again at the end: {fmt(copy.get('gbps_end'), '.1f')} GB/s)")
-    kc = ours.get("kernel_copy") or []
-    if kc:
-        parts = []
-        for k in kc:
-            g, b = num(k.get("gbps")), num(k.get("bytes_copied"))
-            pct = f", {100.0 * g / copy['gbps']:.1f}%" if g is not None and num(copy.get("gbps")) else ""
-            parts.append(f"{fmt((b or 0) / (1 << 20), '.0f')} MiB {fmt(g, '.1f')} GB/s{pct}")
-        lines.append("- plain SM copy kernel (diagnostic, same run): " + "; ".join(parts))
+    for field, what in (("kernel_copy", "plain SM copy kernel"), ("memcpy_by_size", "cudaMemcpyAsync D2D")):
+        kc = ours.get(field) or []
+        if kc:
+            parts = []
+            for k in kc:
+                g, b = num(k.get("gbps")), num(k.get("bytes_copied"))
+                pct = f", {100.0 * g / copy['gbps']:.1f}%" if g is not None and num(copy.get("gbps")) else ""
+                parts.append(f"{fmt((b or 0) / (1 << 20), '.0f')} MiB copied {fmt(g, '.1f')} GB/s{pct}")
+            lines.append(f"- {what} by size (diagnostic, same run; moved = 2x copied): " + "; ".join(parts))
     tcases = {}
     if torch_doc is not None:
         if torch_doc.get("skipped"):

@@ -74,6 +74,10 @@ ForwardLaunch forward_launch(int64_t rows, int64_t cols, int esize, const Device
   int64_t cap = kMaxGrid;
   if (l.row.band != Band::kLooped)
     cap = std::max<int64_t>(1, int64_t{dev.sm_count} * forward_blocks_per_sm(l.row.threads_per_row) / l.row.cluster);
+  // Clusters must be co-scheduled inside one GPC: a persistent grid of more
+  // clusters than run at once would leave the rest for a second wave.
+  if (l.row.band == Band::kCluster && dev.forward_active_clusters[cluster_index(l.row.cluster)] > 0)
+    cap = std::min<int64_t>(cap, dev.forward_active_clusters[cluster_index(l.row.cluster)]);
   l.grid = std::max<int64_t>(1, std::min(groups, cap)) * l.row.cluster;
   if (l.row.band != Band::kLooped) {
     const size_t per_stage = stage_bytes(l.row.block, 1);
@@ -96,8 +100,10 @@ BackwardLaunch backward_launch(int64_t rows, int64_t cols, int esize, bool with_
     }
     case Band::kCluster: {
       // One CTA per SM; a cluster needs `cluster` SMs.
-      const int64_t clusters =
-          std::max<int64_t>(1, std::min<int64_t>(rows, dev.sm_count * kBackwardBlocksPerSm / l.row.cluster));
+      int64_t cap = dev.sm_count * kBackwardBlocksPerSm / l.row.cluster;
+      if (dev.backward_active_clusters[cluster_index(l.row.cluster)] > 0)
+        cap = std::min<int64_t>(cap, dev.backward_active_clusters[cluster_index(l.row.cluster)]);
+      const int64_t clusters = std::max<int64_t>(1, std::min<int64_t>(rows, cap));
       l.grid = clusters * l.row.cluster;
       l.partials = clusters;
       break;

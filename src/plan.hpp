@@ -118,7 +118,17 @@ struct Device {
   size_t smem_per_sm = 228 * 1024;     // per SM, bytes
   int max_cluster = 8;                 // largest cluster of kClusterTpr-thread CTAs the device co-schedules
   bool sm90_code = false;              // the kernels carry compute_90 code (programmatic dependent launch)
+  // Clusters of 2, 4, 8, 16 CTAs (index log2 - 1) the device runs at once
+  // with the forward / backward cluster kernels (cudaOccupancyMaxActiveClusters);
+  // 0: unknown, the grid is sized from the SM count alone.
+  int forward_active_clusters[4] = {0, 0, 0, 0};
+  int backward_active_clusters[4] = {0, 0, 0, 0};
 };
+
+// Index of a cluster size in Device::*_active_clusters (2 -> 0 ... 16 -> 3).
+RMSNORM_HD constexpr int cluster_index(int cluster) {
+  return cluster <= 2 ? 0 : cluster <= 4 ? 1 : cluster <= 8 ? 2 : 3;
+}
 
 struct RowPlan {
   Band band = Band::kRows;

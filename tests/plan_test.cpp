@@ -221,6 +221,29 @@ TEST(Plan, PipelineStagesFitTheDevice) {
   EXPECT_EQ(b.stages, kMaxStages);
 }
 
+// Persistent cluster grids never ask for more clusters than the device runs
+// at once (a second wave would double the time); unknown (0) falls back to
+// the SM count.
+TEST(Plan, ClusterGridsFitTheCoScheduledClusters) {
+  Device dev = hopper(16);
+  for (int k = 0; k < 4; ++k) {
+    dev.forward_active_clusters[k] = 7 - k;
+    dev.backward_active_clusters[k] = 5 - k;
+  }
+  for (int cs = 2; cs <= 16; cs *= 2) {
+    const int64_t d = int64_t{cs} * kClusterTpr * kChunksPerThread * 8;  // 16-bit row needing `cs` CTAs
+    const ForwardLaunch f = forward_launch(1 << 20, d, 2, dev);
+    const BackwardLaunch b = backward_launch(1 << 20, d, 2, true, dev);
+    ASSERT_EQ(f.row.cluster, cs);
+    EXPECT_EQ(f.grid, int64_t{dev.forward_active_clusters[cluster_index(cs)]} * cs);
+    EXPECT_EQ(b.grid, int64_t{dev.backward_active_clusters[cluster_index(cs)]} * cs);
+    EXPECT_EQ(b.partials, dev.backward_active_clusters[cluster_index(cs)]);
+    const Device unknown = hopper(16);
+    EXPECT_EQ(forward_launch(1 << 20, d, 2, unknown).grid,
+              int64_t{unknown.sm_count} * forward_blocks_per_sm(kClusterTpr) / cs * cs);
+  }
+}
+
 TEST(Plan, ForwardGridCoversAllRows) {
   const Device dev = hopper();
   for (int64_t d : {1, 100, 4096, 8193, 100000, 300000}) {

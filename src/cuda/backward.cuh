@@ -103,6 +103,124 @@ __device__ __forceinline__ Pack<T> xhat_gy_chunk(const Pack<T>& x, const Pack<T>
   return o;
 }
 
+// ---- kCluster with 16-byte I/O: the cluster exchange overlapped with the next row -------------
+// As forward_cluster_pipelined: row k's (sum x^2, sum x w' gy) is published
+// and the barrier arrived at; row k + 1's sums are computed; then the wait,
+// the gather, and row k's gx and gw terms.
+__device__ __forceinline__ float2 cluster_gather2(float2* exchange, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const unsigned n = cluster.num_blocks();
+  const unsigned lane = threadIdx.x % 32;
+  float2 mine = make_float2(0.0f, 0.0f);
+  if (lane < n) mine = *cluster.map_shared_rank(&exchange[parity], lane);
+  float2 total = make_float2(__shfl_sync(0xffffffffu, mine.x, 0), __shfl_sync(0xffffffffu, mine.y, 0));
+  for (unsigned k = 1; k < n; ++k)
+    total = add(total, make_float2(__shfl_sync(0xffffffffu, mine.x, static_cast<int>(k)),
+                                   __shfl_sync(0xffffffffu, mine.y, static_cast<int>(k))));
+  return total;
+#else
+  return exchange[parity];
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<T>& p, uint4* stage,
+                                                           RowScratch<float2, plan::kClusterTpr, 1>& scratch,
+                                                           float2* exchange) {
+  constexpr int kTpr = plan::kClusterTpr;
+  constexpr int kBlock = kTpr;
+  constexpr int kCpt = plan::kChunksPerThread;
+  constexpr int kN = Pack<T>::kN;
+  constexpr int kStage = 2 * kCpt * kBlock;  // uint4 per stage: x, then gy
+  const RowMap<kTpr, true> m;
+  const int64_t rows = p.rows;
+  const int stages = p.stages;
+  float acc[kCpt][kN];
+#pragma unroll
+  for (int it = 0; it < kCpt; ++it)
+#pragma unroll
+    for (int j = 0; j < kN; ++j) acc[it][j] = 0.0f;
+  auto stage_row = [&](int64_t g, int s) {
+    uint4* buf = stage + s * kStage;
+    stage_group<T, kTpr, true, kBlock>(p.x, p.x_stride, rows, p.chunks, p.cols, m, g, 1, buf);
+    stage_group<T, kTpr, true, kBlock>(p.gy, p.gy_stride, rows, p.chunks, p.cols, m, g, 1, buf + kCpt * kBlock);
+    cp_async_commit();
+  };
+  auto x_of = [&](int s, int it) { return pack_of<T>(stage[s * kStage + it * kBlock + threadIdx.x]); };
+  auto gy_of = [&](int s, int it) { return pack_of<T>(stage[s * kStage + (kCpt + it) * kBlock + threadIdx.x]); };
+  if (m.unit < rows) {  // uniform over the cluster
+    for (int s = 0; s < stages; ++s) stage_row(m.unit + s * m.units, s);
+  }
+  ThreadWeights<T, true> wv;
+  wv.load(p.w, p.chunks, p.cols, true, p.w_offset, m);
+  auto partial = [&](int s) {
+    float2 sums = make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) {
+      if (m.chunk(it) < p.chunks) {
+        float w[kN];
+        wv.get(it, w);
+        sums = add_chunk_sums(sums, x_of(s, it), gy_of(s, it), w);
+      }
+    }
+    return sums;
+  };
+  if (m.unit < rows) {
+    cp_async_wait(stages - 1);  // row 0
+    int parity = 0, st = 0;
+    const float2 first = row_sum<kTpr, 1>(partial(0), scratch, parity);
+    if (threadIdx.x == 0) exchange[parity] = first;
+    cluster_arrive();
+    for (int64_t g = m.unit; g < rows; g += m.units) {
+      const int cur = st, cur_parity = parity;
+      st = st + 1 == stages ? 0 : st + 1;
+      parity ^= 1;
+      const bool has_next = g + m.units < rows;  // uniform over the cluster
+      const float given_r = p.rstd != nullptr ? p.rstd[g] : 0.0f;
+      float2 next = make_float2(0.0f, 0.0f);
+      if (has_next && stages >= 2) {
+        cp_async_wait(stages - 2);  // row k + 1 has landed
+        next = row_sum<kTpr, 1>(partial(st), scratch, parity);
+      }
+      cluster_wait();
+      const RowScalars s = row_scalars(p, given_r, cluster_gather2(exchange, cur_parity));
+      // Publish row k + 1 before row k's stores (see forward_cluster_pipelined).
+      if (has_next && stages >= 2) {
+        if (threadIdx.x == 0) exchange[parity] = next;
+        cluster_arrive();
+      }
+      T* gxr = p.gx + g * p.gx_stride;
+#pragma unroll
+      for (int it = 0; it < kCpt; ++it) {
+        const int c = m.chunk(it);
+        if (c < p.chunks) {
+          float w[kN];
+          wv.get(it, w);
+          store_chunk(gxr, c, p.cols, true, grad_chunk(x_of(cur, it), gy_of(cur, it), w, s, acc[it]));
+        }
+      }
+      stage_row(g + stages * m.units, cur);  // row k's stage is free
+      if (has_next && stages < 2) {
+        cp_async_wait(0);
+        next = row_sum<kTpr, 1>(partial(st), scratch, parity);
+        if (threadIdx.x == 0) exchange[parity] = next;
+        cluster_arrive();
+      }
+    }
+    cp_async_wait(0);
+  }
+  cluster_sync();  // keep `exchange` alive until every CTA has read it
+  if (!p.with_gw) return;
+#pragma unroll
+  for (int it = 0; it < kCpt; ++it) {
+    const int c = m.chunk(it);
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+      if (c < p.chunks && c * kN + j < p.cols) emit_gw<T>(p.gw, m.unit, p.cols, c * kN + j, acc[it][j]);
+  }
+}
+
 // ---- kRows and kCluster: persistent, x and gy staged, gw sums in registers --------------------
 // kClustered == false: rows_per_block row slots of kTpr threads per CTA, one
 // CTA per SM. kClustered == true: one row per cluster, kTpr threads per CTA.
@@ -130,6 +248,10 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
   extern __shared__ uint4 stage[];  // cp.async stages; at the end, the gw slot sum
   constexpr int kStage = 2 * kCpt * kBlock;  // uint4 per stage
 
+  if constexpr (kClustered && kVec && !kTwoPass) {
+    backward_cluster_pipelined<T>(p, stage, scratch, exchange);
+    return;
+  }
   const RowMap<kTpr, kClustered> m;
   const bool with_gw = !kTwoPass && p.with_gw;
   const int64_t groups = (p.rows + kSlots - 1) / kSlots;
@@ -139,9 +261,6 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
   for (int it = 0; it < kCpt; ++it)
 #pragma unroll
     for (int j = 0; j < kN; ++j) acc[it][j] = 0.0f;
-  // w' of this thread's columns, fp32, loaded once (see forward_kernel).
-  ThreadWeights<T, kVec> wv;
-  wv.load(p.w, p.chunks, p.cols, kVec, p.w_offset, m);
 
   auto stage_rows = [&](int64_t g, int s) {
     uint4* buf = stage + s * kStage;
@@ -152,6 +271,9 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
   };
   if constexpr (kVec)
     for (int s = 0; s + 1 < stages; ++s) stage_rows(m.unit + s * m.units, s);
+  // w' of this thread's columns, fp32, loaded once (see forward_kernel).
+  ThreadWeights<T, kVec> wv;
+  wv.load(p.w, p.chunks, p.cols, kVec, p.w_offset, m);
   int parity = 0, st = 0;
   for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
     const int64_t row = g * kSlots + m.slot;

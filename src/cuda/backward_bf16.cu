@@ -14,6 +14,11 @@ bool kernels_have_sm90_code() {
   return fattr.ptxVersion >= 90;
 }
 
+int query_backward_active_clusters(int cs, size_t smem) {
+  return active_clusters(backward_kernel<__nv_bfloat16, plan::kClusterTpr, true, false, true>, cs, plan::kClusterTpr,
+                         smem);
+}
+
 int query_max_cluster() {
   // The backward kernel is the heavier of the two cluster kernels (one CTA
   // per SM), so what fits for it fits for the forward.

@@ -119,11 +119,40 @@ struct alignas(16) Pack {
   }
 };
 
+// Words k .. k + 4 of w[0..7] for a run-time k in 0..3, without indexing a
+// register array at run time (which would put it in local memory).
+__device__ __forceinline__ void window5(const uint32_t (&w)[8], int k, uint32_t (&out)[5]) {
+#pragma unroll
+  for (int i = 0; i < 5; ++i) out[i] = k == 0 ? w[i] : k == 1 ? w[i + 1] : k == 2 ? w[i + 2] : w[i + 3];
+}
+
+// A full chunk at a misaligned address: the two aligned 16-byte blocks that
+// hold it, funnel-shifted into place. The caller guarantees that both blocks
+// lie inside the row: not the row's first chunk (the lower block starts
+// after the row's first byte) and `avail` bytes from the chunk's start to
+// the row's end >= 32 - offset (the upper block ends inside the row).
+template <typename T>
+__device__ __forceinline__ Pack<T> load_shifted(const T* p, int offset) {
+  const uint4* a = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(p) - offset);
+  const uint4 lo = a[0], hi = a[1];
+  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  uint32_t win[5];
+  window5(w, offset >> 2, win);
+  const unsigned sh = static_cast<unsigned>(offset & 3) * 8;
+  Pack<T> r;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) r.w[i] = __funnelshift_r(win[i], win[i + 1], sh);
+  return r;
+}
+
 // In-row indices are 32-bit (api.cpp limits cols to plan::kMaxCols); row
 // offsets are 64-bit. Loads chunk `chunk` of a row; elements past `cols`
 // read as 0 (they add nothing to any sum). vector_io: every row start is
-// 16-byte aligned, so a full chunk is one 16-byte load; otherwise element
-// loads (any alignment). Kernels pass it as a template constant.
+// 16-byte aligned, so a full chunk is one 16-byte load (kernels pass it as a
+// template constant). Otherwise a full chunk is one 16-byte load where it
+// happens to be aligned, two aligned 16-byte loads and a funnel shift where
+// both blocks lie inside the row, and element loads for the rest (the row's
+// first chunk and its last one or two).
 template <typename T>
 __device__ __forceinline__ Pack<T> load_chunk(const T* __restrict__ row, int chunk, int cols, bool vector_io) {
   constexpr int kN = Pack<T>::kN;
@@ -135,28 +164,69 @@ __device__ __forceinline__ Pack<T> load_chunk(const T* __restrict__ row, int chu
     p.w[1] = u.y;
     p.w[2] = u.z;
     p.w[3] = u.w;
-  } else {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) p.w[k] = 0;
-#pragma unroll
-    for (int j = 0; j < kN; ++j)
-      if (base + j < cols) p.set_elem(j, row[base + j]);
+    return p;
   }
+  if (!vector_io && base + kN <= cols) {
+    const int offset = static_cast<int>(reinterpret_cast<uintptr_t>(row + base) & 15);
+    const int64_t avail = static_cast<int64_t>(cols - base) * static_cast<int64_t>(sizeof(T));
+    if (offset == 0) {
+      const uint4 u = *reinterpret_cast<const uint4*>(row + base);
+      p.w[0] = u.x;
+      p.w[1] = u.y;
+      p.w[2] = u.z;
+      p.w[3] = u.w;
+      return p;
+    }
+    if (chunk > 0 && avail >= 32 - offset) return load_shifted(row + base, offset);
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) p.w[k] = 0;
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+    if (base + j < cols) p.set_elem(j, row[base + j]);
   return p;
 }
 
+// Stores chunk `chunk` of a row (elements past `cols` are not written).
+// vector_io: one 16-byte store per full chunk. Otherwise a full chunk goes
+// out in the widest stores its address allows: 16, 8 or 4 bytes; at a 2-byte
+// offset (16-bit T) one 2-byte store, three funnel-shifted 4-byte stores and
+// one 2-byte store. Stores never touch bytes outside the chunk (neighbouring
+// chunks belong to other threads).
 template <typename T>
 __device__ __forceinline__ void store_chunk(T* __restrict__ row, int chunk, int cols, bool vector_io,
                                             const Pack<T>& p) {
   constexpr int kN = Pack<T>::kN;
   const int base = chunk * kN;
-  if (vector_io && base + kN <= cols) {
-    *reinterpret_cast<uint4*>(row + base) = make_uint4(p.w[0], p.w[1], p.w[2], p.w[3]);
-  } else {
+  if (base + kN <= cols) {
+    char* a = reinterpret_cast<char*>(row + base);
+    const unsigned offset = static_cast<unsigned>(reinterpret_cast<uintptr_t>(a) & 15);
+    if (vector_io || offset == 0) {
+      *reinterpret_cast<uint4*>(a) = make_uint4(p.w[0], p.w[1], p.w[2], p.w[3]);
+      return;
+    }
+    if ((offset & 7) == 0) {
+      reinterpret_cast<uint2*>(a)[0] = make_uint2(p.w[0], p.w[1]);
+      reinterpret_cast<uint2*>(a)[1] = make_uint2(p.w[2], p.w[3]);
+      return;
+    }
+    if ((offset & 3) == 0) {
 #pragma unroll
-    for (int j = 0; j < kN; ++j)
-      if (base + j < cols) row[base + j] = p.elem(j);
+      for (int i = 0; i < 4; ++i) reinterpret_cast<uint32_t*>(a)[i] = p.w[i];
+      return;
+    }
+    if constexpr (sizeof(T) == 2) {  // offset % 4 == 2
+      *reinterpret_cast<unsigned short*>(a) = static_cast<unsigned short>(p.w[0] & 0xffffu);
+#pragma unroll
+      for (int i = 0; i < 3; ++i)
+        *reinterpret_cast<uint32_t*>(a + 2 + 4 * i) = __funnelshift_r(p.w[i], p.w[i + 1], 16);
+      *reinterpret_cast<unsigned short*>(a + 14) = static_cast<unsigned short>(p.w[3] >> 16);
+      return;
+    }
   }
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+    if (base + j < cols) row[base + j] = p.elem(j);
 }
 
 // ---- cp.async pipeline (16-byte I/O) ---------------------------------------------------------
@@ -228,41 +298,44 @@ __device__ __forceinline__ void weights_of(const T* __restrict__ w, int chunk, i
 }
 
 // w' of the kChunksPerThread chunks a thread owns (the same columns in every
-// row), loaded once per kernel. kFloat: held as fp32, no per-row conversion
-// (the 16-byte-I/O kernels). Otherwise held as packed T and converted at
-// each use: the element-I/O kernels need the registers for their loads.
+// row). kFloat: loaded once per kernel and held as fp32, no per-row
+// conversion (the 16-byte-I/O kernels). Otherwise reloaded (an L1 hit) and
+// converted at each use: the element-I/O kernels need the registers for
+// their loads (held packed, the misaligned forward was 1.5x slower).
 template <typename T, bool kFloat>
 struct ThreadWeights {
   static constexpr int kN = Pack<T>::kN;
   static constexpr int kCpt = plan::kChunksPerThread;
   float f[kFloat ? kCpt : 1][kN];
-  Pack<T> packed[kFloat ? 1 : kCpt];
-  bool has = false;
+  const T* w = nullptr;
+  int cols = 0;
+  bool vector_io = false;
   float offset = 0.0f;
+  int chunk[kFloat ? 1 : kCpt];
 
   // chunk(it) < chunks for the chunks to load (others are never used).
   template <typename Map>
-  __device__ __forceinline__ void load(const T* __restrict__ w, int chunks, int cols, bool vector_io, float off,
+  __device__ __forceinline__ void load(const T* __restrict__ wp, int chunks, int ncols, bool vec, float off,
                                        const Map& m) {
-    has = w != nullptr;
+    w = wp;
+    cols = ncols;
+    vector_io = vec;
     offset = off;
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
-      const int c = m.chunk(it);
-      if (c >= chunks) continue;
-      if constexpr (kFloat)
-        weights_of(w, c, cols, vector_io, off, f[it]);
-      else if (has)
-        packed[it] = load_chunk(w, c, cols, vector_io);
+      if constexpr (kFloat) {
+        if (m.chunk(it) < chunks) weights_of(wp, m.chunk(it), ncols, vec, off, f[it]);
+      } else {
+        chunk[it] = m.chunk(it);
+      }
     }
   }
   __device__ __forceinline__ void get(int it, float (&out)[kN]) const {
+    if constexpr (kFloat) {
 #pragma unroll
-    for (int j = 0; j < kN; ++j) {
-      if constexpr (kFloat)
-        out[j] = f[it][j];
-      else
-        out[j] = has ? packed[it].get(j) + offset : 1.0f;
+      for (int j = 0; j < kN; ++j) out[j] = f[it][j];
+    } else {
+      weights_of(w, chunk[it], cols, vector_io, offset, out);
     }
   }
 };

@@ -97,6 +97,15 @@ rmsnorm_status_t device_properties(int device, plan::Device* out) {
     if (current != device) RMSNORM_CUDA_TRY(cudaSetDevice(device));
     d.sm90_code = kernels_have_sm90_code();
     d.max_cluster = query_max_cluster();
+    // Co-scheduled clusters per size, with the shared memory the plan gives
+    // the cluster kernels on this device.
+    for (int cs = 2; cs <= d.max_cluster; cs *= 2) {
+      const int k = plan::cluster_index(cs);
+      const int64_t cols = int64_t{cs} * plan::kClusterTpr * plan::kChunksPerThread * 8;  // a 16-bit row of that band
+      d.forward_active_clusters[k] = query_forward_active_clusters(cs, plan::forward_launch(1, cols, 2, d).smem);
+      d.backward_active_clusters[k] =
+          query_backward_active_clusters(cs, plan::backward_launch(2, cols, 2, true, d).smem);
+    }
     if (current != device) RMSNORM_CUDA_TRY(cudaSetDevice(current));
   }
   cache[device] = d;

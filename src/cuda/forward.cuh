@@ -116,6 +116,123 @@ __device__ __forceinline__ float add_squares(float ss, const Pack<T>& x) {
   return ss;
 }
 
+// ---- kCluster with 16-byte I/O: the cluster exchange overlapped with the next row -------------
+// A cluster barrier per row, waited on right away, serializes every CTA of
+// the cluster on its slowest member and on the DSMEM round trip (measured:
+// the cluster band ran at half the rows band's bandwidth for the same bytes
+// per CTA). Here the barrier is split: a CTA publishes row k's partial and
+// arrives, computes row k + 1's partial (staged already), then waits and
+// finishes row k. Needs the x stages of rows k and k + 1 at once (stages >= 2).
+// Hazards: exchange[k % 2] is rewritten for row k + 2 only after this CTA's
+// wait of row k + 1, which every CTA reaches after reading row k's values;
+// scratch parities alternate as in the rows band; a stage is refilled only
+// after its row is normalized.
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// Sum of every CTA's exchange[parity] in rank order, after cluster_wait().
+__device__ __forceinline__ float cluster_gather(float* exchange, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const unsigned n = cluster.num_blocks();
+  const unsigned lane = threadIdx.x % 32;
+  float mine = 0.0f;
+  if (lane < n) mine = *cluster.map_shared_rank(&exchange[parity], lane);
+  float total = __shfl_sync(0xffffffffu, mine, 0);
+  for (unsigned k = 1; k < n; ++k) total += __shfl_sync(0xffffffffu, mine, static_cast<int>(k));
+  return total;
+#else
+  return exchange[parity];
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ void forward_cluster_pipelined(const ForwardParams<T>& p, uint4* stage,
+                                                          RowScratch<float, plan::kClusterTpr, 1>& scratch,
+                                                          float* exchange) {
+  constexpr int kTpr = plan::kClusterTpr;
+  constexpr int kBlock = kTpr;
+  constexpr int kCpt = plan::kChunksPerThread;
+  constexpr int kStage = kCpt * kBlock;  // uint4 per stage
+  const RowMap<kTpr, true> m;
+  const int64_t rows = p.rows;  // one row per group
+  const int stages = p.stages;
+  auto stage_row = [&](int64_t g, int s) {
+    stage_group<T, kTpr, true, kBlock>(p.x, p.x_stride, rows, p.chunks, p.cols, m, g, 1, stage + s * kStage);
+    cp_async_commit();
+  };
+  auto x_of = [&](int s, int it) { return pack_of<T>(stage[s * kStage + it * kBlock + threadIdx.x]); };
+  auto partial = [&](int s) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it)
+      if (m.chunk(it) < p.chunks) ss = add_squares(ss, x_of(s, it));
+    return ss;
+  };
+  if (m.unit >= rows) {  // uniform over the cluster
+    cluster_sync();
+    return;
+  }
+  // Rows k = 0, 1, ... of this cluster are unit + k * units; row k lives in stage k % stages.
+  for (int s = 0; s < stages; ++s) stage_row(m.unit + s * m.units, s);
+  ThreadWeights<T, true> wv;
+  wv.load(p.w, p.chunks, p.cols, true, p.w_offset, m);
+  cp_async_wait(stages - 1);  // row 0
+  int parity = 0, st = 0;
+  float ss = row_sum<kTpr, 1>(partial(0), scratch, parity);
+  if (threadIdx.x == 0) exchange[parity] = ss;
+  cluster_arrive();
+  for (int64_t g = m.unit; g < rows; g += m.units) {
+    const int cur = st, cur_parity = parity;
+    st = st + 1 == stages ? 0 : st + 1;
+    parity ^= 1;
+    const bool has_next = g + m.units < rows;  // uniform over the cluster
+    float ss_next = 0.0f;
+    if (has_next && stages >= 2) {
+      cp_async_wait(stages - 2);  // row k + 1 has landed
+      ss_next = row_sum<kTpr, 1>(partial(st), scratch, parity);
+    }
+    cluster_wait();
+    const float r = inv_rms<T>(cluster_gather(exchange, cur_parity), p.cols, p.eps);
+    // Publish row k + 1 before row k's stores: arrive.release waits for this
+    // thread's earlier memory operations, so after the stores it would wait
+    // for them to complete GPU-wide.
+    if (has_next && stages >= 2) {
+      if (threadIdx.x == 0) exchange[parity] = ss_next;
+      cluster_arrive();
+    }
+    if (p.rstd != nullptr && m.pos == 0) p.rstd[g] = r;
+    T* yr = p.y + g * p.y_stride;
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) {
+      const int c = m.chunk(it);
+      if (c < p.chunks) {
+        float w[Pack<T>::kN];
+        wv.get(it, w);
+        store_normalized(yr, c, p.cols, true, p.round_xhat, x_of(cur, it), w, r);
+      }
+    }
+    // Row k's stage is free: stage row k + stages into it.
+    stage_row(g + stages * m.units, cur);
+    if (has_next && stages < 2) {  // no room to stage row k + 1 beside row k: it was staged just now
+      cp_async_wait(0);
+      ss_next = row_sum<kTpr, 1>(partial(st), scratch, parity);
+      if (threadIdx.x == 0) exchange[parity] = ss_next;
+      cluster_arrive();
+    }
+  }
+  cp_async_wait(0);
+  cluster_sync();  // keep `exchange` alive until every CTA has read it
+}
+
 // ---- kRows and kCluster: persistent, x staged through shared memory ---------------------------
 // kClustered == false: rows_per_block row slots of kTpr threads per CTA.
 // kClustered == true: one row per cluster, kTpr threads per CTA.
@@ -137,19 +254,24 @@ __global__ void __launch_bounds__(plan::forward_block(kTpr), plan::forward_block
   __shared__ RowScratch<float, kTpr, kSlots> scratch;
   __shared__ float exchange[2];
   extern __shared__ uint4 stage[];  // [stages][kCpt][kBlock]
+  if constexpr (kClustered && kVec) {
+    forward_cluster_pipelined<T>(p, stage, scratch, exchange);
+    return;
+  }
   const RowMap<kTpr, kClustered> m;
   const int64_t groups = (p.rows + kSlots - 1) / kSlots;
   const int stages = p.stages;
-  // w' of this thread's columns, fp32, loaded once (reloading it per row put
-  // an L2 round trip before every row's stores: ncu showed L1 hits of 28%).
-  ThreadWeights<T, kVec> wv;
-  wv.load(p.w, p.chunks, p.cols, kVec, p.w_offset, m);
   if constexpr (kVec)
     for (int s = 0; s + 1 < stages; ++s) {
       stage_group<T, kTpr, kClustered, kBlock>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, m.unit + s * m.units,
                                                kSlots, stage + s * kCpt * kBlock);
       cp_async_commit();
     }
+  // w' of this thread's columns, fp32, loaded once (reloading it per row put
+  // an L2 round trip before every row's stores: ncu showed L1 hits of 28%),
+  // after the first stages are in flight: its conversion waits for the loads.
+  ThreadWeights<T, kVec> wv;
+  wv.load(p.w, p.chunks, p.cols, kVec, p.w_offset, m);
   int parity = 0, st = 0;
   for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
     const int64_t row = g * kSlots + m.slot;
