@@ -70,10 +70,14 @@ ForwardLaunch forward_launch(int64_t rows, int64_t cols, int esize, const Device
   l.row = row_plan(cols, esize, /*backward=*/false, dev);
   const int64_t groups = (rows + l.row.rows_per_block - 1) / l.row.rows_per_block;
   // kRows and kCluster are persistent (they prefetch the next row group):
-  // as many CTAs as fit at once, kForwardThreadsPerSm threads per SM.
+  // as many CTAs as fit at once, kForwardThreadsPerSm threads per SM; except
+  // where forward_one_group_per_cta says the hardware's own CTA scheduling wins.
   int64_t cap = kMaxGrid;
-  if (l.row.band != Band::kLooped)
-    cap = std::max<int64_t>(1, int64_t{dev.sm_count} * forward_blocks_per_sm(l.row.threads_per_row) / l.row.cluster);
+  if (l.row.band != Band::kLooped) {
+    const int64_t resident =
+        std::max<int64_t>(1, int64_t{dev.sm_count} * forward_blocks_per_sm(l.row.threads_per_row) / l.row.cluster);
+    if (!forward_one_group_per_cta(l.row, groups, resident)) cap = resident;
+  }
   // Clusters must be co-scheduled inside one GPC: a persistent grid of more
   // clusters than run at once would leave the rest for a second wave.
   if (l.row.band == Band::kCluster && dev.forward_active_clusters[cluster_index(l.row.cluster)] > 0)

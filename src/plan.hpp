@@ -151,6 +151,21 @@ inline bool rows_aligned16(const void* p, int64_t stride, int esize) {
   return p == nullptr || (reinterpret_cast<uintptr_t>(p) % kChunkBytes == 0 && (stride * esize) % kChunkBytes == 0);
 }
 
+// The forward's grid: persistent (the CTAs that fit at once, each prefetching
+// its next row group) or one CTA per row group. The second wins where a CTA
+// holds many short rows (its w' load is small next to them) and there are many
+// groups per resident CTA (the hardware then balances the last wave): on the
+// H200 0.90-0.96x the time at 131072x1024, 262144x512, 524288x384 and
+// 1048576x128, but 1.01-1.04x at 2048 groups (32768x512, 131072x128) and
+// 1.2-1.4x with 2 rows per CTA (D = 4096..7168). The grid never changes a
+// row's reduction (batch invariance holds either way).
+inline constexpr int kOneGroupMinRowsPerBlock = 8;
+inline constexpr int64_t kOneGroupMinGroupsPerCta = 8;
+inline bool forward_one_group_per_cta(const RowPlan& row, int64_t groups, int64_t resident_ctas) {
+  return row.band == Band::kRows && row.rows_per_block >= kOneGroupMinRowsPerBlock &&
+         groups >= kOneGroupMinGroupsPerCta * resident_ctas;
+}
+
 struct ForwardLaunch {
   RowPlan row;
   int64_t grid = 0;  // CTAs

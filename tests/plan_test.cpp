@@ -221,6 +221,30 @@ TEST(Plan, PipelineStagesFitTheDevice) {
   EXPECT_EQ(b.stages, kMaxStages);
 }
 
+// The forward runs one CTA per row group only with many short rows per CTA
+// and many groups per resident CTA; otherwise its grid is the resident CTAs.
+TEST(Plan, ForwardGridPersistentOrOneGroupPerCta) {
+  const Device dev = hopper();
+  auto resident = [&](const ForwardLaunch& f) {
+    return int64_t{dev.sm_count} * forward_blocks_per_sm(f.row.threads_per_row) / f.row.cluster;
+  };
+  for (int64_t rows : {int64_t{1048576}, int64_t{131072}}) {
+    const ForwardLaunch f = forward_launch(rows, 128, 2, dev);  // 64 rows per CTA
+    ASSERT_GE(f.row.rows_per_block, kOneGroupMinRowsPerBlock);
+    const int64_t groups = rows / f.row.rows_per_block;
+    if (groups >= kOneGroupMinGroupsPerCta * resident(f))
+      EXPECT_EQ(f.grid, groups) << rows;
+    else
+      EXPECT_EQ(f.grid, resident(f)) << rows;
+  }
+  EXPECT_EQ(forward_launch(1048576, 128, 2, dev).grid, 1048576 / 64);
+  EXPECT_EQ(forward_launch(131072, 128, 2, dev).grid, 132 * 4);
+  // Two rows per CTA: persistent however many rows.
+  const ForwardLaunch big = forward_launch(int64_t{1} << 24, 4096, 2, dev);
+  EXPECT_EQ(big.row.rows_per_block, 2);
+  EXPECT_EQ(big.grid, resident(big));
+}
+
 // Persistent cluster grids never ask for more clusters than the device runs
 // at once (a second wave would double the time); unknown (0) falls back to
 // the SM count.
