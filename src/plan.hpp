@@ -186,8 +186,11 @@ struct BackwardLaunch {
 };
 BackwardLaunch backward_launch(int64_t rows, int64_t cols, int esize, bool with_gw, const Device& dev);
 
-// The finalize kernel's geometry: 32 columns x 8 partial lanes per CTA.
+// The finalize kernel's geometry: 32 columns x 32 partial lanes per CTA
+// (one warp of lanes per column in the final sum); each lane loads its
+// partials kFinalizeBatch at a time, so that they are in flight together.
 inline constexpr int kFinalizeCols = 32;
-inline constexpr int kFinalizeLanes = 8;
+inline constexpr int kFinalizeLanes = 32;
+inline constexpr int kFinalizeBatch = 4;
 
 }  // namespace rmsnorm::plan

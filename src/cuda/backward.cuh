@@ -103,6 +103,31 @@ __device__ __forceinline__ Pack<T> xhat_gy_chunk(const Pack<T>& x, const Pack<T>
   return o;
 }
 
+// gw sums of one thread's own columns (a CTA or cluster with one row slot):
+// its partial for those columns, or gw itself when there is one partial.
+// Into the workspace with 16-byte stores where the partial row allows them
+// (cols % 4 == 0: every partial row starts 16-byte aligned).
+template <typename T, int kTpr, bool kClustered>
+__device__ __forceinline__ void emit_thread_gw(const BackwardParams<T>& p, const RowMap<kTpr, kClustered>& m,
+                                               const float (&acc)[plan::kChunksPerThread][Pack<T>::kN]) {
+  constexpr int kN = Pack<T>::kN;
+  static_assert(kN % 4 == 0, "chunks hold whole float4s of sums");
+#pragma unroll
+  for (int it = 0; it < plan::kChunksPerThread; ++it) {
+    const int c = m.chunk(it);
+    if (!p.gw.direct && p.cols % 4 == 0 && (c + 1) * kN <= p.cols) {
+      float4* dst = reinterpret_cast<float4*>(p.gw.partials + m.unit * int64_t{p.cols} + int64_t{c} * kN);
+#pragma unroll
+      for (int q = 0; q < kN / 4; ++q)
+        dst[q] = make_float4(acc[it][4 * q], acc[it][4 * q + 1], acc[it][4 * q + 2], acc[it][4 * q + 3]);
+      continue;
+    }
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+      if (c < p.chunks && c * kN + j < p.cols) emit_gw<T>(p.gw, m.unit, p.cols, c * kN + j, acc[it][j]);
+  }
+}
+
 // ---- kCluster with 16-byte I/O: the cluster exchange overlapped with the next row -------------
 // As forward_cluster_pipelined: row k's (sum x^2, sum x w' gy) is published
 // and the barrier arrived at; row k + 1's sums are computed; then the wait,
@@ -212,13 +237,7 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
   }
   cluster_sync();  // keep `exchange` alive until every CTA has read it
   if (!p.with_gw) return;
-#pragma unroll
-  for (int it = 0; it < kCpt; ++it) {
-    const int c = m.chunk(it);
-#pragma unroll
-    for (int j = 0; j < kN; ++j)
-      if (c < p.chunks && c * kN + j < p.cols) emit_gw<T>(p.gw, m.unit, p.cols, c * kN + j, acc[it][j]);
-  }
+  emit_thread_gw<T>(p, m, acc);
 }
 
 // ---- kRows and kCluster: persistent, x and gy staged, gw sums in registers --------------------
@@ -339,13 +358,7 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
 
   if constexpr (kSlots == 1) {
     // One slot: this thread's sums are the CTA's (cluster's) partial for its columns.
-#pragma unroll
-    for (int it = 0; it < kCpt; ++it) {
-      const int c = m.chunk(it);
-#pragma unroll
-      for (int j = 0; j < kN; ++j)
-        if (c < p.chunks && c * kN + j < p.cols) emit_gw<T>(p.gw, m.unit, p.cols, c * kN + j, acc[it][j]);
-    }
+    emit_thread_gw<T>(p, m, acc);
   } else {
     // Add the row slots in slot order: sums[(it * kN + j) * kBlock + tid]
     // (consecutive threads, consecutive banks), then one thread per column.
@@ -410,13 +423,20 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
   }
 }
 
-// ---- finalize: gw[col] = sum of the partial rows, in partial order -------------------------------
-// CTA = 32 columns x 8 lanes; lane k adds partials k, k + 8, ... in order,
-// then the 8 lane sums are added in lane order.
+// ---- finalize: gw[col] = sum of the partial rows, in a fixed order ---------------------------
+// CTA = 32 columns (threadIdx.x) x 32 lanes (threadIdx.y). Lane k adds
+// partials k, k + 32, k + 64, ... in that order, loading kFinalizeBatch of
+// them before adding (a lane's loads are independent: issued back to back,
+// the kernel waits for L2 once per batch, not once per partial). Then warp c
+// holds column c's 32 lane sums and adds them with a fixed shuffle tree.
+// The order depends on the partial count alone: bitwise deterministic.
 template <typename T>
 __global__ void __launch_bounds__(plan::kFinalizeCols * plan::kFinalizeLanes)
     finalize_gw_kernel(const float* __restrict__ partials, int64_t count, int64_t cols, GwOut out) {
-  __shared__ float lanes[plan::kFinalizeLanes][plan::kFinalizeCols];
+  static_assert(plan::kFinalizeLanes == plan::kWarp && plan::kFinalizeCols == plan::kWarp,
+                "finalize: one warp of lanes per column in the final sum");
+  constexpr int kL = plan::kFinalizeLanes, kB = plan::kFinalizeBatch;
+  __shared__ float lanes[kL][plan::kFinalizeCols + 1];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the main kernel (sm_90): it may
   // start while that kernel drains; this waits for its completion and memory.
@@ -424,15 +444,26 @@ __global__ void __launch_bounds__(plan::kFinalizeCols * plan::kFinalizeLanes)
 #endif
   const int64_t col = int64_t{blockIdx.x} * plan::kFinalizeCols + threadIdx.x;
   float v = 0.0f;
-  if (col < cols)
-    for (int64_t b = threadIdx.y; b < count; b += plan::kFinalizeLanes) v += partials[b * cols + col];
+  if (col < cols) {
+    for (int64_t b0 = threadIdx.y; b0 < count; b0 += kB * kL) {
+      float t[kB];
+#pragma unroll
+      for (int k = 0; k < kB; ++k) {
+        const int64_t b = b0 + int64_t{k} * kL;
+        t[k] = b < count ? __ldcg(partials + b * cols + col) : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kB; ++k) v += t[k];
+    }
+  }
   lanes[threadIdx.y][threadIdx.x] = v;
   __syncthreads();
-  if (threadIdx.y != 0 || col >= cols) return;
-  float total = lanes[0][threadIdx.x];
+  // Warp y: column y of this CTA, lane x holds lane x's sum.
+  float total = lanes[threadIdx.x][threadIdx.y];
 #pragma unroll
-  for (int k = 1; k < plan::kFinalizeLanes; ++k) total += lanes[k][threadIdx.x];
-  store_gw_final<T>(out, col, total);
+  for (int off = plan::kWarp / 2; off > 0; off /= 2) total += __shfl_down_sync(0xffffffffu, total, off);
+  const int64_t out_col = int64_t{blockIdx.x} * plan::kFinalizeCols + threadIdx.y;
+  if (threadIdx.x == 0 && out_col < cols) store_gw_final<T>(out, out_col, total);
 }
 
 template <typename T>
