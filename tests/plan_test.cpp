@@ -326,5 +326,19 @@ TEST(Plan, PreHopperNeverUsesClustersOfMoreThanOneCta) {
   }
 }
 
+// The finalize's lanes: a warp's worth at most (its lane sums are added in
+// one warp), a whole number of warps per CTA, and the same for the same
+// partial count (the gw summation order depends on it).
+TEST(Plan, FinalizeLanes) {
+  for (int64_t count = 0; count <= 4096; ++count) {
+    const int l = finalize_lanes(count);
+    ASSERT_TRUE(l == 8 || l == 32) << count;
+    ASSERT_LE(l, kFinalizeMaxLanes);
+    ASSERT_EQ(kFinalizeCols * l % kWarp, 0);
+  }
+  EXPECT_EQ(finalize_lanes(132), 32);  // H200 persistent grid
+  EXPECT_EQ(finalize_lanes(8), 8);     // a few clusters
+}
+
 }  // namespace
 }  // namespace rmsnorm::plan

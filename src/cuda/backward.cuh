@@ -424,19 +424,21 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
 }
 
 // ---- finalize: gw[col] = sum of the partial rows, in a fixed order ---------------------------
-// CTA = 32 columns (threadIdx.x) x 32 lanes (threadIdx.y). Lane k adds
-// partials k, k + 32, k + 64, ... in that order, loading kFinalizeBatch of
-// them before adding (a lane's loads are independent: issued back to back,
-// the kernel waits for L2 once per batch, not once per partial). Then warp c
-// holds column c's 32 lane sums and adds them with a fixed shuffle tree.
-// The order depends on the partial count alone: bitwise deterministic.
+// CTA = 32 columns (threadIdx.x) x L = plan::finalize_lanes(count) lanes
+// (threadIdx.y). Lane k adds partials k, k + L, k + 2L, ... in that order,
+// loading kFinalizeBatch of them before adding (a lane's loads are
+// independent: issued back to back, it waits for L2 once per batch, not once
+// per partial). Then each column's L lane sums are added by one warp with a
+// fixed shuffle tree. The order depends on the partial count alone: bitwise
+// deterministic.
 template <typename T>
-__global__ void __launch_bounds__(plan::kFinalizeCols * plan::kFinalizeLanes)
+__global__ void __launch_bounds__(plan::kFinalizeCols * plan::kFinalizeMaxLanes)
     finalize_gw_kernel(const float* __restrict__ partials, int64_t count, int64_t cols, GwOut out) {
-  static_assert(plan::kFinalizeLanes == plan::kWarp && plan::kFinalizeCols == plan::kWarp,
-                "finalize: one warp of lanes per column in the final sum");
-  constexpr int kL = plan::kFinalizeLanes, kB = plan::kFinalizeBatch;
-  __shared__ float lanes[kL][plan::kFinalizeCols + 1];
+  static_assert(plan::kFinalizeMaxLanes == plan::kWarp && plan::kFinalizeCols == plan::kWarp,
+                "finalize: a column's lane sums fit one warp");
+  constexpr int kB = plan::kFinalizeBatch;
+  const int lanes_n = static_cast<int>(blockDim.y);
+  __shared__ float lanes[plan::kFinalizeMaxLanes][plan::kFinalizeCols + 1];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the main kernel (sm_90): it may
   // start while that kernel drains; this waits for its completion and memory.
@@ -445,11 +447,11 @@ __global__ void __launch_bounds__(plan::kFinalizeCols * plan::kFinalizeLanes)
   const int64_t col = int64_t{blockIdx.x} * plan::kFinalizeCols + threadIdx.x;
   float v = 0.0f;
   if (col < cols) {
-    for (int64_t b0 = threadIdx.y; b0 < count; b0 += kB * kL) {
+    for (int64_t b0 = threadIdx.y; b0 < count; b0 += int64_t{kB} * lanes_n) {
       float t[kB];
 #pragma unroll
       for (int k = 0; k < kB; ++k) {
-        const int64_t b = b0 + int64_t{k} * kL;
+        const int64_t b = b0 + int64_t{k} * lanes_n;
         t[k] = b < count ? __ldcg(partials + b * cols + col) : 0.0f;
       }
 #pragma unroll
@@ -458,12 +460,14 @@ __global__ void __launch_bounds__(plan::kFinalizeCols * plan::kFinalizeLanes)
   }
   lanes[threadIdx.y][threadIdx.x] = v;
   __syncthreads();
-  // Warp y: column y of this CTA, lane x holds lane x's sum.
-  float total = lanes[threadIdx.x][threadIdx.y];
+  // Warp y adds columns y, y + L, ...: lane x holds lane x's sum (0 past L).
+  for (int c = static_cast<int>(threadIdx.y); c < plan::kFinalizeCols; c += lanes_n) {
+    float total = static_cast<int>(threadIdx.x) < lanes_n ? lanes[threadIdx.x][c] : 0.0f;
 #pragma unroll
-  for (int off = plan::kWarp / 2; off > 0; off /= 2) total += __shfl_down_sync(0xffffffffu, total, off);
-  const int64_t out_col = int64_t{blockIdx.x} * plan::kFinalizeCols + threadIdx.y;
-  if (threadIdx.x == 0 && out_col < cols) store_gw_final<T>(out, out_col, total);
+    for (int off = plan::kWarp / 2; off > 0; off /= 2) total += __shfl_down_sync(0xffffffffu, total, off);
+    const int64_t out_col = int64_t{blockIdx.x} * plan::kFinalizeCols + c;
+    if (threadIdx.x == 0 && out_col < cols) store_gw_final<T>(out, out_col, total);
+  }
 }
 
 template <typename T>
@@ -471,7 +475,7 @@ rmsnorm_status_t launch_finalize(const float* partials, int64_t count, int64_t c
                                  const plan::Device& dev, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>((cols + plan::kFinalizeCols - 1) / plan::kFinalizeCols));
-  cfg.blockDim = dim3(plan::kFinalizeCols, plan::kFinalizeLanes);
+  cfg.blockDim = dim3(plan::kFinalizeCols, static_cast<unsigned>(plan::finalize_lanes(count)));
   cfg.stream = stream;
   // Programmatic dependent launch (sm_90): the launch overlaps the main
   // kernel's tail; the kernel waits for it in cudaGridDependencySynchronize,
