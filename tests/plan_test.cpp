@@ -229,7 +229,7 @@ TEST(Plan, ForwardGridPersistentOrOneGroupPerCta) {
     return int64_t{dev.sm_count} * forward_blocks_per_sm(f.row.threads_per_row) / f.row.cluster;
   };
   for (int64_t rows : {int64_t{1048576}, int64_t{131072}}) {
-    const ForwardLaunch f = forward_launch(rows, 128, 2, dev);  // 64 rows per CTA
+    const ForwardLaunch f = forward_launch(rows, 128, 2, dev);
     ASSERT_GE(f.row.rows_per_block, kOneGroupMinRowsPerBlock);
     const int64_t groups = rows / f.row.rows_per_block;
     if (groups >= kOneGroupMinGroupsPerCta * resident(f))
@@ -237,11 +237,13 @@ TEST(Plan, ForwardGridPersistentOrOneGroupPerCta) {
     else
       EXPECT_EQ(f.grid, resident(f)) << rows;
   }
-  EXPECT_EQ(forward_launch(1048576, 128, 2, dev).grid, 1048576 / 64);
-  EXPECT_EQ(forward_launch(131072, 128, 2, dev).grid, 132 * 4);
-  // Two rows per CTA: persistent however many rows.
+  // D = 128 at 16-bit: 4 threads per row, so kForwardMinBlock / 4 rows per CTA.
+  EXPECT_EQ(forward_launch(1048576, 128, 2, dev).grid, 1048576 / (kForwardMinBlock / 4));
+  EXPECT_EQ(forward_launch(131072, 128, 2, dev).grid, 132 * forward_blocks_per_sm(4));
+  // D = 4096: 128 threads per row, under 8 rows per CTA: persistent however many rows.
   const ForwardLaunch big = forward_launch(int64_t{1} << 24, 4096, 2, dev);
-  EXPECT_EQ(big.row.rows_per_block, 2);
+  EXPECT_EQ(big.row.rows_per_block, kForwardMinBlock / 128);
+  EXPECT_LT(big.row.rows_per_block, kOneGroupMinRowsPerBlock);
   EXPECT_EQ(big.grid, resident(big));
 }
 
