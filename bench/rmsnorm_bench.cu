@@ -469,7 +469,8 @@ double measure_kernel_copy(cudaStream_t s, size_t bytes, bool use_memcpy) {
   };
   for (int k = 0; k < 2 * sets; ++k) launch(k);
   RMSNORM_BENCH_CUDA(cudaGetLastError());
-  const int reps = std::max(g_opt.copy_reps, 10);
+  // 30 reps: with 10, two runs disagreed by up to 8 points at 128-256 MiB moved.
+  const int reps = std::max(g_opt.copy_reps, 30);
   g_events.ensure(static_cast<size_t>(reps));
   for (int r = 0; r < reps; ++r) {
     RMSNORM_BENCH_CUDA(cudaEventRecord(g_events.start(static_cast<size_t>(r)), s));

@@ -24,6 +24,29 @@ OP_NAMES = {
 }
 
 
+
+def same_size_memcpy(doc):
+    """GB/s of a cudaMemcpyAsync that moves `bytes` (read + write), from the
+    run's memcpy_by_size: linear in log2(bytes) between measured sizes,
+    clamped outside them. None when the run has fewer than two sizes."""
+    pts = sorted((2.0 * p["bytes_copied"], p["gbps"]) for p in doc.get("memcpy_by_size") or []
+                 if num(p.get("bytes_copied")) and num(p.get("gbps")))
+    if len(pts) < 2:
+        return None
+
+    def at(nbytes):
+        if nbytes <= pts[0][0]:
+            return pts[0][1]
+        if nbytes >= pts[-1][0]:
+            return pts[-1][1]
+        for (b0, g0), (b1, g1) in zip(pts, pts[1:]):
+            if b0 <= nbytes <= b1:
+                f = (math.log2(nbytes) - math.log2(b0)) / (math.log2(b1) - math.log2(b0))
+                return g0 + f * (g1 - g0)
+        return pts[-1][1]
+
+    return at
+
 def num(v):
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
@@ -92,10 +115,14 @@ def build(ours, torch_doc):
         lines.append(f"- **rmsnorm_bench stopped early: {ours['fatal_error']}**")
     lines.append("- \"(small)\": under 256 MiB of data, where the BRIEF's % targets are not stated; "
                  "decode rows are per call inside a CUDA graph of 20 calls")
+    msize = same_size_memcpy(ours)
+    if msize is not None:
+        lines.append("- \"% size memcpy\": of a cudaMemcpyAsync moving as many bytes, interpolated (log size) "
+                     "between the sizes measured above; clamped outside them (diagnostic, not a target)")
     lines.append("")
-    lines.append("| case | shape | dtype | variant | ours us | ours GB/s | % copy | torch us | torch % copy "
-                 "| speedup vs torch | target | verdict |")
-    lines.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---|")
+    lines.append("| case | shape | dtype | variant | ours us | ours GB/s | % copy | % size memcpy | torch us "
+                 "| torch % copy | speedup vs torch | target | verdict |")
+    lines.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
     n_pass = n_miss = n_small = 0
     for c in ours.get("cases", []):
         t = tcases.get(key(c))
@@ -122,6 +149,8 @@ def build(ours, torch_doc):
             fmt(c.get("us"), ".2f"),
             fmt(c.get("gbps"), ".0f"),
             fmt(c.get("pct_copy"), ".1f"),
+            fmt(100.0 * c["gbps"] / msize(c["bytes"]), ".1f")
+            if msize is not None and num(c.get("gbps")) and num(c.get("bytes")) and not c.get("graph") else "-",
             fmt(t.get("us"), ".2f") if t else "-",
             fmt(t.get("pct_copy"), ".1f") if t else "-",
             speedup,
