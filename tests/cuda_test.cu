@@ -483,41 +483,77 @@ TEST_F(Cuda, ForwardSpecialRows) {
 
 // Bitwise batch invariance: a row's y and rstd do not depend on how many
 // rows share the call or where the row sits.
+// Row `pos` of a big batch, computed again alone and as the middle row of a
+// batch of 3: rstd and y bitwise equal.
+void check_batch_invariance(const Case& c, std::mt19937_64& rng) {
+  SCOPED_TRACE(describe(c));
+  const int64_t big = c.rows, d = c.cols;
+  const int32_t dt = c.dtype;
+  const Inputs in = make_inputs(c, rng);
+  HostMatrix y_big;
+  std::vector<float> r_big;
+  gpu_forward(c, in, &y_big, &r_big);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  for (int64_t pos : {int64_t{0}, big / 2, big - 1}) {
+    for (int64_t batch : {int64_t{1}, int64_t{3}}) {
+      Case cs = c;
+      cs.rows = batch;
+      Inputs sub;
+      sub.w = in.w;
+      sub.x = HostMatrix(dt, batch, d);
+      fill_random(sub.x, rng);
+      const int64_t at = batch == 1 ? 0 : 1;
+      for (int64_t k = 0; k < d; ++k) sub.x.set(at, k, in.x.get(pos, k));
+      HostMatrix y_small;
+      std::vector<float> r_small;
+      gpu_forward(cs, sub, &y_small, &r_small);
+      ASSERT_FALSE(::testing::Test::HasFatalFailure());
+      ASSERT_EQ(0, std::memcmp(&r_small[at], &r_big[pos], 4)) << "rstd differs, row " << pos << " batch " << batch;
+      for (int64_t k = 0; k < d; ++k)
+        ASSERT_EQ(y_small.get(at, k), y_big.get(pos, k)) << "y differs, row " << pos << " batch " << batch << " col " << k;
+    }
+  }
+}
+
 TEST_F(Cuda, ForwardBatchInvariance) {
   std::mt19937_64 rng(4);
   for (int64_t d : kBandDs) {
     for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32}) {
-      const int64_t big = std::max<int64_t>(3, std::min<int64_t>(4099, (int64_t{1} << 26) / d));
       Case c;
       c.dtype = dt;
       c.cols = d;
-      c.rows = big;
-      SCOPED_TRACE(describe(c));
-      const Inputs in = make_inputs(c, rng);
-      HostMatrix y_big;
-      std::vector<float> r_big;
-      gpu_forward(c, in, &y_big, &r_big);
+      c.rows = std::max<int64_t>(3, std::min<int64_t>(4099, (int64_t{1} << 26) / d));
+      check_batch_invariance(c, rng);
       ASSERT_FALSE(HasFatalFailure());
-      for (int64_t pos : {int64_t{0}, big / 2, big - 1}) {
-        for (int64_t batch : {int64_t{1}, int64_t{3}}) {
-          Case cs = c;
-          cs.rows = batch;
-          Inputs sub;
-          sub.w = in.w;
-          sub.x = HostMatrix(dt, batch, d);
-          fill_random(sub.x, rng);
-          const int64_t at = batch == 1 ? 0 : 1;
-          for (int64_t k = 0; k < d; ++k) sub.x.set(at, k, in.x.get(pos, k));
-          HostMatrix y_small;
-          std::vector<float> r_small;
-          gpu_forward(cs, sub, &y_small, &r_small);
-          ASSERT_FALSE(HasFatalFailure());
-          ASSERT_EQ(0, std::memcmp(&r_small[at], &r_big[pos], 4)) << "rstd differs, row " << pos << " batch " << batch;
-          for (int64_t k = 0; k < d; ++k)
-            ASSERT_EQ(y_small.get(at, k), y_big.get(pos, k)) << "y differs, row " << pos << " batch " << batch << " col " << k;
-        }
-      }
     }
+  }
+}
+
+// The same where the big batch takes the forward's other grid, one CTA per
+// row group (plan::forward_one_group_per_cta: many short rows), while the
+// batches of 1 and 3 stay persistent. The plan is asked first, so that the
+// test cannot pass by testing the persistent grid twice.
+TEST_F(Cuda, ForwardBatchInvarianceOneGroupPerCta) {
+  int dev = 0, sms = 0;
+  CUDA_OK(cudaGetDevice(&dev));
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  plan::Device pd;
+  pd.sm_count = sms;
+  std::mt19937_64 rng(5);
+  for (int64_t d : {int64_t{128}, int64_t{1024}}) {
+    const plan::RowPlan row = plan::forward_launch(1, d, 2, pd).row;
+    const int64_t resident = int64_t{sms} * plan::forward_blocks_per_sm(row.threads_per_row) / row.cluster;
+    Case c;
+    c.dtype = RMSNORM_DTYPE_BF16;
+    c.cols = d;
+    c.rows = plan::kOneGroupMinGroupsPerCta * resident * row.rows_per_block + 5;  // + a part group
+    const plan::ForwardLaunch l = plan::forward_launch(c.rows, d, 2, pd);
+    const int64_t groups = (c.rows + l.row.rows_per_block - 1) / l.row.rows_per_block;
+    ASSERT_TRUE(plan::forward_one_group_per_cta(l.row, groups, resident)) << "D " << d;
+    ASSERT_EQ(l.grid, groups) << "D " << d;
+    ASSERT_FALSE(plan::forward_one_group_per_cta(plan::forward_launch(3, d, 2, pd).row, 1, resident));
+    check_batch_invariance(c, rng);
+    ASSERT_FALSE(HasFatalFailure());
   }
 }
 
