@@ -131,24 +131,7 @@ __device__ __forceinline__ void emit_thread_gw(const BackwardParams<T>& p, const
 // ---- kCluster with 16-byte I/O: the cluster exchange overlapped with the next row -------------
 // As forward_cluster_pipelined: row k's (sum x^2, sum x w' gy) is published
 // and the barrier arrived at; row k + 1's sums are computed; then the wait,
-// the gather, and row k's gx and gw terms.
-__device__ __forceinline__ float2 cluster_gather2(float2* exchange, int parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  const unsigned n = cluster.num_blocks();
-  const unsigned lane = threadIdx.x % 32;
-  float2 mine = make_float2(0.0f, 0.0f);
-  if (lane < n) mine = *cluster.map_shared_rank(&exchange[parity], lane);
-  float2 total = make_float2(__shfl_sync(0xffffffffu, mine.x, 0), __shfl_sync(0xffffffffu, mine.y, 0));
-  for (unsigned k = 1; k < n; ++k)
-    total = add(total, make_float2(__shfl_sync(0xffffffffu, mine.x, static_cast<int>(k)),
-                                   __shfl_sync(0xffffffffu, mine.y, static_cast<int>(k))));
-  return total;
-#else
-  return exchange[parity];
-#endif
-}
-
+// the gather (cluster_gather), and row k's gx and gw terms.
 template <typename T>
 __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<T>& p, uint4* stage,
                                                            RowScratch<float2, plan::kClusterTpr, 1>& scratch,
@@ -209,7 +192,7 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
         next = row_sum<kTpr, 1>(partial(st), scratch, parity);
       }
       cluster_wait();
-      const RowScalars s = row_scalars(p, given_r, cluster_gather2(exchange, cur_parity));
+      const RowScalars s = row_scalars(p, given_r, cluster_gather(exchange, cur_parity));
       // Publish row k + 1 before row k's stores (see forward_cluster_pipelined).
       if (has_next && stages >= 2) {
         if (threadIdx.x == 0) exchange[parity] = next;

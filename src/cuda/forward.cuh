@@ -138,16 +138,19 @@ __device__ __forceinline__ void cluster_wait() {
 #endif
 }
 
-// Sum of every CTA's exchange[parity] in rank order, after cluster_wait().
-__device__ __forceinline__ float cluster_gather(float* exchange, int parity) {
+// Sum of every CTA's exchange[parity] in rank order, after cluster_wait():
+// lane k reads rank k's value (one DSMEM round trip), then the values are
+// added in rank order over shuffles. V: float (forward) or float2 (backward).
+template <typename V>
+__device__ __forceinline__ V cluster_gather(V* exchange, int parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   const unsigned n = cluster.num_blocks();
   const unsigned lane = threadIdx.x % 32;
-  float mine = 0.0f;
+  V mine{};
   if (lane < n) mine = *cluster.map_shared_rank(&exchange[parity], lane);
-  float total = __shfl_sync(0xffffffffu, mine, 0);
-  for (unsigned k = 1; k < n; ++k) total += __shfl_sync(0xffffffffu, mine, static_cast<int>(k));
+  V total = shfl_lane(mine, 0);
+  for (unsigned k = 1; k < n; ++k) total = add(total, shfl_lane(mine, static_cast<int>(k)));
   return total;
 #else
   return exchange[parity];
