@@ -104,11 +104,22 @@ RMSNORM_HD constexpr size_t stage_bytes(int block, int operands) {
   return static_cast<size_t>(block) * kChunksPerThread * kChunkBytes * operands;
 }
 // The backward's end-of-kernel sum of the gw partials of a CTA's row slots:
-// fp32 per owned element of every thread; none with one slot.
+// a table of fp32 entries, one per (chunk it, element j) row and CTA thread.
+// Thread t writes its sums down column t; then element e = (it, l, j) of a
+// row slot (j fastest) is read at rows it * vec + j, columns s * tpr + l.
+// A warp's read covers vec values of j and 32 / vec of l: with rows of
+// `block` floats (a multiple of 32) every j fell in one bank (an 8-way
+// conflict at 16-bit), so rows are padded by 32 / vec floats, which puts
+// (j, l) in bank (j * 32 / vec + l) % 32: all 32 distinct.
+RMSNORM_HD constexpr int combine_stride(int block, int esize) { return block + kWarp / vec_elems(esize); }
+RMSNORM_HD constexpr int combine_index(int it, int j, int thread, int block, int esize) {
+  return (it * vec_elems(esize) + j) * combine_stride(block, esize) + thread;
+}
+// Its size in bytes; none with one slot (the thread's sums are the CTA's).
 RMSNORM_HD constexpr size_t backward_combine_smem(int tpr, int esize) {
-  return backward_block(tpr) / tpr == 1
-             ? 0
-             : sizeof(float) * static_cast<size_t>(backward_block(tpr)) * kChunksPerThread * vec_elems(esize);
+  return backward_block(tpr) / tpr == 1 ? 0
+                                        : sizeof(float) * static_cast<size_t>(combine_stride(backward_block(tpr), esize)) *
+                                              kChunksPerThread * vec_elems(esize);
 }
 
 struct Device {

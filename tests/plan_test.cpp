@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -340,6 +342,45 @@ TEST(Plan, FinalizeLanes) {
   }
   EXPECT_EQ(finalize_lanes(132), 32);  // H200 persistent grid
   EXPECT_EQ(finalize_lanes(8), 8);     // a few clusters
+}
+
+// The backward's gw slot sum reads its table (plan::combine_index) without
+// shared-memory bank conflicts: each warp-wide read of the final loop touches
+// 32 distinct banks wherever a warp's 32 elements lie in one chunk column
+// (tpr * vec >= 32), and the table fits in the CTA's shared memory.
+TEST(Plan, SlotSumTableReadsWithoutBankConflicts) {
+  for (int esize : {2, 4}) {
+    const int vec = vec_elems(esize);
+    for (int tpr = 1; tpr <= kMaxRowsTpr; tpr *= 2) {
+      const int block = backward_block(tpr), slots = block / tpr;
+      if (slots == 1) {
+        EXPECT_EQ(backward_combine_smem(tpr, esize), 0u);
+        continue;
+      }
+      const int elems = kChunksPerThread * tpr * vec;  // the final loop's e range
+      int max_ways = 0;
+      for (int e0 = 0; e0 < elems; e0 += kWarp) {
+        for (int s = 0; s < slots; ++s) {
+          std::map<int, std::set<int>> banks;  // bank -> distinct word addresses
+          for (int lane = 0; lane < kWarp && e0 + lane < elems; ++lane) {
+            const int e = e0 + lane;
+            const int it = e / (tpr * vec), l = (e / vec) % tpr, j = e % vec;
+            const int addr = combine_index(it, j, s * tpr + l, block, esize);
+            ASSERT_LT(static_cast<size_t>(addr) * sizeof(float), backward_combine_smem(tpr, esize));
+            banks[addr % kWarp].insert(addr);
+          }
+          for (const auto& b : banks) max_ways = std::max(max_ways, static_cast<int>(b.second.size()));
+        }
+      }
+      if (tpr * vec >= kWarp)
+        EXPECT_EQ(max_ways, 1) << "tpr " << tpr << " esize " << esize;
+      else
+        EXPECT_LE(max_ways, 4) << "tpr " << tpr << " esize " << esize;
+      // Every thread's writes stay inside the table too.
+      EXPECT_LT(static_cast<size_t>(combine_index(kChunksPerThread - 1, vec - 1, block - 1, block, esize)) * sizeof(float),
+                backward_combine_smem(tpr, esize));
+    }
+  }
 }
 
 }  // namespace

@@ -243,7 +243,8 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
   static_assert(plan::stage_bytes(kBlock, 2) == 2 * sizeof(uint4) * kCpt * kBlock, "plan: stage size");
-  static_assert(plan::backward_combine_smem(kTpr, sizeof(T)) == (kSlots == 1 ? 0 : sizeof(float) * kBlock * kCpt * kN),
+  static_assert(plan::backward_combine_smem(kTpr, sizeof(T)) ==
+                    (kSlots == 1 ? 0 : sizeof(float) * plan::combine_stride(kBlock, sizeof(T)) * kCpt * kN),
                 "plan: gw slot sum");
   __shared__ RowScratch<float2, kTpr, kSlots> scratch;
   __shared__ float2 exchange[2];
@@ -343,20 +344,22 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
     // One slot: this thread's sums are the CTA's (cluster's) partial for its columns.
     emit_thread_gw<T>(p, m, acc);
   } else {
-    // Add the row slots in slot order: sums[(it * kN + j) * kBlock + tid]
-    // (consecutive threads, consecutive banks), then one thread per column.
+    // Add the row slots in slot order through the table of
+    // plan::combine_index (written by consecutive threads, read without bank
+    // conflicts), then one thread per column: consecutive threads, consecutive columns.
+    constexpr int kEs = static_cast<int>(sizeof(T));
     float* sums = reinterpret_cast<float*>(stage);
     __syncthreads();  // every thread is done with its stages
 #pragma unroll
     for (int it = 0; it < kCpt; ++it)
 #pragma unroll
-      for (int j = 0; j < kN; ++j) sums[(it * kN + j) * kBlock + threadIdx.x] = acc[it][j];
+      for (int j = 0; j < kN; ++j) sums[plan::combine_index(it, j, threadIdx.x, kBlock, kEs)] = acc[it][j];
     __syncthreads();
     for (int e = threadIdx.x; e < kCpt * kTpr * kN; e += kBlock) {
       const int it = e / (kTpr * kN), l = (e / kN) % kTpr, j = e % kN;
       const int col = (it * kTpr + l) * kN + j;
       if (col >= p.cols) continue;
-      const float* a = sums + (it * kN + j) * kBlock + l;
+      const float* a = sums + plan::combine_index(it, j, l, kBlock, kEs);
       float v = a[0];
 #pragma unroll
       for (int s = 1; s < kSlots; ++s) v += a[s * kTpr];
