@@ -1058,11 +1058,18 @@ void run_decode(const DecodeShape& sh, cudaStream_t stream, const rmsnorm_backen
   RMSNORM_BENCH_CUDA(cudaStreamSynchronize(stream));
 
   const int replays = std::max(g_opt.reps, 50);
-  for (int dir = 0; dir < 2; ++dir) {
+  // Default launches (programmatic dependent launch on sm_90), then plain
+  // launches (RMSNORM_FLAG_NO_PDL) for comparison.
+  rmsnorm_problem_t plain = prob;
+  plain.flags |= RMSNORM_FLAG_NO_PDL;
+  for (int k = 0; k < 4; ++k) {
+    const int dir = k % 2;
+    const bool pdl = k < 2;
+    const rmsnorm_problem_t& pr = pdl ? prob : plain;
     CaseResult c;
     c.group = "decode";
     c.op = dir == 0 ? "decode_forward" : "decode_vjp";
-    c.variant = "aligned";
+    c.variant = pdl ? "aligned" : "aligned_no_pdl";
     c.rows = sh.rows;
     c.cols = sh.cols;
     c.dtype = dtype_name(sh.dtype);
@@ -1076,13 +1083,13 @@ void run_decode(const DecodeShape& sh, cudaStream_t stream, const rmsnorm_backen
         stream, replays, kGraphCalls,
         [&](int j) {
           const OperandSet& s = sets[static_cast<size_t>(j)];
-          if (dir == 0) return rmsnorm_forward(&prob, s.x.get(), sh.cols, w.get(), s.out.get(), sh.cols, nullptr, &be);
-          return rmsnorm_backward(&prob, s.x.get(), sh.cols, w.get(), s.gy.get(), sh.cols,
+          if (dir == 0) return rmsnorm_forward(&pr, s.x.get(), sh.cols, w.get(), s.out.get(), sh.cols, nullptr, &be);
+          return rmsnorm_backward(&pr, s.x.get(), sh.cols, w.get(), s.gy.get(), sh.cols,
                                   static_cast<const float*>(s.rstd.get()), s.out.get(), sh.cols, gw.get(), RMSNORM_GW_STORE,
                                   ws.get(), ws_bytes, &be);
         },
         &c.error);
-    if (sh.rows == 1 && sh.cols == 4096)
+    if (pdl && sh.rows == 1 && sh.cols == 4096)
       c.targets.push_back(dir == 0 ? us_target("1x4096 fwd <= 3 us per graph call", 3.0, c.st.median)
                                    : us_target("1x4096 VJP <= 5 us per graph call", 5.0, c.st.median));
     if (!c.error.empty()) {

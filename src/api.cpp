@@ -34,7 +34,7 @@ rmsnorm_status_t fail(rmsnorm_status_t status, const std::string& what, const st
 
 namespace {
 
-constexpr uint32_t kKnownFlags = RMSNORM_FLAG_WEIGHT_OFFSET | RMSNORM_FLAG_ROUND_XHAT;
+constexpr uint32_t kKnownFlags = RMSNORM_FLAG_WEIGHT_OFFSET | RMSNORM_FLAG_ROUND_XHAT | RMSNORM_FLAG_NO_PDL;
 
 std::string num(int64_t v) { return std::to_string(v); }
 
@@ -304,6 +304,7 @@ rmsnorm_status_t rmsnorm_forward(const rmsnorm_problem_t* problem, const void* x
   a.eps = problem->eps;
   a.weight_offset = (problem->flags & RMSNORM_FLAG_WEIGHT_OFFSET) != 0;
   a.round_xhat = (problem->flags & RMSNORM_FLAG_ROUND_XHAT) != 0;
+  a.pdl = (problem->flags & RMSNORM_FLAG_NO_PDL) == 0;
   a.x = x;
   a.x_stride = x_row_stride;
   a.weight = weight;
@@ -405,6 +406,7 @@ rmsnorm_status_t rmsnorm_backward(const rmsnorm_problem_t* problem, const void* 
   a.dtype = c.dtype;
   a.eps = problem->eps;
   a.weight_offset = (problem->flags & RMSNORM_FLAG_WEIGHT_OFFSET) != 0;
+  a.pdl = (problem->flags & RMSNORM_FLAG_NO_PDL) == 0;
   a.x = x;
   a.x_stride = x_row_stride;
   a.weight = weight;

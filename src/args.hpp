@@ -25,6 +25,7 @@ struct ForwardArgs {
   float eps = 1e-5f;
   bool weight_offset = false;  // w' = 1 + w
   bool round_xhat = false;     // y = T(T(x_hat) * w')
+  bool pdl = true;             // CUDA: programmatic dependent launch (rmsnorm.h)
   const void* x = nullptr;
   int64_t x_stride = 0;
   const void* weight = nullptr;  // may be null
@@ -39,6 +40,7 @@ struct BackwardArgs {
   DType dtype = DType::kF32;
   float eps = 1e-5f;
   bool weight_offset = false;
+  bool pdl = true;  // CUDA: programmatic dependent launch (rmsnorm.h)
   const void* x = nullptr;
   int64_t x_stride = 0;
   const void* weight = nullptr;  // may be null (then gw_mode == kNone)

@@ -373,12 +373,25 @@ TEST(ApiOptions, UnknownDtype) {
 }
 
 TEST(ApiOptions, UnknownFlags) {
-  for (uint32_t flags : {4u, 0x80000000u, RMSNORM_FLAG_WEIGHT_OFFSET | 8u}) {
+  for (uint32_t flags : {8u, 0x80000000u, RMSNORM_FLAG_WEIGHT_OFFSET | 16u}) {
     Call c;
     c.p.flags = flags;
     expect_rejected(c, FWD, RMSNORM_STATUS_INVALID_OPTION, {"flags"});
     expect_rejected(c, BWD, RMSNORM_STATUS_INVALID_OPTION, {"flags"});
   }
+}
+
+// RMSNORM_FLAG_NO_PDL is known, and means nothing to the CPU backend: the
+// same bits as without it.
+TEST(ApiOptions, NoPdlFlagIsAcceptedAndTheCpuIgnoresIt) {
+  Call plain, flagged;
+  flagged.p.flags = RMSNORM_FLAG_NO_PDL;
+  for (Call* c : {&plain, &flagged}) {
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS, c->forward()) << rmsnorm_last_error();
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS, c->backward()) << rmsnorm_last_error();
+  }
+  for (Arena::Slot s : {Arena::kY, Arena::kRstdOut, Arena::kGx, Arena::kGw})
+    EXPECT_EQ(0, std::memcmp(plain.arena.slot(s), flagged.arena.slot(s), Arena::kRegion)) << "slot " << s;
 }
 
 TEST(ApiOptions, UnknownGwMode) {

@@ -826,6 +826,91 @@ TEST_F(Cuda, InPlace) {
   }
 }
 
+// Copies n bytes after a delay, having first let the next kernel in the
+// stream be scheduled (sm_90): a programmatic dependent that touched its
+// operands before waiting for this kernel would read the old contents.
+__global__ void late_copy_kernel(const unsigned char* src, unsigned char* dst, size_t n, unsigned long long delay_ns) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+  unsigned long long t0 = 0, t = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < delay_ns);
+  for (size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    dst[i] = src[i];
+}
+
+// Programmatic dependent launch (the default): x is written by a kernel that
+// lets ours be scheduled at once and writes 200 us later; the forward then
+// the backward (gy = the forward's y, rstd from the forward) run back to back
+// with no synchronization. Bitwise equal to plain launches with a
+// synchronization after each step, in every band.
+TEST_F(Cuda, ProgrammaticLaunchWaitsForThePreviousKernel) {
+  std::mt19937_64 rng(16);
+  for (int64_t d : kBandDs) {
+    Case c;
+    c.cols = d;
+    c.rows = d > 10000 ? 5 : 300;
+    c.gw_mode = RMSNORM_GW_STORE_F32;
+    SCOPED_TRACE(describe(c));
+    const Inputs in = make_inputs(c, rng);
+    struct Result {
+      HostMatrix y, gx;
+      std::vector<float> rstd, gw;
+    };
+    auto run = [&](bool chained, Result* r) {
+      Arena::get().reset();
+      r->y = HostMatrix(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));  // NaN-poisoned
+      r->gx = r->y;
+      const HostMatrix poisoned_x = r->y;
+      const Dev src = upload(in.x), dx = upload(poisoned_x), dw = upload(in.w), dy = upload(r->y), dgx = upload(r->gx);
+      float* drstd = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(c.rows) * 4));
+      float* dgw = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(c.cols) * 4));
+      rmsnorm_problem_t p = problem_of(c);
+      if (!chained) p.flags |= RMSNORM_FLAG_NO_PDL;
+      const rmsnorm_backend_t b = cuda_backend();
+      size_t ws_bytes = 0;
+      ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, c.gw_mode, &b, &ws_bytes));
+      void* ws = ws_bytes > 0 ? Arena::get().alloc(ws_bytes) : nullptr;
+      CUDA_OK(cudaDeviceSynchronize());
+      if (chained) {
+        late_copy_kernel<<<8, 256>>>(static_cast<const unsigned char*>(src.base), static_cast<unsigned char*>(dx.base),
+                                     src.bytes, 200000ull);
+        CUDA_OK(cudaGetLastError());
+      } else {
+        CUDA_OK(cudaMemcpy(dx.base, src.base, src.bytes, cudaMemcpyDeviceToDevice));
+      }
+      ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                rmsnorm_forward(&p, dx.data(), stride_of(c), dw.data(), dy.data(), stride_of(c), drstd, &b))
+          << rmsnorm_last_error();
+      if (!chained) CUDA_OK(cudaDeviceSynchronize());
+      ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                rmsnorm_backward(&p, dx.data(), stride_of(c), dw.data(), dy.data(), stride_of(c), drstd, dgx.data(),
+                                 stride_of(c), dgw, c.gw_mode, ws, ws_bytes, &b))
+          << rmsnorm_last_error();
+      CUDA_OK(cudaDeviceSynchronize());
+      download(dy, r->y);
+      download(dgx, r->gx);
+      r->rstd.resize(static_cast<size_t>(c.rows));
+      r->gw.resize(static_cast<size_t>(c.cols));
+      CUDA_OK(cudaMemcpy(r->rstd.data(), drstd, r->rstd.size() * 4, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(r->gw.data(), dgw, r->gw.size() * 4, cudaMemcpyDeviceToHost));
+    };
+    Result plain, chained;
+    run(false, &plain);
+    ASSERT_FALSE(HasFatalFailure());
+    run(true, &chained);
+    ASSERT_FALSE(HasFatalFailure());
+    ASSERT_EQ(0, std::memcmp(plain.y.storage.data(), chained.y.storage.data(), plain.y.storage.size())) << "y differs";
+    ASSERT_EQ(0, std::memcmp(plain.rstd.data(), chained.rstd.data(), plain.rstd.size() * 4)) << "rstd differs";
+    ASSERT_EQ(0, std::memcmp(plain.gx.storage.data(), chained.gx.storage.data(), plain.gx.storage.size()))
+        << "gx differs";
+    ASSERT_EQ(0, std::memcmp(plain.gw.data(), chained.gw.data(), plain.gw.size() * 4)) << "gw differs";
+  }
+}
+
 // Host memory handed to the CUDA backend and device memory handed to the CPU
 // backend are refused, nothing written.
 TEST_F(Cuda, WrongMemorySpace) {

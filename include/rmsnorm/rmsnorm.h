@@ -75,6 +75,17 @@ typedef enum rmsnorm_dtype {
 /* problem.flags */
 #define RMSNORM_FLAG_WEIGHT_OFFSET 1u /* w' = 1 + w (Gemma), the 1 added in fp32 */
 #define RMSNORM_FLAG_ROUND_XHAT 2u    /* forward: y = T(T(x_hat) * w') (HF Llama style) */
+#define RMSNORM_FLAG_NO_PDL 4u        /* CUDA: launch without programmatic dependent launch */
+/* Programmatic dependent launch (CUDA, compute capability 9.0+, on unless
+ * RMSNORM_FLAG_NO_PDL): each kernel is launched so that it may be scheduled
+ * while the previous kernel in the stream is still running, and waits
+ * (griddepcontrol.wait) for that kernel to complete and its memory to be
+ * visible before it reads or writes any operand. Each kernel also lets the
+ * next kernel be scheduled early; a next kernel that opted in to this must
+ * itself wait before reading our outputs, as the CUDA programming model
+ * requires. Stream order and results are those of plain launches: only the
+ * launch latency between consecutive kernels is hidden. Ignored by the CPU
+ * backend and on older GPUs. */
 
 typedef enum rmsnorm_backend_kind {
   RMSNORM_BACKEND_CPU = 0,

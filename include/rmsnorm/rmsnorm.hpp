@@ -181,6 +181,7 @@ struct Options {
   float eps = 1e-5f;
   bool weight_offset = false;  // w' = 1 + w (Gemma)
   bool round_xhat = false;     // forward: y = T(T(x_hat) * w') (HF Llama / MLX)
+  bool pdl = true;             // CUDA: programmatic dependent launch (RMSNORM_FLAG_NO_PDL when false)
 };
 
 class Backend {
@@ -263,7 +264,8 @@ rmsnorm_problem_t make_problem(int64_t rows, int64_t cols, const Options& opt) n
   p.rows = rows;
   p.cols = cols;
   p.dtype = dtype_of_v<T>;
-  p.flags = (opt.weight_offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u) | (opt.round_xhat ? RMSNORM_FLAG_ROUND_XHAT : 0u);
+  p.flags = (opt.weight_offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u) | (opt.round_xhat ? RMSNORM_FLAG_ROUND_XHAT : 0u) |
+            (opt.pdl ? 0u : RMSNORM_FLAG_NO_PDL);
   p.eps = opt.eps;
   return p;
 }

@@ -251,6 +251,7 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
   extern __shared__ uint4 stage[];  // cp.async stages; at the end, the gw slot sum
   constexpr int kStage = 2 * kCpt * kBlock;  // uint4 per stage
 
+  pdl_enter();
   if constexpr (kClustered && kVec && !kTwoPass) {
     backward_cluster_pipelined<T>(p, stage, scratch, exchange);
     return;
@@ -374,6 +375,7 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
   constexpr int kBlock = plan::kLoopedThreads;
   constexpr int kN = Pack<T>::kN;
   __shared__ RowScratch<float2, kBlock, 1> scratch;
+  pdl_enter();
   // Each thread touches only the workspace columns of its own chunks, in the
   // same mapping below, so no barrier is needed around these updates.
   float* part = p.with_gw ? p.gw.partials + blockIdx.x * static_cast<int64_t>(p.cols) : nullptr;
@@ -425,11 +427,9 @@ __global__ void __launch_bounds__(plan::kFinalizeCols * plan::kFinalizeMaxLanes)
   constexpr int kB = plan::kFinalizeBatch;
   const int lanes_n = static_cast<int>(blockDim.y);
   __shared__ float lanes[plan::kFinalizeMaxLanes][plan::kFinalizeCols + 1];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the main kernel (sm_90): it may
   // start while that kernel drains; this waits for its completion and memory.
-  cudaGridDependencySynchronize();
-#endif
+  pdl_enter();
   const int64_t col = int64_t{blockIdx.x} * plan::kFinalizeCols + threadIdx.x;
   float v = 0.0f;
   if (col < cols) {
@@ -456,26 +456,15 @@ __global__ void __launch_bounds__(plan::kFinalizeCols * plan::kFinalizeMaxLanes)
   }
 }
 
+// pdl: launched as a programmatic dependent of the previous kernel in the
+// stream: the main kernel (its launch overlaps that kernel's tail), or for
+// rows == 0 whatever the caller ran before.
 template <typename T>
-rmsnorm_status_t launch_finalize(const float* partials, int64_t count, int64_t cols, const GwOut& out,
-                                 const plan::Device& dev, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>((cols + plan::kFinalizeCols - 1) / plan::kFinalizeCols));
-  cfg.blockDim = dim3(plan::kFinalizeCols, static_cast<unsigned>(plan::finalize_lanes(count)));
-  cfg.stream = stream;
-  // Programmatic dependent launch (sm_90): the launch overlaps the main
-  // kernel's tail; the kernel waits for it in cudaGridDependencySynchronize,
-  // which exists only in compute_90 code: a build for older targets running
-  // on Hopper through PTX must launch it plainly.
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  if (dev.sm90_code) {
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
-  RMSNORM_CUDA_TRY(cudaLaunchKernelEx(&cfg, finalize_gw_kernel<T>, partials, count, cols, out));
-  return RMSNORM_STATUS_SUCCESS;
+rmsnorm_status_t launch_finalize(const float* partials, int64_t count, int64_t cols, const GwOut& out, bool pdl,
+                                 cudaStream_t stream) {
+  const int64_t grid = (cols + plan::kFinalizeCols - 1) / plan::kFinalizeCols;
+  const dim3 block(plan::kFinalizeCols, static_cast<unsigned>(plan::finalize_lanes(count)));
+  return launch_kernel(finalize_gw_kernel<T>, grid, block, 1, 0, pdl, stream, partials, count, cols, out);
 }
 
 template <typename T>
@@ -513,11 +502,11 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
   const bool with_gw = a.gw_mode != GwMode::kNone;
   const plan::BackwardLaunch l = plan::backward_launch(a.rows, a.cols, static_cast<int>(sizeof(T)), with_gw, dev);
   const BackwardParams<T> p = backward_params<T>(a, l);
+  const bool pdl = a.pdl && dev.sm90_code;
   if (a.rows == 0) {
     // No rows: gw is the empty sum (0), stored or added per mode.
-    return with_gw ? launch_finalize<T>(nullptr, 0, a.cols, p.gw, dev, stream) : RMSNORM_STATUS_SUCCESS;
+    return with_gw ? launch_finalize<T>(nullptr, 0, a.cols, p.gw, pdl, stream) : RMSNORM_STATUS_SUCCESS;
   }
-  const dim3 grid(static_cast<unsigned>(l.grid));
   rmsnorm_status_t st = RMSNORM_STATUS_SUCCESS;
   switch (l.row.band) {
     case plan::Band::kRows:
@@ -530,9 +519,7 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
         const size_t smem = p.vector_io ? l.smem : l.smem_elementwise;
         // Function attributes belong to a context: set on every call (host-side only).
         RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
-        kernel<<<grid, plan::backward_block(kTpr), smem, stream>>>(p);
-        RMSNORM_CUDA_LAUNCHED("backward_kernel");
-        return RMSNORM_STATUS_SUCCESS;
+        return launch_kernel(kernel, l.grid, plan::backward_block(kTpr), 1, smem, pdl, stream, p);
       });
       break;
     case plan::Band::kCluster: {
@@ -542,16 +529,17 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
         return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "cluster geometry disagrees with the kernel");
       const size_t smem = p.vector_io ? l.smem : l.smem_elementwise;
       RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
-      st = launch_clustered(kernel, l.grid, plan::kClusterTpr, l.row.cluster, smem, stream, p);
+      st = launch_kernel(kernel, l.grid, plan::kClusterTpr, l.row.cluster, smem, pdl, stream, p);
       break;
     }
     case plan::Band::kLooped:
-      backward_looped_kernel<T><<<grid, plan::kLoopedThreads, 0, stream>>>(p);
-      RMSNORM_CUDA_LAUNCHED("backward_looped_kernel");
+      st = launch_kernel(backward_looped_kernel<T>, l.grid, plan::kLoopedThreads, 1, 0, pdl, stream, p);
       break;
   }
   if (st != RMSNORM_STATUS_SUCCESS) return st;
-  if (with_gw && !l.direct_gw) return launch_finalize<T>(p.gw.partials, l.partials, a.cols, p.gw, dev, stream);
+  // The finalize always overlaps the main kernel's tail where sm_90 code exists.
+  if (with_gw && !l.direct_gw)
+    return launch_finalize<T>(p.gw.partials, l.partials, a.cols, p.gw, dev.sm90_code, stream);
   return RMSNORM_STATUS_SUCCESS;
 }
 

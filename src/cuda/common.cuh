@@ -18,6 +18,19 @@
 
 namespace rmsnorm::cuda {
 
+// Programmatic dependent launch (rmsnorm.h, RMSNORM_FLAG_NO_PDL); the first
+// statement of every kernel, before any operand or workspace is touched.
+// Waits until the previous kernel in the stream has completed and its writes
+// are visible (returns at once when this grid was launched plainly), then
+// lets the next kernel be scheduled: a next kernel launched as a programmatic
+// dependent waits in turn, so this grid's writes are complete before it reads.
+__device__ __forceinline__ void pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
 template <typename T>
 struct TypeOf;
 template <>

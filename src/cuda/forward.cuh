@@ -257,6 +257,7 @@ __global__ void __launch_bounds__(plan::forward_block(kTpr), plan::forward_block
   __shared__ RowScratch<float, kTpr, kSlots> scratch;
   __shared__ float exchange[2];
   extern __shared__ uint4 stage[];  // [stages][kCpt][kBlock]
+  pdl_enter();
   if constexpr (kClustered && kVec) {
     forward_cluster_pipelined<T>(p, stage, scratch, exchange);
     return;
@@ -336,6 +337,7 @@ template <typename T>
 __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(const ForwardParams<T> p) {
   constexpr int kBlock = plan::kLoopedThreads;
   __shared__ RowScratch<float, kBlock, 1> scratch;
+  pdl_enter();
   int parity = 0;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
     const T* xr = p.x + row * p.x_stride;
@@ -371,27 +373,36 @@ rmsnorm_status_t dispatch_tpr(int tpr, Fn&& fn) {
   return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "threads_per_row " + std::to_string(tpr) + " has no kernel");
 }
 
-// Launches with a cluster dimension when cs > 1 (sm_90), plainly otherwise.
-template <typename Kernel, typename Params>
-rmsnorm_status_t launch_clustered(Kernel kernel, int64_t grid, int block, int cs, size_t smem, cudaStream_t stream,
-                                  const Params& params) {
+// Every kernel launch of the library: with a cluster dimension when cs > 1,
+// as a programmatic dependent of the previous kernel in the stream when pdl
+// (both sm_90; the kernel starts with pdl_enter).
+template <typename Kernel, typename... Args>
+rmsnorm_status_t launch_kernel(Kernel kernel, int64_t grid, dim3 block, int cs, size_t smem, bool pdl,
+                               cudaStream_t stream, const Args&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(static_cast<unsigned>(block));
+  cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
   if (cs > plan::kMaxPortableCluster)
     RMSNORM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   if (cs > 1) {
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(cs);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = static_cast<unsigned>(cs);
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
   }
-  RMSNORM_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, params));
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = n > 0 ? attr : nullptr;
+  cfg.numAttrs = n;
+  RMSNORM_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, args...));
   return RMSNORM_STATUS_SUCCESS;
 }
 
@@ -415,7 +426,7 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
   const int es = static_cast<int>(sizeof(T));
   p.vector_io = plan::rows_aligned16(a.x, a.x_stride, es) && plan::rows_aligned16(a.y, a.y_stride, es) &&
                 plan::rows_aligned16(a.weight, 0, es);
-  const dim3 grid(static_cast<unsigned>(l.grid));
+  const bool pdl = a.pdl && dev.sm90_code;
   switch (l.row.band) {
     case plan::Band::kRows:
       return dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
@@ -426,9 +437,7 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
         const size_t smem = p.vector_io ? l.smem : 0;
         // Function attributes belong to a context: set on every call (host-side only).
         RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
-        kernel<<<grid, plan::forward_block(kTpr), smem, stream>>>(p);
-        RMSNORM_CUDA_LAUNCHED("forward_kernel");
-        return RMSNORM_STATUS_SUCCESS;
+        return launch_kernel(kernel, l.grid, plan::forward_block(kTpr), 1, smem, pdl, stream, p);
       });
     case plan::Band::kCluster:
       if (l.row.block != plan::kClusterTpr)
@@ -438,12 +447,10 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
                                       : forward_kernel<T, plan::kClusterTpr, true, false>;
       const size_t smem = p.vector_io ? l.smem : 0;
       RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
-      return launch_clustered(kernel, l.grid, plan::kClusterTpr, l.row.cluster, smem, stream, p);
+      return launch_kernel(kernel, l.grid, plan::kClusterTpr, l.row.cluster, smem, pdl, stream, p);
     }
     case plan::Band::kLooped:
-      forward_looped_kernel<T><<<grid, plan::kLoopedThreads, 0, stream>>>(p);
-      RMSNORM_CUDA_LAUNCHED("forward_looped_kernel");
-      return RMSNORM_STATUS_SUCCESS;
+      return launch_kernel(forward_looped_kernel<T>, l.grid, plan::kLoopedThreads, 1, 0, pdl, stream, p);
   }
   return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "unknown band");
 }
