@@ -105,26 +105,13 @@ __device__ __forceinline__ Pack<T> xhat_gy_chunk(const Pack<T>& x, const Pack<T>
 
 // gw sums of one thread's own columns (a CTA or cluster with one row slot):
 // its partial for those columns, or gw itself when there is one partial.
-// Into the workspace with 16-byte stores where the partial row allows them
-// (cols % 4 == 0: every partial row starts 16-byte aligned).
 template <typename T, int kTpr, bool kClustered>
 __device__ __forceinline__ void emit_thread_gw(const BackwardParams<T>& p, const RowMap<kTpr, kClustered>& m,
                                                const float (&acc)[plan::kChunksPerThread][Pack<T>::kN]) {
-  constexpr int kN = Pack<T>::kN;
-  static_assert(kN % 4 == 0, "chunks hold whole float4s of sums");
 #pragma unroll
   for (int it = 0; it < plan::kChunksPerThread; ++it) {
     const int c = m.chunk(it);
-    if (!p.gw.direct && p.cols % 4 == 0 && (c + 1) * kN <= p.cols) {
-      float4* dst = reinterpret_cast<float4*>(p.gw.partials + m.unit * int64_t{p.cols} + int64_t{c} * kN);
-#pragma unroll
-      for (int q = 0; q < kN / 4; ++q)
-        dst[q] = make_float4(acc[it][4 * q], acc[it][4 * q + 1], acc[it][4 * q + 2], acc[it][4 * q + 3]);
-      continue;
-    }
-#pragma unroll
-    for (int j = 0; j < kN; ++j)
-      if (c < p.chunks && c * kN + j < p.cols) emit_gw<T>(p.gw, m.unit, p.cols, c * kN + j, acc[it][j]);
+    if (c < p.chunks) emit_gw_chunk<T>(p.gw, m.unit, p.cols, c, acc[it]);
   }
 }
 
@@ -347,7 +334,7 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
   } else {
     // Add the row slots in slot order through the table of
     // plan::combine_index (written by consecutive threads, read without bank
-    // conflicts), then one thread per column: consecutive threads, consecutive columns.
+    // conflicts), then write each column once.
     constexpr int kEs = static_cast<int>(sizeof(T));
     float* sums = reinterpret_cast<float*>(stage);
     __syncthreads();  // every thread is done with its stages
@@ -356,15 +343,36 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
 #pragma unroll
       for (int j = 0; j < kN; ++j) sums[plan::combine_index(it, j, threadIdx.x, kBlock, kEs)] = acc[it][j];
     __syncthreads();
-    for (int e = threadIdx.x; e < kCpt * kTpr * kN; e += kBlock) {
-      const int it = e / (kTpr * kN), l = (e / kN) % kTpr, j = e % kN;
-      const int col = (it * kTpr + l) * kN + j;
-      if (col >= p.cols) continue;
-      const float* a = sums + plan::combine_index(it, j, l, kBlock, kEs);
-      float v = a[0];
+    if constexpr (kCpt * kTpr >= kBlock) {
+      // At least one chunk per thread (kTpr >= 128): a thread adds one
+      // chunk's kN columns and writes them together (16-byte stores).
+      for (int e = threadIdx.x; e < kCpt * kTpr; e += kBlock) {
+        const int it = e / kTpr, l = e % kTpr;
+        const int c = it * kTpr + l;  // m.chunk(it) of the threads at lane l
+        if (c >= p.chunks) continue;
+        float v[kN];
 #pragma unroll
-      for (int s = 1; s < kSlots; ++s) v += a[s * kTpr];
-      emit_gw<T>(p.gw, m.unit, p.cols, col, v);
+        for (int j = 0; j < kN; ++j) {
+          const float* a = sums + plan::combine_index(it, j, l, kBlock, kEs);
+          v[j] = a[0];
+#pragma unroll
+          for (int s = 1; s < kSlots; ++s) v[j] += a[s * kTpr];
+        }
+        emit_gw_chunk<T>(p.gw, m.unit, p.cols, c, v);
+      }
+    } else {
+      // Fewer chunks than threads: one thread per column, so that more
+      // threads share the slot additions (kSlots of them per column).
+      for (int e = threadIdx.x; e < kCpt * kTpr * kN; e += kBlock) {
+        const int it = e / (kTpr * kN), l = (e / kN) % kTpr, j = e % kN;
+        const int col = (it * kTpr + l) * kN + j;
+        if (col >= p.cols) continue;
+        const float* a = sums + plan::combine_index(it, j, l, kBlock, kEs);
+        float v = a[0];
+#pragma unroll
+        for (int s = 1; s < kSlots; ++s) v += a[s * kTpr];
+        emit_gw<T>(p.gw, m.unit, p.cols, col, v);
+      }
     }
   }
 }
