@@ -911,6 +911,104 @@ TEST_F(Cuda, ProgrammaticLaunchWaitsForThePreviousKernel) {
   }
 }
 
+// Forward then backward captured in a CUDA graph (global capture mode, as
+// torch.cuda.graph uses) and replayed: bitwise the eager results, in every
+// band and for 1 and many rows (gw written by the main kernel, or by the
+// finalize kernel as a programmatic dependent), up to 16384 x 4096.
+// Outputs are poisoned before each replay.
+TEST_F(Cuda, GraphCaptureReplaysBitwise) {
+  std::mt19937_64 rng(17);
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int64_t d : {int64_t{128}, int64_t{4096}, int64_t{40000}, int64_t{300000}}) {
+    // 4096: also 16384 rows (128 MiB of bf16 x, where bench/candidates/
+    // fused-finalize.patch launches the backward cooperatively).
+    for (int64_t rows : {int64_t{1}, d > 10000 ? int64_t{40} : int64_t{3000}, d == 4096 ? int64_t{16384} : int64_t{0}}) {
+      if (rows == 0) continue;
+      Case c;
+      c.cols = d;
+      c.rows = rows;
+      c.gw_mode = RMSNORM_GW_STORE_F32;
+      SCOPED_TRACE(describe(c));
+      const Inputs in = make_inputs(c, rng);
+      Arena::get().reset();
+      const Dev dx = upload(in.x), dw = upload(in.w), dgy = upload(in.gy);
+      const HostMatrix poison(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
+      const Dev dy = upload(poison), dgx = upload(poison);
+      float* drstd = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(c.rows) * 4));
+      float* dgw = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(c.cols) * 4));
+      const rmsnorm_problem_t p = problem_of(c);
+      const rmsnorm_backend_t b = rmsnorm_backend_cuda(-1, stream);
+      size_t ws_bytes = 0;
+      ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, c.gw_mode, &b, &ws_bytes));
+      void* ws = ws_bytes > 0 ? Arena::get().alloc(ws_bytes) : nullptr;
+      auto calls = [&]() {
+        EXPECT_EQ(RMSNORM_STATUS_SUCCESS,
+                  rmsnorm_forward(&p, dx.data(), stride_of(c), dw.data(), dy.data(), stride_of(c), drstd, &b))
+            << rmsnorm_last_error();
+        EXPECT_EQ(RMSNORM_STATUS_SUCCESS,
+                  rmsnorm_backward(&p, dx.data(), stride_of(c), dw.data(), dgy.data(), stride_of(c), drstd, dgx.data(),
+                                   stride_of(c), dgw, c.gw_mode, ws, ws_bytes, &b))
+            << rmsnorm_last_error();
+      };
+      auto poison_outputs = [&]() {
+        CUDA_OK(cudaMemsetAsync(dy.base, 0xFF, dy.bytes, stream));
+        CUDA_OK(cudaMemsetAsync(dgx.base, 0xFF, dgx.bytes, stream));
+        CUDA_OK(cudaMemsetAsync(drstd, 0xFF, static_cast<size_t>(c.rows) * 4, stream));
+        CUDA_OK(cudaMemsetAsync(dgw, 0xFF, static_cast<size_t>(c.cols) * 4, stream));
+        if (ws != nullptr) CUDA_OK(cudaMemsetAsync(ws, 0xFF, ws_bytes, stream));
+      };
+      struct Out {
+        std::vector<unsigned char> y, gx;
+        std::vector<float> rstd, gw;
+      };
+      auto fetch = [&](Out* o) {
+        CUDA_OK(cudaStreamSynchronize(stream));
+        o->y.resize(dy.bytes);
+        o->gx.resize(dgx.bytes);
+        o->rstd.resize(static_cast<size_t>(c.rows));
+        o->gw.resize(static_cast<size_t>(c.cols));
+        CUDA_OK(cudaMemcpy(o->y.data(), dy.base, dy.bytes, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(o->gx.data(), dgx.base, dgx.bytes, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(o->rstd.data(), drstd, o->rstd.size() * 4, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(o->gw.data(), dgw, o->gw.size() * 4, cudaMemcpyDeviceToHost));
+      };
+      Out eager;
+      poison_outputs();
+      calls();
+      ASSERT_FALSE(HasFailure());
+      fetch(&eager);
+      ASSERT_FALSE(HasFatalFailure());
+      // The eager run overwrote the poison (the other tests check its values).
+      for (float v : eager.rstd) ASSERT_TRUE(std::isfinite(v)) << "eager rstd left poisoned";
+      for (float v : eager.gw) ASSERT_TRUE(std::isfinite(v)) << "eager gw left poisoned";
+
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      calls();
+      CUDA_OK(cudaStreamEndCapture(stream, &graph));
+      ASSERT_FALSE(HasFailure());
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int rep = 0; rep < 3; ++rep) {
+        poison_outputs();
+        CUDA_OK(cudaGraphLaunch(exec, stream));
+        Out replay;
+        fetch(&replay);
+        ASSERT_FALSE(HasFatalFailure());
+        EXPECT_TRUE(replay.y == eager.y) << "y differs, replay " << rep;
+        EXPECT_TRUE(replay.gx == eager.gx) << "gx differs, replay " << rep;
+        EXPECT_EQ(0, std::memcmp(replay.rstd.data(), eager.rstd.data(), eager.rstd.size() * 4)) << "rstd, replay " << rep;
+        EXPECT_EQ(0, std::memcmp(replay.gw.data(), eager.gw.data(), eager.gw.size() * 4)) << "gw, replay " << rep;
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      if (HasFailure()) break;
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
 // Host memory handed to the CUDA backend and device memory handed to the CPU
 // backend are refused, nothing written.
 TEST_F(Cuda, WrongMemorySpace) {
