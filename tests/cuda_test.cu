@@ -782,14 +782,20 @@ TEST_F(Cuda, MoreThan2To31Elements) {
   for (void* ptr : {x, y, gy, gx, dw, gw, ws}) cudaFree(ptr);
 }
 
+// A case of kBandDs's D: 300 rows, 5 in the cluster and looped bands.
+Case band_case(int64_t d) {
+  Case c;
+  c.cols = d;
+  c.rows = d > 10000 ? 5 : 300;
+  return c;
+}
+
 // In place: forward with y == x and backward with gx == gy give the same
 // bits as out of place, in every band.
 TEST_F(Cuda, InPlace) {
   std::mt19937_64 rng(14);
   for (int64_t d : kBandDs) {
-    Case c;
-    c.cols = d;
-    c.rows = d > 10000 ? 5 : 300;
+    Case c = band_case(d);
     c.with_rstd = false;
     SCOPED_TRACE(describe(c));
     const Inputs in = make_inputs(c, rng);
@@ -850,9 +856,7 @@ __global__ void late_copy_kernel(const unsigned char* src, unsigned char* dst, s
 TEST_F(Cuda, ProgrammaticLaunchWaitsForThePreviousKernel) {
   std::mt19937_64 rng(16);
   for (int64_t d : kBandDs) {
-    Case c;
-    c.cols = d;
-    c.rows = d > 10000 ? 5 : 300;
+    Case c = band_case(d);
     c.gw_mode = RMSNORM_GW_STORE_F32;
     SCOPED_TRACE(describe(c));
     const Inputs in = make_inputs(c, rng);
