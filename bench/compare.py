@@ -13,14 +13,7 @@ import argparse
 import json
 import math
 
-OPS = {
-    "forward": "fwd",
-    "vjp": "VJP",
-    "backward_recompute": "bwd (recompute rstd)",
-    "vjp_two_pass": "VJP two-pass",
-    "decode_forward": "decode fwd (graph)",
-    "decode_vjp": "decode VJP (graph)",
-}
+from summarize import OP_NAMES as OPS  # bench/summarize.py: one table of case names
 
 
 def finite(v):
