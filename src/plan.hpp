@@ -129,6 +129,7 @@ struct Device {
   size_t smem_per_sm = 228 * 1024;     // per SM, bytes
   int max_cluster = 8;                 // largest cluster of kClusterTpr-thread CTAs the device co-schedules
   bool sm90_code = false;              // the kernels carry compute_90 code (programmatic dependent launch)
+  bool cooperative = false;            // cooperative launches (a grid-wide barrier in the backward)
   // Clusters of 2, 4, 8, 16 CTAs (index log2 - 1) the device runs at once
   // with the forward / backward cluster kernels (cudaOccupancyMaxActiveClusters);
   // 0: unknown, the grid is sized from the SM count alone.
@@ -194,6 +195,11 @@ struct BackwardLaunch {
   size_t smem_elementwise = 0;  // ... with element I/O (the gw slot sum only)
   size_t workspace = 0;   // bytes (0 without gw)
   bool direct_gw = false; // one partial: the main kernel writes gw itself
+  // kRows with several partials on a device with cooperative launch: the main
+  // kernel, launched cooperatively (its persistent grid is co-resident by
+  // construction), adds the partials itself after a grid-wide barrier; no
+  // finalize kernel.
+  bool fused_finalize = false;
 };
 BackwardLaunch backward_launch(int64_t rows, int64_t cols, int esize, bool with_gw, const Device& dev);
 

@@ -23,6 +23,7 @@ Device hopper(int max_cluster = 8) {
   d.sm_count = 132;
   d.cc_major = 9;
   d.max_cluster = max_cluster;
+  d.cooperative = true;
   return d;
 }
 Device ampere() {
@@ -298,6 +299,8 @@ TEST(Plan, BackwardWorkspaceIsBoundedIndependentlyOfRows) {
           ASSERT_LE(l.smem, dev.max_smem_optin);
           ASSERT_EQ(l.grid, l.partials * l.row.cluster);
           ASSERT_EQ(l.direct_gw, l.partials == 1 && l.row.band != Band::kLooped);
+          // The rows band adds its partials in the main kernel where the device has cooperative launch.
+          ASSERT_EQ(l.fused_finalize, !l.direct_gw && l.row.band == Band::kRows && dev.cooperative);
           ASSERT_EQ(l.workspace, l.direct_gw ? 0 : static_cast<size_t>(l.partials * d) * 4);
           ASSERT_LE(l.smem_elementwise, dev.max_smem_optin);
           ASSERT_GE(l.stages, 1);
