@@ -204,9 +204,10 @@ struct BackwardLaunch {
 // A cooperative launch costs more than a plain one and gives up programmatic
 // dependent launch; the fused finalize saves the finalize kernel. Measured on
 // the H200 (bench/results/2026-11-30_h200_b53089b_ab_fused_finalize.md), the
-// VJP was 2-4% faster with x of 128 MiB and more (16384x4096 f16, 4096x16384,
-// 16384x7168, 131072x1024, ...) and slower below (8192x4096 f16 1.5%,
-// 32768x512 2.7%, 128x4096 7.7 -> 11.7 us).
+// VJP was 2-4% faster at 7 of the 8 shapes with x of 128 MiB and more
+// (16384x4096 f16, 4096x16384, 16384x7168, 131072x1024, ...; 1048576x128
+// within noise) and slower below (8192x4096 f16 1.5%, 32768x512 2.7%,
+// 128x4096 7.7 -> 11.7 us).
 inline constexpr int64_t kFusedFinalizeMinBytes = int64_t{128} << 20;
 BackwardLaunch backward_launch(int64_t rows, int64_t cols, int esize, bool with_gw, const Device& dev);
 
