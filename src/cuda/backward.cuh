@@ -15,7 +15,9 @@
 // memory) and each CTA or cluster writes one fp32 partial row to the
 // workspace (at most one per SM); the finalize kernel adds the partial rows in
 // order and writes gw. With a single partial the main kernel writes gw
-// itself. No atomics: bitwise deterministic.
+// itself; in the rows band on a device with cooperative launch it also adds
+// the partials itself, after a grid-wide barrier (plan: fused_finalize). No
+// atomics: bitwise deterministic.
 #pragma once
 
 #include "cuda/forward.cuh"
@@ -39,6 +41,7 @@ struct BackwardParams {
   float w_offset;
   bool vector_io;
   bool with_gw;
+  bool fused_finalize;  // plan: kRows, launched cooperatively; gw from the partials after a grid barrier
   GwOut gw;
   // Two-pass variant (benchmark only): gy * x_hat per element, {rows, cols}.
   T* temp;
@@ -113,6 +116,50 @@ __device__ __forceinline__ void emit_thread_gw(const BackwardParams<T>& p, const
     const int c = m.chunk(it);
     if (c < p.chunks) emit_gw_chunk<T>(p.gw, m.unit, p.cols, c, acc[it]);
   }
+}
+
+// ---- finalize: gw[col] = sum of the partial rows, in a fixed order ---------------------------
+// One tile of kFinalizeCols columns (tx) x `lanes_n` lanes (ty, <= 32). Lane
+// k adds partials k, k + L, k + 2L, ... in that order, loading kFinalizeBatch
+// of them before adding (a lane's loads are independent: issued back to back,
+// it waits for L2 once per batch, not once per partial). Then each column's L
+// lane sums are added by one warp with a fixed shuffle tree. The order depends
+// on the partial count and L alone: bitwise deterministic. Used by the
+// finalize kernel (L = plan::finalize_lanes(count)) and by the rows-band
+// backward's fused finalize (L = block / 32). Ends with the tile's shared
+// memory free (a barrier).
+template <typename T>
+__device__ __forceinline__ void finalize_tile(const float* __restrict__ partials, int64_t count, int64_t cols,
+                                              int64_t tile, int tx, int ty, int lanes_n,
+                                              float (*lanes)[plan::kFinalizeCols + 1], const GwOut& out) {
+  static_assert(plan::kFinalizeMaxLanes == plan::kWarp && plan::kFinalizeCols == plan::kWarp,
+                "finalize: a column's lane sums fit one warp");
+  constexpr int kB = plan::kFinalizeBatch;
+  const int64_t col = tile * plan::kFinalizeCols + tx;
+  float v = 0.0f;
+  if (col < cols) {
+    for (int64_t b0 = ty; b0 < count; b0 += int64_t{kB} * lanes_n) {
+      float t[kB];
+#pragma unroll
+      for (int k = 0; k < kB; ++k) {
+        const int64_t b = b0 + int64_t{k} * lanes_n;
+        t[k] = b < count ? __ldcg(partials + b * cols + col) : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kB; ++k) v += t[k];
+    }
+  }
+  lanes[ty][tx] = v;
+  __syncthreads();
+  // Warp ty adds columns ty, ty + L, ...: lane tx holds lane tx's sum (0 past L).
+  for (int c = ty; c < plan::kFinalizeCols; c += lanes_n) {
+    float total = tx < lanes_n ? lanes[tx][c] : 0.0f;
+#pragma unroll
+    for (int off = plan::kWarp / 2; off > 0; off /= 2) total += __shfl_down_sync(0xffffffffu, total, off);
+    const int64_t out_col = tile * plan::kFinalizeCols + c;
+    if (tx == 0 && out_col < cols) store_gw_final<T>(out, out_col, total);
+  }
+  __syncthreads();
 }
 
 // ---- kCluster with 16-byte I/O: the cluster exchange overlapped with the next row -------------
@@ -375,6 +422,20 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
       }
     }
   }
+  if constexpr (!kClustered && !kTwoPass) {
+    if (p.fused_finalize) {  // uniform over the grid
+      // Every CTA's partial row is written (the barrier orders it GPU-wide);
+      // then CTA b adds the partials of column tiles b, b + grid, ...
+      static_assert(kBlock % plan::kFinalizeCols == 0 && kBlock / plan::kFinalizeCols <= plan::kFinalizeMaxLanes,
+                    "fused finalize: the CTA is whole tiles' lanes");
+      __shared__ float lanes[kBlock / plan::kFinalizeCols][plan::kFinalizeCols + 1];
+      cooperative_groups::this_grid().sync();
+      const int64_t tiles = (p.cols + plan::kFinalizeCols - 1) / plan::kFinalizeCols;
+      for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x)
+        finalize_tile<T>(p.gw.partials, gridDim.x, p.cols, tile, static_cast<int>(threadIdx.x % plan::kFinalizeCols),
+                         static_cast<int>(threadIdx.x / plan::kFinalizeCols), kBlock / plan::kFinalizeCols, lanes, p.gw);
+    }
+  }
 }
 
 // ---- kLooped: any D; x and gy read twice; gw partial kept in this CTA's workspace row ----------
@@ -419,49 +480,16 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
   }
 }
 
-// ---- finalize: gw[col] = sum of the partial rows, in a fixed order ---------------------------
-// CTA = 32 columns (threadIdx.x) x L = plan::finalize_lanes(count) lanes
-// (threadIdx.y). Lane k adds partials k, k + L, k + 2L, ... in that order,
-// loading kFinalizeBatch of them before adding (a lane's loads are
-// independent: issued back to back, it waits for L2 once per batch, not once
-// per partial). Then each column's L lane sums are added by one warp with a
-// fixed shuffle tree. The order depends on the partial count alone: bitwise
-// deterministic.
+// ---- finalize kernel: one tile of columns per CTA (finalize_tile) --------------------------
 template <typename T>
 __global__ void __launch_bounds__(plan::kFinalizeCols * plan::kFinalizeMaxLanes)
     finalize_gw_kernel(const float* __restrict__ partials, int64_t count, int64_t cols, GwOut out) {
-  static_assert(plan::kFinalizeMaxLanes == plan::kWarp && plan::kFinalizeCols == plan::kWarp,
-                "finalize: a column's lane sums fit one warp");
-  constexpr int kB = plan::kFinalizeBatch;
-  const int lanes_n = static_cast<int>(blockDim.y);
   __shared__ float lanes[plan::kFinalizeMaxLanes][plan::kFinalizeCols + 1];
   // Launched as a programmatic dependent of the main kernel (sm_90): it may
   // start while that kernel drains; this waits for its completion and memory.
   pdl_enter();
-  const int64_t col = int64_t{blockIdx.x} * plan::kFinalizeCols + threadIdx.x;
-  float v = 0.0f;
-  if (col < cols) {
-    for (int64_t b0 = threadIdx.y; b0 < count; b0 += int64_t{kB} * lanes_n) {
-      float t[kB];
-#pragma unroll
-      for (int k = 0; k < kB; ++k) {
-        const int64_t b = b0 + int64_t{k} * lanes_n;
-        t[k] = b < count ? __ldcg(partials + b * cols + col) : 0.0f;
-      }
-#pragma unroll
-      for (int k = 0; k < kB; ++k) v += t[k];
-    }
-  }
-  lanes[threadIdx.y][threadIdx.x] = v;
-  __syncthreads();
-  // Warp y adds columns y, y + L, ...: lane x holds lane x's sum (0 past L).
-  for (int c = static_cast<int>(threadIdx.y); c < plan::kFinalizeCols; c += lanes_n) {
-    float total = static_cast<int>(threadIdx.x) < lanes_n ? lanes[threadIdx.x][c] : 0.0f;
-#pragma unroll
-    for (int off = plan::kWarp / 2; off > 0; off /= 2) total += __shfl_down_sync(0xffffffffu, total, off);
-    const int64_t out_col = int64_t{blockIdx.x} * plan::kFinalizeCols + c;
-    if (threadIdx.x == 0 && out_col < cols) store_gw_final<T>(out, out_col, total);
-  }
+  finalize_tile<T>(partials, count, cols, blockIdx.x, static_cast<int>(threadIdx.x), static_cast<int>(threadIdx.y),
+                   static_cast<int>(blockDim.y), lanes, out);
 }
 
 // pdl: launched as a programmatic dependent of the previous kernel in the
@@ -472,7 +500,7 @@ rmsnorm_status_t launch_finalize(const float* partials, int64_t count, int64_t c
                                  cudaStream_t stream) {
   const int64_t grid = (cols + plan::kFinalizeCols - 1) / plan::kFinalizeCols;
   const dim3 block(plan::kFinalizeCols, static_cast<unsigned>(plan::finalize_lanes(count)));
-  return launch_kernel(finalize_gw_kernel<T>, grid, block, 1, 0, pdl, stream, partials, count, cols, out);
+  return launch_kernel(finalize_gw_kernel<T>, grid, block, 0, {1, pdl, false}, stream, partials, count, cols, out);
 }
 
 template <typename T>
@@ -495,6 +523,7 @@ BackwardParams<T> backward_params(const BackwardArgs& a, const plan::BackwardLau
   p.vector_io = plan::rows_aligned16(a.x, a.x_stride, es) && plan::rows_aligned16(a.gy, a.gy_stride, es) &&
                 plan::rows_aligned16(a.gx, a.gx_stride, es) && plan::rows_aligned16(a.weight, 0, es);
   p.with_gw = a.gw_mode != GwMode::kNone;
+  p.fused_finalize = l.fused_finalize;
   p.gw.gw = a.gw;
   p.gw.mode = static_cast<int>(a.gw_mode);
   p.gw.partials = static_cast<float*>(a.workspace);
@@ -527,7 +556,9 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
         const size_t smem = p.vector_io ? l.smem : l.smem_elementwise;
         // Function attributes belong to a context: set on every call (host-side only).
         RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
-        return launch_kernel(kernel, l.grid, plan::backward_block(kTpr), 1, smem, pdl, stream, p);
+        // Cooperative (fused finalize): a plain launch, PDL is for the others.
+        const LaunchMode mode{1, pdl && !l.fused_finalize, l.fused_finalize};
+        return launch_kernel(kernel, l.grid, plan::backward_block(kTpr), smem, mode, stream, p);
       });
       break;
     case plan::Band::kCluster: {
@@ -537,16 +568,16 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
         return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "cluster geometry disagrees with the kernel");
       const size_t smem = p.vector_io ? l.smem : l.smem_elementwise;
       RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
-      st = launch_kernel(kernel, l.grid, plan::kClusterTpr, l.row.cluster, smem, pdl, stream, p);
+      st = launch_kernel(kernel, l.grid, plan::kClusterTpr, smem, {l.row.cluster, pdl, false}, stream, p);
       break;
     }
     case plan::Band::kLooped:
-      st = launch_kernel(backward_looped_kernel<T>, l.grid, plan::kLoopedThreads, 1, 0, pdl, stream, p);
+      st = launch_kernel(backward_looped_kernel<T>, l.grid, plan::kLoopedThreads, 0, {1, pdl, false}, stream, p);
       break;
   }
   if (st != RMSNORM_STATUS_SUCCESS) return st;
   // The finalize always overlaps the main kernel's tail where sm_90 code exists.
-  if (with_gw && !l.direct_gw)
+  if (with_gw && !l.direct_gw && !l.fused_finalize)
     return launch_finalize<T>(p.gw.partials, l.partials, a.cols, p.gw, dev.sm90_code, stream);
   return RMSNORM_STATUS_SUCCESS;
 }
