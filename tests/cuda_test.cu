@@ -8,6 +8,7 @@
 // (plan.hpp): kRows D <= 16384 at 16-bit / 8192 at fp32 (tpr 1..512),
 // kCluster above that up to 131072 / 65536 (twice that with clusters of
 // 16), kLooped above.
+#include <cuda.h>  // green-context types; the functions come through cudaGetDriverEntryPointByVersion
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -308,6 +309,8 @@ void gpu_backward(const Case& c, const Inputs& in, const std::vector<float>& rst
   out->gw = gw.to_double();
 }
 
+void expect_backward_matches_reference(const Case& c, const Inputs& in, const BackwardOut& out);
+
 void check_backward(const Case& c, std::mt19937_64& rng) {
   SCOPED_TRACE(describe(c));
   const Inputs in = make_inputs(c, rng);
@@ -322,7 +325,13 @@ void check_backward(const Case& c, std::mt19937_64& rng) {
   BackwardOut out;
   gpu_backward(c, in, rstd, &out, rng);
   if (::testing::Test::HasFatalFailure()) return;
+  expect_backward_matches_reference(c, in, out);
+}
 
+// gx and gw of `out` (computed from `in`) against the float64 reference.
+void expect_backward_matches_reference(const Case& c, const Inputs& in, const BackwardOut& out) {
+  const std::vector<double> xd = in.x.to_double(), wd = in.w.to_double(), gyd = in.gy.to_double();
+  const size_t n = static_cast<size_t>(c.rows * c.cols);
   std::vector<double> gxr(n), gwr(static_cast<size_t>(c.cols)), gxs(n), gws(static_cast<size_t>(c.cols));
   reference::backward(c.rows, c.cols, xd.data(), c.weight ? wd.data() : nullptr, gyd.data(), ref_options(c), gxr.data(),
                       gwr.data(), gxs.data(), gws.data());
@@ -1011,6 +1020,148 @@ TEST_F(Cuda, GraphCaptureReplaysBitwise) {
     }
   }
   cudaStreamDestroy(stream);
+}
+
+// ---- a context with fewer SMs than the device ----------------------------------------------------
+
+// Driver entry points, resolved through the runtime: the test binary does
+// not link libcuda, so that it loads (and skips) where no driver is installed.
+template <typename Fn>
+Fn driver_entry(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, CUDA_VERSION, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess)
+    return nullptr;
+  return reinterpret_cast<Fn>(fn);
+}
+
+__global__ void cooperative_probe_kernel() {}
+
+// A green context of 16 SMs: the device attribute still says 132, so the
+// plan sizes the rows-band backward's persistent grid for 132 SMs, and from
+// 128 MiB of x launches it cooperatively (fused finalize). The driver refuses
+// that grid there (checked first with an empty probe kernel, so that a driver
+// which accepted it fails this test instead of deadlocking in the barrier);
+// the backward must fall back to the plain launch and the finalize kernel,
+// leave no error behind, and give bitwise the primary context's gx and gw
+// (the fused finalize adds in the finalize kernel's order), which are checked
+// against the float64 reference.
+TEST_F(Cuda, BackwardOnAContextWithFewerSms) {
+  using DeviceGet = CUresult (*)(CUdevice*, int);
+  using GetResource = CUresult (*)(CUdevice, CUdevResource*, CUdevResourceType);
+  using Split = CUresult (*)(CUdevResource*, unsigned*, const CUdevResource*, CUdevResource*, unsigned, unsigned);
+  using GenerateDesc = CUresult (*)(CUdevResourceDesc*, CUdevResource*, unsigned);
+  using GreenCreate = CUresult (*)(CUgreenCtx*, CUdevResourceDesc, CUdevice, unsigned);
+  using GreenToCtx = CUresult (*)(CUcontext*, CUgreenCtx);
+  using GreenDestroy = CUresult (*)(CUgreenCtx);
+  using CtxGet = CUresult (*)(CUcontext*);
+  using CtxSet = CUresult (*)(CUcontext);
+  const auto device_get = driver_entry<DeviceGet>("cuDeviceGet");
+  const auto get_resource = driver_entry<GetResource>("cuDeviceGetDevResource");
+  const auto split = driver_entry<Split>("cuDevSmResourceSplitByCount");
+  const auto generate_desc = driver_entry<GenerateDesc>("cuDevResourceGenerateDesc");
+  const auto green_create = driver_entry<GreenCreate>("cuGreenCtxCreate");
+  const auto green_to_ctx = driver_entry<GreenToCtx>("cuCtxFromGreenCtx");
+  const auto green_destroy = driver_entry<GreenDestroy>("cuGreenCtxDestroy");
+  const auto ctx_get = driver_entry<CtxGet>("cuCtxGetCurrent");
+  const auto ctx_set = driver_entry<CtxSet>("cuCtxSetCurrent");
+  if (!device_get || !get_resource || !split || !generate_desc || !green_create || !green_to_ctx || !green_destroy ||
+      !ctx_get || !ctx_set)
+    GTEST_SKIP() << "the driver has no green contexts";
+
+  int ordinal = 0;
+  CUDA_OK(cudaGetDevice(&ordinal));
+  int device_sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&device_sms, cudaDevAttrMultiProcessorCount, ordinal));
+  CUdevice dev = 0;
+  ASSERT_EQ(CUDA_SUCCESS, device_get(&dev, ordinal));
+  CUdevResource all = {}, part = {}, rest = {};
+  ASSERT_EQ(CUDA_SUCCESS, get_resource(dev, &all, CU_DEV_RESOURCE_TYPE_SM));
+  unsigned groups = 1;
+  ASSERT_EQ(CUDA_SUCCESS, split(&part, &groups, &all, &rest, 0, 16));
+  ASSERT_EQ(1u, groups);
+  const int green_sms = static_cast<int>(part.sm.smCount);
+  ASSERT_LT(green_sms * 2, device_sms) << "too few SMs on this device for the test";
+  CUdevResourceDesc desc = nullptr;
+  ASSERT_EQ(CUDA_SUCCESS, generate_desc(&desc, &part, 1));
+  CUgreenCtx green = nullptr;
+  ASSERT_EQ(CUDA_SUCCESS, green_create(&green, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM));
+  CUcontext green_ctx = nullptr, primary = nullptr;
+  ASSERT_EQ(CUDA_SUCCESS, green_to_ctx(&green_ctx, green));
+  ASSERT_EQ(CUDA_SUCCESS, ctx_get(&primary));
+
+  Case c;
+  c.dtype = RMSNORM_DTYPE_BF16;
+  c.rows = 16384;
+  c.cols = 4096;  // 128 MiB of x: plan::kFusedFinalizeMinBytes
+  c.with_rstd = false;
+  c.gw_mode = RMSNORM_GW_STORE_F32;
+  SCOPED_TRACE(describe(c));
+  std::mt19937_64 rng(23);
+  const Inputs in = make_inputs(c, rng);
+
+  // In the green context, with its own allocations.
+  BackwardOut green_out;
+  green_out.gx = HostMatrix(c.dtype, c.rows, c.cols);
+  green_out.gw.assign(static_cast<size_t>(c.cols), NAN);
+  bool refused = false;
+  cudaError_t left = cudaSuccess;
+  [&] {
+    ASSERT_EQ(CUDA_SUCCESS, ctx_set(green_ctx));
+    int per_sm = 0;
+    CUDA_OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, cooperative_probe_kernel, 1024, 0));
+    void* no_args[] = {nullptr};
+    const cudaError_t probe = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(cooperative_probe_kernel),
+                                                          dim3(static_cast<unsigned>(per_sm * green_sms + 1)),
+                                                          dim3(1024), no_args, 0, nullptr);
+    (void)cudaGetLastError();
+    CUDA_OK(cudaDeviceSynchronize());
+    refused = probe == cudaErrorCooperativeLaunchTooLarge;
+    ASSERT_TRUE(refused) << "the driver accepted a cooperative grid larger than the green context ("
+                         << cudaGetErrorName(probe) << "): the fused finalize's grid barrier would deadlock there";
+    const size_t bytes = in.x.storage.size();
+    void *dx = nullptr, *dw = nullptr, *dgy = nullptr, *dgx = nullptr, *dgw = nullptr, *ws = nullptr;
+    const rmsnorm_problem_t p = problem_of(c);
+    const rmsnorm_backend_t b = cuda_backend();
+    size_t ws_bytes = 0;
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, c.gw_mode, &b, &ws_bytes));
+    CUDA_OK(cudaMalloc(&dx, bytes));
+    CUDA_OK(cudaMalloc(&dgy, bytes));
+    CUDA_OK(cudaMalloc(&dgx, bytes));
+    CUDA_OK(cudaMalloc(&dw, in.w.storage.size()));
+    CUDA_OK(cudaMalloc(&dgw, static_cast<size_t>(c.cols) * 4));
+    CUDA_OK(cudaMalloc(&ws, ws_bytes));
+    CUDA_OK(cudaMemcpy(dx, in.x.storage.data(), bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dgy, in.gy.storage.data(), bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dw, in.w.storage.data(), in.w.storage.size(), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dgx, 0xFF, bytes));
+    CUDA_OK(cudaMemset(dgw, 0xFF, static_cast<size_t>(c.cols) * 4));
+    CUDA_OK(cudaMemset(ws, 0xFF, ws_bytes));
+    EXPECT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward(&p, dx, c.cols, dw, dgy, c.cols, nullptr, dgx, c.cols, dgw,
+                                                       c.gw_mode, ws, ws_bytes, &b))
+        << rmsnorm_last_error();
+    CUDA_OK(cudaDeviceSynchronize());
+    left = cudaGetLastError();
+    std::vector<float> gw(static_cast<size_t>(c.cols));
+    CUDA_OK(cudaMemcpy(green_out.gx.storage.data(), dgx, bytes, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(gw.data(), dgw, gw.size() * 4, cudaMemcpyDeviceToHost));
+    for (size_t k = 0; k < gw.size(); ++k) green_out.gw[k] = gw[k];
+    for (void* ptr : {dx, dw, dgy, dgx, dgw, ws}) cudaFree(ptr);
+  }();
+  ASSERT_EQ(CUDA_SUCCESS, ctx_set(primary));
+  green_destroy(green);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(cudaSuccess, left) << "an error was left behind: " << cudaGetErrorName(left);
+
+  // The primary context: the cooperative launch with the fused finalize.
+  BackwardOut primary_out;
+  gpu_backward(c, in, {}, &primary_out, rng);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_EQ(0, std::memcmp(primary_out.gx.storage.data(), green_out.gx.storage.data(), green_out.gx.storage.size()))
+      << "gx differs between the primary and the green context";
+  EXPECT_EQ(primary_out.gw, green_out.gw) << "gw differs between the primary and the green context";
+  expect_backward_matches_reference(c, in, green_out);
 }
 
 // Host memory handed to the CUDA backend and device memory handed to the CPU

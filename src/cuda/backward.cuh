@@ -119,40 +119,44 @@ __device__ __forceinline__ void emit_thread_gw(const BackwardParams<T>& p, const
 }
 
 // ---- finalize: gw[col] = sum of the partial rows, in a fixed order ---------------------------
-// One tile of kFinalizeCols columns (tx) x `lanes_n` lanes (ty, <= 32). Lane
-// k adds partials k, k + L, k + 2L, ... in that order, loading kFinalizeBatch
-// of them before adding (a lane's loads are independent: issued back to back,
-// it waits for L2 once per batch, not once per partial). Then each column's L
-// lane sums are added by one warp with a fixed shuffle tree. The order depends
-// on the partial count and L alone: bitwise deterministic. Used by the
-// finalize kernel (L = plan::finalize_lanes(count)) and by the rows-band
-// backward's fused finalize (L = block / 32). Ends with the tile's shared
-// memory free (a barrier).
+// One tile of kFinalizeCols columns (tx) x L = plan::finalize_lanes(count)
+// lanes. Lane k adds partials k, k + L, k + 2L, ... in that order, loading
+// kFinalizeBatch of them before adding (a lane's loads are independent:
+// issued back to back, it waits for L2 once per batch, not once per
+// partial). Then each column's L lane sums are added by one warp with a
+// fixed shuffle tree. The order depends on the partial count alone, never on
+// which kernel runs it: the finalize kernel (one thread per lane, ty < L) and
+// the rows-band backward's fused finalize (`threads_y` = block / 32 threads
+// per column, each taking lanes ty, ty + threads_y, ...) give bitwise the
+// same gw. Ends with the tile's shared memory free (a barrier).
 template <typename T>
 __device__ __forceinline__ void finalize_tile(const float* __restrict__ partials, int64_t count, int64_t cols,
-                                              int64_t tile, int tx, int ty, int lanes_n,
+                                              int64_t tile, int tx, int ty, int threads_y,
                                               float (*lanes)[plan::kFinalizeCols + 1], const GwOut& out) {
   static_assert(plan::kFinalizeMaxLanes == plan::kWarp && plan::kFinalizeCols == plan::kWarp,
                 "finalize: a column's lane sums fit one warp");
   constexpr int kB = plan::kFinalizeBatch;
+  const int lanes_n = plan::finalize_lanes(count);
   const int64_t col = tile * plan::kFinalizeCols + tx;
-  float v = 0.0f;
-  if (col < cols) {
-    for (int64_t b0 = ty; b0 < count; b0 += int64_t{kB} * lanes_n) {
-      float t[kB];
+  for (int lane = ty; lane < lanes_n; lane += threads_y) {
+    float v = 0.0f;
+    if (col < cols) {
+      for (int64_t b0 = lane; b0 < count; b0 += int64_t{kB} * lanes_n) {
+        float t[kB];
 #pragma unroll
-      for (int k = 0; k < kB; ++k) {
-        const int64_t b = b0 + int64_t{k} * lanes_n;
-        t[k] = b < count ? __ldcg(partials + b * cols + col) : 0.0f;
+        for (int k = 0; k < kB; ++k) {
+          const int64_t b = b0 + int64_t{k} * lanes_n;
+          t[k] = b < count ? __ldcg(partials + b * cols + col) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < kB; ++k) v += t[k];
       }
-#pragma unroll
-      for (int k = 0; k < kB; ++k) v += t[k];
     }
+    lanes[lane][tx] = v;
   }
-  lanes[ty][tx] = v;
   __syncthreads();
-  // Warp ty adds columns ty, ty + L, ...: lane tx holds lane tx's sum (0 past L).
-  for (int c = ty; c < plan::kFinalizeCols; c += lanes_n) {
+  // Warp ty adds columns ty, ty + threads_y, ...: lane tx holds lane tx's sum (0 past L).
+  for (int c = ty; c < plan::kFinalizeCols; c += threads_y) {
     float total = tx < lanes_n ? lanes[tx][c] : 0.0f;
 #pragma unroll
     for (int off = plan::kWarp / 2; off > 0; off /= 2) total += __shfl_down_sync(0xffffffffu, total, off);
@@ -425,10 +429,11 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
   if constexpr (!kClustered && !kTwoPass) {
     if (p.fused_finalize) {  // uniform over the grid
       // Every CTA's partial row is written (the barrier orders it GPU-wide);
-      // then CTA b adds the partials of column tiles b, b + grid, ...
+      // then CTA b adds the partials of column tiles b, b + grid, ..., in the
+      // finalize kernel's order (kBlock / 32 threads per column).
       static_assert(kBlock % plan::kFinalizeCols == 0 && kBlock / plan::kFinalizeCols <= plan::kFinalizeMaxLanes,
-                    "fused finalize: the CTA is whole tiles' lanes");
-      __shared__ float lanes[kBlock / plan::kFinalizeCols][plan::kFinalizeCols + 1];
+                    "fused finalize: the CTA is whole columns of threads");
+      __shared__ float lanes[plan::kFinalizeMaxLanes][plan::kFinalizeCols + 1];
       cooperative_groups::this_grid().sync();
       const int64_t tiles = (p.cols + plan::kFinalizeCols - 1) / plan::kFinalizeCols;
       for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x)
@@ -545,6 +550,7 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
     return with_gw ? launch_finalize<T>(nullptr, 0, a.cols, p.gw, pdl, stream) : RMSNORM_STATUS_SUCCESS;
   }
   rmsnorm_status_t st = RMSNORM_STATUS_SUCCESS;
+  bool finalize_in_kernel = l.fused_finalize;  // false after a refused cooperative launch
   switch (l.row.band) {
     case plan::Band::kRows:
       st = dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
@@ -556,9 +562,20 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
         const size_t smem = p.vector_io ? l.smem : l.smem_elementwise;
         // Function attributes belong to a context: set on every call (host-side only).
         RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
-        // Cooperative (fused finalize): a plain launch, PDL is for the others.
-        const LaunchMode mode{1, pdl && !l.fused_finalize, l.fused_finalize};
-        return launch_kernel(kernel, l.grid, plan::backward_block(kTpr), smem, mode, stream, p);
+        if (l.fused_finalize) {
+          // Cooperative, without PDL. Refused (cudaErrorCooperativeLaunchTooLarge) where the context
+          // holds fewer SMs than the device reports (a green context, MPS with an active-thread limit):
+          // then the plain launch and the finalize kernel below. Not sticky; cleared here.
+          const cudaError_t e = launch_kernel_raw(kernel, l.grid, plan::backward_block(kTpr), smem,
+                                                  LaunchMode{1, false, true}, stream, p);
+          if (e == cudaSuccess) return RMSNORM_STATUS_SUCCESS;
+          if (e != cudaErrorCooperativeLaunchTooLarge) return cuda_fail(e, "cudaLaunchKernelEx (cooperative)");
+          (void)cudaGetLastError();
+          finalize_in_kernel = false;
+        }
+        BackwardParams<T> q = p;
+        q.fused_finalize = false;
+        return launch_kernel(kernel, l.grid, plan::backward_block(kTpr), smem, LaunchMode{1, pdl, false}, stream, q);
       });
       break;
     case plan::Band::kCluster: {
@@ -577,7 +594,7 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
   }
   if (st != RMSNORM_STATUS_SUCCESS) return st;
   // The finalize always overlaps the main kernel's tail where sm_90 code exists.
-  if (with_gw && !l.direct_gw && !l.fused_finalize)
+  if (with_gw && !l.direct_gw && !finalize_in_kernel)
     return launch_finalize<T>(p.gw.partials, l.partials, a.cols, p.gw, dev.sm90_code, stream);
   return RMSNORM_STATUS_SUCCESS;
 }

@@ -380,10 +380,13 @@ struct LaunchMode {
   bool cooperative = false;  // co-resident grid, for a grid-wide barrier
 };
 
-// Every kernel launch of the library.
+// Every kernel launch of the library goes through here. Returns the launch's
+// own error (cudaLaunchKernelEx's, or the non-portable cluster attribute's)
+// without recording it, so a caller may recover from some; launch_kernel
+// below is the usual form.
 template <typename Kernel, typename... Args>
-rmsnorm_status_t launch_kernel(Kernel kernel, int64_t grid, dim3 block, size_t smem, LaunchMode mode,
-                               cudaStream_t stream, const Args&... args) {
+cudaError_t launch_kernel_raw(Kernel kernel, int64_t grid, dim3 block, size_t smem, LaunchMode mode,
+                              cudaStream_t stream, const Args&... args) {
   const int cs = mode.cluster;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
@@ -392,8 +395,10 @@ rmsnorm_status_t launch_kernel(Kernel kernel, int64_t grid, dim3 block, size_t s
   cfg.stream = stream;
   cudaLaunchAttribute attr[3];
   unsigned n = 0;
-  if (cs > plan::kMaxPortableCluster)
-    RMSNORM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  if (cs > plan::kMaxPortableCluster) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e != cudaSuccess) return e;
+  }
   if (cs > 1) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
     attr[n].val.clusterDim.x = static_cast<unsigned>(cs);
@@ -413,8 +418,15 @@ rmsnorm_status_t launch_kernel(Kernel kernel, int64_t grid, dim3 block, size_t s
   }
   cfg.attrs = n > 0 ? attr : nullptr;
   cfg.numAttrs = n;
-  RMSNORM_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, args...));
-  return RMSNORM_STATUS_SUCCESS;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+// A launch whose error is the caller's error status.
+template <typename Kernel, typename... Args>
+rmsnorm_status_t launch_kernel(Kernel kernel, int64_t grid, dim3 block, size_t smem, LaunchMode mode,
+                               cudaStream_t stream, const Args&... args) {
+  const cudaError_t e = launch_kernel_raw(kernel, grid, block, smem, mode, stream, args...);
+  return e == cudaSuccess ? RMSNORM_STATUS_SUCCESS : cuda_fail(e, "cudaLaunchKernelEx");
 }
 
 template <typename T>
