@@ -167,13 +167,13 @@ __device__ __forceinline__ void finalize_tile(const float* __restrict__ partials
 }
 
 // ---- kCluster with 16-byte I/O: the cluster exchange overlapped with the next row -------------
-// As forward_cluster_pipelined: row k's (sum x^2, sum x w' gy) is published
-// and the barrier arrived at; row k + 1's sums are computed; then the wait,
-// the gather (cluster_gather), and row k's gx and gw terms.
+// As forward_cluster_pipelined: row k's (sum x^2, sum x w' gy) is pushed to
+// every CTA (ClusterExchange); row k + 1's sums are computed; then the wait
+// for row k's values, row k + 1's push, and row k's gx and gw terms.
 template <typename T>
 __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<T>& p, uint4* stage,
                                                            RowScratch<float2, plan::kClusterTpr, 1>& scratch,
-                                                           float2* exchange) {
+                                                           ClusterExchange<float2>& exchange) {
   constexpr int kTpr = plan::kClusterTpr;
   constexpr int kBlock = kTpr;
   constexpr int kCpt = plan::kChunksPerThread;
@@ -195,6 +195,8 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
   };
   auto x_of = [&](int s, int it) { return pack_of<T>(stage[s * kStage + it * kBlock + threadIdx.x]); };
   auto gy_of = [&](int s, int it) { return pack_of<T>(stage[s * kStage + (kCpt + it) * kBlock + threadIdx.x]); };
+  exchange.init();
+  cluster_sync();  // the mbarriers are initialized before any push
   if (m.unit < rows) {  // uniform over the cluster
     for (int s = 0; s < stages; ++s) stage_row(m.unit + s * m.units, s);
   }
@@ -215,11 +217,10 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
   if (m.unit < rows) {
     cp_async_wait(stages - 1);  // row 0
     int parity = 0, st = 0;
-    const float2 first = row_sum<kTpr, 1>(partial(0), scratch, parity);
-    if (threadIdx.x == 0) exchange[parity] = first;
-    cluster_arrive();
-    for (int64_t g = m.unit; g < rows; g += m.units) {
-      const int cur = st, cur_parity = parity;
+    int64_t k = 0;  // this cluster's row count so far
+    exchange.push(0, row_sum<kTpr, 1>(partial(0), scratch, parity));
+    for (int64_t g = m.unit; g < rows; g += m.units, ++k) {
+      const int cur = st;
       st = st + 1 == stages ? 0 : st + 1;
       parity ^= 1;
       const bool has_next = g + m.units < rows;  // uniform over the cluster
@@ -229,13 +230,8 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
         cp_async_wait(stages - 2);  // row k + 1 has landed
         next = row_sum<kTpr, 1>(partial(st), scratch, parity);
       }
-      cluster_wait();
-      const RowScalars s = row_scalars(p, given_r, cluster_gather(exchange, cur_parity));
-      // Publish row k + 1 before row k's stores (see forward_cluster_pipelined).
-      if (has_next && stages >= 2) {
-        if (threadIdx.x == 0) exchange[parity] = next;
-        cluster_arrive();
-      }
+      const RowScalars s = row_scalars(p, given_r, exchange.wait_sum(k));
+      if (has_next && stages >= 2) exchange.push(k + 1, next);
       T* gxr = p.gx + g * p.gx_stride;
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
@@ -249,14 +245,12 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
       stage_row(g + stages * m.units, cur);  // row k's stage is free
       if (has_next && stages < 2) {
         cp_async_wait(0);
-        next = row_sum<kTpr, 1>(partial(st), scratch, parity);
-        if (threadIdx.x == 0) exchange[parity] = next;
-        cluster_arrive();
+        exchange.push(k + 1, row_sum<kTpr, 1>(partial(st), scratch, parity));
       }
     }
     cp_async_wait(0);
   }
-  cluster_sync();  // keep `exchange` alive until every CTA has read it
+  cluster_sync();  // no CTA exits while pushes to it may be in flight
   if (!p.with_gw) return;
   emit_thread_gw<T>(p, m, acc);
 }
@@ -291,7 +285,8 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
 
   pdl_enter();
   if constexpr (kClustered && kVec && !kTwoPass) {
-    backward_cluster_pipelined<T>(p, stage, scratch, exchange);
+    __shared__ ClusterExchange<float2> pushed;
+    backward_cluster_pipelined<T>(p, stage, scratch, pushed);
     return;
   }
   const RowMap<kTpr, kClustered> m;

@@ -117,50 +117,108 @@ __device__ __forceinline__ float add_squares(float ss, const Pack<T>& x) {
 }
 
 // ---- kCluster with 16-byte I/O: the cluster exchange overlapped with the next row -------------
-// A cluster barrier per row, waited on right away, serializes every CTA of
-// the cluster on its slowest member and on the DSMEM round trip (measured:
-// the cluster band ran at half the rows band's bandwidth for the same bytes
-// per CTA). Here the barrier is split: a CTA publishes row k's partial and
-// arrives, computes row k + 1's partial (staged already), then waits and
-// finishes row k. Needs the x stages of rows k and k + 1 at once (stages >= 2).
-// Hazards: exchange[k % 2] is rewritten for row k + 2 only after this CTA's
-// wait of row k + 1, which every CTA reaches after reading row k's values;
-// scratch parities alternate as in the rows band; a stage is refilled only
-// after its row is normalized.
-__device__ __forceinline__ void cluster_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
-// Sum of every CTA's exchange[parity] in rank order, after cluster_wait():
-// lane k reads rank k's value (one DSMEM round trip), then the values are
-// added in rank order over shuffles. V: float (forward) or float2 (backward).
+// A CTA's share of row k's sums is pushed into every CTA of the cluster
+// (st.async over distributed shared memory, into slot [k % kDepth][rank]),
+// and each push completes the transaction count of the receiving CTA's
+// mbarrier for that slot, which its thread 0 armed with expect_tx(n * bytes).
+// A CTA waits on its own mbarrier and adds the slots in rank order (the same
+// order, so the same bits, in every CTA and as cluster_sum). Measured before:
+// with barrier.cluster.arrive.release per row, every thread executed
+// MEMBAR.ALL.GPU, which waits for its earlier y stores to complete GPU-wide
+// (ncu: 2.1 of 14 cycles between a warp's instructions stalled on membar),
+// and the wait.acquire invalidated L1; a push needs neither.
+//
+// Slot reuse: a CTA pushes row k + 1 only after its wait for row k, which
+// needs every CTA's push of row k, which each issues after its barrier of
+// row k (row_sum) that its threads pass only after reading row k - 2's
+// slots. So when row k + 1's values land in slot (k + 1) % kDepth, the row
+// that last used it (k + 1 - kDepth <= k - 2 for kDepth >= 3) has been read,
+// and that slot's mbarrier phase has completed and been waited on.
 template <typename V>
-__device__ __forceinline__ V cluster_gather(V* exchange, int parity) {
+struct ClusterExchange {
+  static constexpr int kDepth = 4;
+  alignas(8) unsigned long long bar[kDepth];
+  V slot[kDepth][plan::kMaxCluster];
+
+  // Thread 0 initializes; the caller then passes a cluster barrier before any push.
+  __device__ __forceinline__ void init() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  const unsigned n = cluster.num_blocks();
-  const unsigned lane = threadIdx.x % 32;
-  V mine{};
-  if (lane < n) mine = *cluster.map_shared_rank(&exchange[parity], lane);
-  V total = shfl_lane(mine, 0);
-  for (unsigned k = 1; k < n; ++k) total = add(total, shfl_lane(mine, static_cast<int>(k)));
-  return total;
-#else
-  return exchange[parity];
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bar[d])) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
 #endif
-}
+  }
+  // This CTA's value of row k to every CTA (warp 0; lane r writes to rank r).
+  __device__ __forceinline__ void push(int64_t k, V v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int d = static_cast<int>(k % kDepth);
+    const unsigned n = cluster_size();
+    const unsigned lane = threadIdx.x % 32;
+    if (threadIdx.x < 32) {
+      if (lane == 0)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&bar[d])),
+                     "r"(static_cast<unsigned>(n * sizeof(V)))
+                     : "memory");
+      if (lane < n) {
+        const unsigned dst = map_rank(smem_u32(&slot[d][cluster_rank()]), lane);
+        const unsigned dst_bar = map_rank(smem_u32(&bar[d]), lane);
+        store_async(dst, v, dst_bar);
+      }
+    }
+#else
+    slot[k % kDepth][0] = v;
+#endif
+  }
+  // Row k's total over the cluster, in rank order (every thread).
+  __device__ __forceinline__ V wait_sum(int64_t k) {
+    const int d = static_cast<int>(k % kDepth);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned phase = static_cast<unsigned>((k / kDepth) & 1);
+    unsigned done = 0;
+    do {
+      asm volatile(
+          "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+          : "=r"(done)
+          : "r"(smem_u32(&bar[d])), "r"(phase)
+          : "memory");
+    } while (done == 0);
+    const unsigned n = cluster_size();
+    V total = slot[d][0];
+    for (unsigned r = 1; r < n; ++r) total = add(total, slot[d][r]);
+    return total;
+#else
+    return slot[d][0];
+#endif
+  }
+
+ private:
+  static __device__ __forceinline__ unsigned smem_u32(const void* ptr) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
+  }
+  static __device__ __forceinline__ unsigned map_rank(unsigned addr, unsigned rank) {
+    unsigned out;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(rank));
+    return out;
+  }
+  static __device__ __forceinline__ void store_async(unsigned dst, float v, unsigned bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(dst), "f"(v),
+                 "r"(bar)
+                 : "memory");
+  }
+  static __device__ __forceinline__ void store_async(unsigned dst, float2 v, unsigned bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(dst),
+                 "f"(v.x), "f"(v.y), "r"(bar)
+                 : "memory");
+  }
+};
 
 template <typename T>
 __device__ __forceinline__ void forward_cluster_pipelined(const ForwardParams<T>& p, uint4* stage,
                                                           RowScratch<float, plan::kClusterTpr, 1>& scratch,
-                                                          float* exchange) {
+                                                          ClusterExchange<float>& exchange) {
   constexpr int kTpr = plan::kClusterTpr;
   constexpr int kBlock = kTpr;
   constexpr int kCpt = plan::kChunksPerThread;
@@ -180,21 +238,19 @@ __device__ __forceinline__ void forward_cluster_pipelined(const ForwardParams<T>
       if (m.chunk(it) < p.chunks) ss = add_squares(ss, x_of(s, it));
     return ss;
   };
-  if (m.unit >= rows) {  // uniform over the cluster
-    cluster_sync();
-    return;
-  }
+  exchange.init();
+  cluster_sync();               // the mbarriers are initialized before any push
+  if (m.unit >= rows) return;  // uniform over the cluster
   // Rows k = 0, 1, ... of this cluster are unit + k * units; row k lives in stage k % stages.
   for (int s = 0; s < stages; ++s) stage_row(m.unit + s * m.units, s);
   ThreadWeights<T, true> wv;
   wv.load(p.w, p.chunks, p.cols, true, p.w_offset, m);
   cp_async_wait(stages - 1);  // row 0
   int parity = 0, st = 0;
-  float ss = row_sum<kTpr, 1>(partial(0), scratch, parity);
-  if (threadIdx.x == 0) exchange[parity] = ss;
-  cluster_arrive();
-  for (int64_t g = m.unit; g < rows; g += m.units) {
-    const int cur = st, cur_parity = parity;
+  int64_t k = 0;  // this cluster's row count so far
+  exchange.push(0, row_sum<kTpr, 1>(partial(0), scratch, parity));
+  for (int64_t g = m.unit; g < rows; g += m.units, ++k) {
+    const int cur = st;
     st = st + 1 == stages ? 0 : st + 1;
     parity ^= 1;
     const bool has_next = g + m.units < rows;  // uniform over the cluster
@@ -203,15 +259,8 @@ __device__ __forceinline__ void forward_cluster_pipelined(const ForwardParams<T>
       cp_async_wait(stages - 2);  // row k + 1 has landed
       ss_next = row_sum<kTpr, 1>(partial(st), scratch, parity);
     }
-    cluster_wait();
-    const float r = inv_rms<T>(cluster_gather(exchange, cur_parity), p.cols, p.eps);
-    // Publish row k + 1 before row k's stores: arrive.release waits for this
-    // thread's earlier memory operations, so after the stores it would wait
-    // for them to complete GPU-wide.
-    if (has_next && stages >= 2) {
-      if (threadIdx.x == 0) exchange[parity] = ss_next;
-      cluster_arrive();
-    }
+    const float r = inv_rms<T>(exchange.wait_sum(k), p.cols, p.eps);
+    if (has_next && stages >= 2) exchange.push(k + 1, ss_next);
     if (p.rstd != nullptr && m.pos == 0) p.rstd[g] = r;
     T* yr = p.y + g * p.y_stride;
 #pragma unroll
@@ -227,13 +276,11 @@ __device__ __forceinline__ void forward_cluster_pipelined(const ForwardParams<T>
     stage_row(g + stages * m.units, cur);
     if (has_next && stages < 2) {  // no room to stage row k + 1 beside row k: it was staged just now
       cp_async_wait(0);
-      ss_next = row_sum<kTpr, 1>(partial(st), scratch, parity);
-      if (threadIdx.x == 0) exchange[parity] = ss_next;
-      cluster_arrive();
+      exchange.push(k + 1, row_sum<kTpr, 1>(partial(st), scratch, parity));
     }
   }
   cp_async_wait(0);
-  cluster_sync();  // keep `exchange` alive until every CTA has read it
+  cluster_sync();  // no CTA exits while pushes to it may be in flight
 }
 
 // ---- kRows and kCluster: persistent, x staged through shared memory ---------------------------
@@ -259,7 +306,8 @@ __global__ void __launch_bounds__(plan::forward_block(kTpr), plan::forward_block
   extern __shared__ uint4 stage[];  // [stages][kCpt][kBlock]
   pdl_enter();
   if constexpr (kClustered && kVec) {
-    forward_cluster_pipelined<T>(p, stage, scratch, exchange);
+    __shared__ ClusterExchange<float> pushed;
+    forward_cluster_pipelined<T>(p, stage, scratch, pushed);
     return;
   }
   const RowMap<kTpr, kClustered> m;
