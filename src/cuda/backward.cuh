@@ -125,11 +125,13 @@ __device__ __forceinline__ void emit_thread_gw(const BackwardParams<T>& p, const
 // issued back to back, it waits for L2 once per batch, not once per
 // partial). Then each column's L lane sums are added by one warp with a
 // fixed shuffle tree. The order depends on the partial count alone, never on
-// which kernel runs it: the finalize kernel (one thread per lane, ty < L) and
-// the rows-band backward's fused finalize (`threads_y` = block / 32 threads
-// per column, each taking lanes ty, ty + threads_y, ...) give bitwise the
-// same gw. Ends with the tile's shared memory free (a barrier).
-template <typename T>
+// which kernel runs it: the finalize kernel (kLpt = 1: one thread per lane)
+// and the rows-band backward's fused finalize (block / 32 threads per column,
+// kLpt = 2 lanes each: ty and ty + threads_y, their batches loaded together)
+// give bitwise the same gw. Steps past a lane's last partial add 0.0f, which
+// changes no bits (a lane's sum starts at +0 and is never -0). Ends with the
+// tile's shared memory free (a barrier).
+template <typename T, int kLpt>
 __device__ __forceinline__ void finalize_tile(const float* __restrict__ partials, int64_t count, int64_t cols,
                                               int64_t tile, int tx, int ty, int threads_y,
                                               float (*lanes)[plan::kFinalizeCols + 1], const GwOut& out) {
@@ -138,22 +140,30 @@ __device__ __forceinline__ void finalize_tile(const float* __restrict__ partials
   constexpr int kB = plan::kFinalizeBatch;
   const int lanes_n = plan::finalize_lanes(count);
   const int64_t col = tile * plan::kFinalizeCols + tx;
-  for (int lane = ty; lane < lanes_n; lane += threads_y) {
-    float v = 0.0f;
-    if (col < cols) {
-      for (int64_t b0 = lane; b0 < count; b0 += int64_t{kB} * lanes_n) {
-        float t[kB];
+  float v[kLpt];
+#pragma unroll
+  for (int i = 0; i < kLpt; ++i) v[i] = 0.0f;
+  if (col < cols) {
+    for (int64_t base = 0; base < count; base += int64_t{kB} * lanes_n) {
+      float t[kLpt][kB];
+#pragma unroll
+      for (int i = 0; i < kLpt; ++i) {
+        const int lane = ty + i * threads_y;
 #pragma unroll
         for (int k = 0; k < kB; ++k) {
-          const int64_t b = b0 + int64_t{k} * lanes_n;
-          t[k] = b < count ? __ldcg(partials + b * cols + col) : 0.0f;
+          const int64_t b = base + lane + int64_t{k} * lanes_n;
+          t[i][k] = lane < lanes_n && b < count ? __ldcg(partials + b * cols + col) : 0.0f;
         }
-#pragma unroll
-        for (int k = 0; k < kB; ++k) v += t[k];
       }
+#pragma unroll
+      for (int i = 0; i < kLpt; ++i)
+#pragma unroll
+        for (int k = 0; k < kB; ++k) v[i] += t[i][k];
     }
-    lanes[lane][tx] = v;
   }
+#pragma unroll
+  for (int i = 0; i < kLpt; ++i)
+    if (ty + i * threads_y < lanes_n) lanes[ty + i * threads_y][tx] = v[i];
   __syncthreads();
   // Warp ty adds columns ty, ty + threads_y, ...: lane tx holds lane tx's sum (0 past L).
   for (int c = ty; c < plan::kFinalizeCols; c += threads_y) {
@@ -426,14 +436,15 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
       // Every CTA's partial row is written (the barrier orders it GPU-wide);
       // then CTA b adds the partials of column tiles b, b + grid, ..., in the
       // finalize kernel's order (kBlock / 32 threads per column).
-      static_assert(kBlock % plan::kFinalizeCols == 0 && kBlock / plan::kFinalizeCols <= plan::kFinalizeMaxLanes,
-                    "fused finalize: the CTA is whole columns of threads");
+      constexpr int kThreadsY = kBlock / plan::kFinalizeCols;
+      static_assert(kBlock % plan::kFinalizeCols == 0 && 2 * kThreadsY == plan::kFinalizeMaxLanes,
+                    "fused finalize: two lanes per thread cover the most lanes");
       __shared__ float lanes[plan::kFinalizeMaxLanes][plan::kFinalizeCols + 1];
       cooperative_groups::this_grid().sync();
       const int64_t tiles = (p.cols + plan::kFinalizeCols - 1) / plan::kFinalizeCols;
       for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x)
-        finalize_tile<T>(p.gw.partials, gridDim.x, p.cols, tile, static_cast<int>(threadIdx.x % plan::kFinalizeCols),
-                         static_cast<int>(threadIdx.x / plan::kFinalizeCols), kBlock / plan::kFinalizeCols, lanes, p.gw);
+        finalize_tile<T, 2>(p.gw.partials, gridDim.x, p.cols, tile, static_cast<int>(threadIdx.x % plan::kFinalizeCols),
+                            static_cast<int>(threadIdx.x / plan::kFinalizeCols), kThreadsY, lanes, p.gw);
     }
   }
 }
@@ -488,8 +499,8 @@ __global__ void __launch_bounds__(plan::kFinalizeCols * plan::kFinalizeMaxLanes)
   // Launched as a programmatic dependent of the main kernel (sm_90): it may
   // start while that kernel drains; this waits for its completion and memory.
   pdl_enter();
-  finalize_tile<T>(partials, count, cols, blockIdx.x, static_cast<int>(threadIdx.x), static_cast<int>(threadIdx.y),
-                   static_cast<int>(blockDim.y), lanes, out);
+  finalize_tile<T, 1>(partials, count, cols, blockIdx.x, static_cast<int>(threadIdx.x), static_cast<int>(threadIdx.y),
+                      static_cast<int>(blockDim.y), lanes, out);
 }
 
 // pdl: launched as a programmatic dependent of the previous kernel in the
