@@ -126,8 +126,6 @@ BackwardLaunch backward_launch(int64_t rows, int64_t cols, int esize, bool with_
   // A single CTA (or cluster) writes gw itself; the looped band accumulates
   // its partial in the workspace, so it always has one.
   l.direct_gw = with_gw && l.partials == 1 && l.row.band != Band::kLooped;
-  l.fused_finalize = with_gw && !l.direct_gw && rows > 0 && l.row.band == Band::kRows && dev.cooperative &&
-                     rows * cols * esize >= kFusedFinalizeMinBytes;
   // One fp32 partial row of `cols` floats per CTA (or cluster).
   // No rows: gw is written as the empty sum without touching a workspace.
   l.workspace = (with_gw && !l.direct_gw && rows > 0)

@@ -129,7 +129,6 @@ struct Device {
   size_t smem_per_sm = 228 * 1024;     // per SM, bytes
   int max_cluster = 8;                 // largest cluster of kClusterTpr-thread CTAs the device co-schedules
   bool sm90_code = false;              // the kernels carry compute_90 code (programmatic dependent launch)
-  bool cooperative = false;            // cooperative launches (a grid-wide barrier in the backward)
   // Clusters of 2, 4, 8, 16 CTAs (index log2 - 1) the device runs at once
   // with the forward / backward cluster kernels (cudaOccupancyMaxActiveClusters);
   // 0: unknown, the grid is sized from the SM count alone.
@@ -195,20 +194,7 @@ struct BackwardLaunch {
   size_t smem_elementwise = 0;  // ... with element I/O (the gw slot sum only)
   size_t workspace = 0;   // bytes (0 without gw)
   bool direct_gw = false; // one partial: the main kernel writes gw itself
-  // kRows with several partials on a device with cooperative launch, x of at
-  // least kFusedFinalizeMinBytes: the main kernel, launched cooperatively (its
-  // persistent grid is co-resident by construction), adds the partials itself
-  // after a grid-wide barrier; no finalize kernel.
-  bool fused_finalize = false;
 };
-// A cooperative launch costs more than a plain one and gives up programmatic
-// dependent launch; the fused finalize saves the finalize kernel. Measured on
-// the H200 (bench/results/2026-11-30_h200_b53089b_ab_fused_finalize.md), the
-// VJP was 2-4% faster at 7 of the 8 shapes with x of 128 MiB and more
-// (16384x4096 f16, 4096x16384, 16384x7168, 131072x1024, ...; 1048576x128
-// within noise) and slower below (8192x4096 f16 1.5%, 32768x512 2.7%,
-// 128x4096 7.7 -> 11.7 us).
-inline constexpr int64_t kFusedFinalizeMinBytes = int64_t{128} << 20;
 BackwardLaunch backward_launch(int64_t rows, int64_t cols, int esize, bool with_gw, const Device& dev);
 
 // The finalize kernel's geometry: 32 columns x finalize_lanes(count) partial

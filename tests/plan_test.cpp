@@ -23,7 +23,6 @@ Device hopper(int max_cluster = 8) {
   d.sm_count = 132;
   d.cc_major = 9;
   d.max_cluster = max_cluster;
-  d.cooperative = true;
   return d;
 }
 Device ampere() {
@@ -287,20 +286,6 @@ TEST(Plan, ForwardGridCoversAllRows) {
   }
 }
 
-// Where the rows band adds its gw partials in the main kernel (cooperative
-// launch): from 128 MiB of x up, never on a device without cooperative launch.
-TEST(Plan, FusedFinalizeFromLargeX) {
-  const Device dev = hopper();
-  EXPECT_TRUE(backward_launch(16384, 4096, 2, true, dev).fused_finalize);   // 128 MiB
-  EXPECT_FALSE(backward_launch(8192, 4096, 2, true, dev).fused_finalize);   // 64 MiB
-  EXPECT_TRUE(backward_launch(8192, 4096, 4, true, dev).fused_finalize);    // f32: 128 MiB
-  EXPECT_FALSE(backward_launch(16384, 4096, 2, false, dev).fused_finalize); // no gw
-  EXPECT_FALSE(backward_launch(1024, 65536, 2, true, dev).fused_finalize);  // cluster band: finalize kernel
-  Device plain = dev;
-  plain.cooperative = false;
-  EXPECT_FALSE(backward_launch(16384, 4096, 2, true, plain).fused_finalize);
-}
-
 TEST(Plan, BackwardWorkspaceIsBoundedIndependentlyOfRows) {
   for (const Device& dev : {hopper(8), hopper(16), ampere()}) {
     for (int esize : {2, 4}) {
@@ -313,10 +298,6 @@ TEST(Plan, BackwardWorkspaceIsBoundedIndependentlyOfRows) {
           ASSERT_LE(l.smem, dev.max_smem_optin);
           ASSERT_EQ(l.grid, l.partials * l.row.cluster);
           ASSERT_EQ(l.direct_gw, l.partials == 1 && l.row.band != Band::kLooped);
-          // The rows band adds its partials in the main kernel where the device has cooperative launch
-          // and x is large (kFusedFinalizeMinBytes).
-          ASSERT_EQ(l.fused_finalize, !l.direct_gw && l.row.band == Band::kRows && dev.cooperative &&
-                                          rows * d * esize >= kFusedFinalizeMinBytes);
           ASSERT_EQ(l.workspace, l.direct_gw ? 0 : static_cast<size_t>(l.partials * d) * 4);
           ASSERT_LE(l.smem_elementwise, dev.max_smem_optin);
           ASSERT_GE(l.stages, 1);

@@ -15,9 +15,7 @@
 // memory) and each CTA or cluster writes one fp32 partial row to the
 // workspace (at most one per SM); the finalize kernel adds the partial rows in
 // order and writes gw. With a single partial the main kernel writes gw
-// itself; in the rows band on a device with cooperative launch it also adds
-// the partials itself, after a grid-wide barrier (plan: fused_finalize). No
-// atomics: bitwise deterministic.
+// itself. No atomics: bitwise deterministic.
 #pragma once
 
 #include "cuda/forward.cuh"
@@ -41,7 +39,6 @@ struct BackwardParams {
   float w_offset;
   bool vector_io;
   bool with_gw;
-  bool fused_finalize;  // plan: kRows, launched cooperatively; gw from the partials after a grid barrier
   GwOut gw;
   // Two-pass variant (benchmark only): gy * x_hat per element, {rows, cols}.
   T* temp;
@@ -116,64 +113,6 @@ __device__ __forceinline__ void emit_thread_gw(const BackwardParams<T>& p, const
     const int c = m.chunk(it);
     if (c < p.chunks) emit_gw_chunk<T>(p.gw, m.unit, p.cols, c, acc[it]);
   }
-}
-
-// ---- finalize: gw[col] = sum of the partial rows, in a fixed order ---------------------------
-// One tile of kFinalizeCols columns (tx) x L = plan::finalize_lanes(count)
-// lanes. Lane k adds partials k, k + L, k + 2L, ... in that order, loading
-// kFinalizeBatch of them before adding (a lane's loads are independent:
-// issued back to back, it waits for L2 once per batch, not once per
-// partial). Then each column's L lane sums are added by one warp with a
-// fixed shuffle tree. The order depends on the partial count alone, never on
-// which kernel runs it: the finalize kernel (kLpt = 1: one thread per lane)
-// and the rows-band backward's fused finalize (block / 32 threads per column,
-// kLpt = 2 lanes each: ty and ty + threads_y, their batches loaded together)
-// give bitwise the same gw. Steps past a lane's last partial add 0.0f, which
-// changes no bits (a lane's sum starts at +0 and is never -0). Ends with the
-// tile's shared memory free (a barrier).
-template <typename T, int kLpt>
-__device__ __forceinline__ void finalize_tile(const float* __restrict__ partials, int64_t count, int64_t cols,
-                                              int64_t tile, int tx, int ty, int threads_y,
-                                              float (*lanes)[plan::kFinalizeCols + 1], const GwOut& out) {
-  static_assert(plan::kFinalizeMaxLanes == plan::kWarp && plan::kFinalizeCols == plan::kWarp,
-                "finalize: a column's lane sums fit one warp");
-  constexpr int kB = plan::kFinalizeBatch;
-  const int lanes_n = plan::finalize_lanes(count);
-  const int64_t col = tile * plan::kFinalizeCols + tx;
-  float v[kLpt];
-#pragma unroll
-  for (int i = 0; i < kLpt; ++i) v[i] = 0.0f;
-  if (col < cols) {
-    for (int64_t base = 0; base < count; base += int64_t{kB} * lanes_n) {
-      float t[kLpt][kB];
-#pragma unroll
-      for (int i = 0; i < kLpt; ++i) {
-        const int lane = ty + i * threads_y;
-#pragma unroll
-        for (int k = 0; k < kB; ++k) {
-          const int64_t b = base + lane + int64_t{k} * lanes_n;
-          t[i][k] = lane < lanes_n && b < count ? __ldcg(partials + b * cols + col) : 0.0f;
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kLpt; ++i)
-#pragma unroll
-        for (int k = 0; k < kB; ++k) v[i] += t[i][k];
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kLpt; ++i)
-    if (ty + i * threads_y < lanes_n) lanes[ty + i * threads_y][tx] = v[i];
-  __syncthreads();
-  // Warp ty adds columns ty, ty + threads_y, ...: lane tx holds lane tx's sum (0 past L).
-  for (int c = ty; c < plan::kFinalizeCols; c += threads_y) {
-    float total = tx < lanes_n ? lanes[tx][c] : 0.0f;
-#pragma unroll
-    for (int off = plan::kWarp / 2; off > 0; off /= 2) total += __shfl_down_sync(0xffffffffu, total, off);
-    const int64_t out_col = tile * plan::kFinalizeCols + c;
-    if (tx == 0 && out_col < cols) store_gw_final<T>(out, out_col, total);
-  }
-  __syncthreads();
 }
 
 // ---- kCluster with 16-byte I/O: the cluster exchange overlapped with the next row -------------
@@ -431,22 +370,6 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
       }
     }
   }
-  if constexpr (!kClustered && !kTwoPass) {
-    if (p.fused_finalize) {  // uniform over the grid
-      // Every CTA's partial row is written (the barrier orders it GPU-wide);
-      // then CTA b adds the partials of column tiles b, b + grid, ..., in the
-      // finalize kernel's order (kBlock / 32 threads per column).
-      constexpr int kThreadsY = kBlock / plan::kFinalizeCols;
-      static_assert(kBlock % plan::kFinalizeCols == 0 && 2 * kThreadsY == plan::kFinalizeMaxLanes,
-                    "fused finalize: two lanes per thread cover the most lanes");
-      __shared__ float lanes[plan::kFinalizeMaxLanes][plan::kFinalizeCols + 1];
-      cooperative_groups::this_grid().sync();
-      const int64_t tiles = (p.cols + plan::kFinalizeCols - 1) / plan::kFinalizeCols;
-      for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x)
-        finalize_tile<T, 2>(p.gw.partials, gridDim.x, p.cols, tile, static_cast<int>(threadIdx.x % plan::kFinalizeCols),
-                            static_cast<int>(threadIdx.x / plan::kFinalizeCols), kThreadsY, lanes, p.gw);
-    }
-  }
 }
 
 // ---- kLooped: any D; x and gy read twice; gw partial kept in this CTA's workspace row ----------
@@ -491,16 +414,49 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
   }
 }
 
-// ---- finalize kernel: one tile of columns per CTA (finalize_tile) --------------------------
+// ---- finalize: gw[col] = sum of the partial rows, in a fixed order ---------------------------
+// CTA = 32 columns (threadIdx.x) x L = plan::finalize_lanes(count) lanes
+// (threadIdx.y). Lane k adds partials k, k + L, k + 2L, ... in that order,
+// loading kFinalizeBatch of them before adding (a lane's loads are
+// independent: issued back to back, it waits for L2 once per batch, not once
+// per partial). Then each column's L lane sums are added by one warp with a
+// fixed shuffle tree. The order depends on the partial count alone: bitwise
+// deterministic.
 template <typename T>
 __global__ void __launch_bounds__(plan::kFinalizeCols * plan::kFinalizeMaxLanes)
     finalize_gw_kernel(const float* __restrict__ partials, int64_t count, int64_t cols, GwOut out) {
+  static_assert(plan::kFinalizeMaxLanes == plan::kWarp && plan::kFinalizeCols == plan::kWarp,
+                "finalize: a column's lane sums fit one warp");
+  constexpr int kB = plan::kFinalizeBatch;
+  const int lanes_n = static_cast<int>(blockDim.y);
   __shared__ float lanes[plan::kFinalizeMaxLanes][plan::kFinalizeCols + 1];
   // Launched as a programmatic dependent of the main kernel (sm_90): it may
   // start while that kernel drains; this waits for its completion and memory.
   pdl_enter();
-  finalize_tile<T, 1>(partials, count, cols, blockIdx.x, static_cast<int>(threadIdx.x), static_cast<int>(threadIdx.y),
-                      static_cast<int>(blockDim.y), lanes, out);
+  const int64_t col = int64_t{blockIdx.x} * plan::kFinalizeCols + threadIdx.x;
+  float v = 0.0f;
+  if (col < cols) {
+    for (int64_t b0 = threadIdx.y; b0 < count; b0 += int64_t{kB} * lanes_n) {
+      float t[kB];
+#pragma unroll
+      for (int k = 0; k < kB; ++k) {
+        const int64_t b = b0 + int64_t{k} * lanes_n;
+        t[k] = b < count ? __ldcg(partials + b * cols + col) : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kB; ++k) v += t[k];
+    }
+  }
+  lanes[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  // Warp y adds columns y, y + L, ...: lane x holds lane x's sum (0 past L).
+  for (int c = static_cast<int>(threadIdx.y); c < plan::kFinalizeCols; c += lanes_n) {
+    float total = static_cast<int>(threadIdx.x) < lanes_n ? lanes[threadIdx.x][c] : 0.0f;
+#pragma unroll
+    for (int off = plan::kWarp / 2; off > 0; off /= 2) total += __shfl_down_sync(0xffffffffu, total, off);
+    const int64_t out_col = int64_t{blockIdx.x} * plan::kFinalizeCols + c;
+    if (threadIdx.x == 0 && out_col < cols) store_gw_final<T>(out, out_col, total);
+  }
 }
 
 // pdl: launched as a programmatic dependent of the previous kernel in the
@@ -511,7 +467,7 @@ rmsnorm_status_t launch_finalize(const float* partials, int64_t count, int64_t c
                                  cudaStream_t stream) {
   const int64_t grid = (cols + plan::kFinalizeCols - 1) / plan::kFinalizeCols;
   const dim3 block(plan::kFinalizeCols, static_cast<unsigned>(plan::finalize_lanes(count)));
-  return launch_kernel(finalize_gw_kernel<T>, grid, block, 0, {1, pdl, false}, stream, partials, count, cols, out);
+  return launch_kernel(finalize_gw_kernel<T>, grid, block, 1, 0, pdl, stream, partials, count, cols, out);
 }
 
 template <typename T>
@@ -534,7 +490,6 @@ BackwardParams<T> backward_params(const BackwardArgs& a, const plan::BackwardLau
   p.vector_io = plan::rows_aligned16(a.x, a.x_stride, es) && plan::rows_aligned16(a.gy, a.gy_stride, es) &&
                 plan::rows_aligned16(a.gx, a.gx_stride, es) && plan::rows_aligned16(a.weight, 0, es);
   p.with_gw = a.gw_mode != GwMode::kNone;
-  p.fused_finalize = l.fused_finalize;
   p.gw.gw = a.gw;
   p.gw.mode = static_cast<int>(a.gw_mode);
   p.gw.partials = static_cast<float*>(a.workspace);
@@ -556,7 +511,6 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
     return with_gw ? launch_finalize<T>(nullptr, 0, a.cols, p.gw, pdl, stream) : RMSNORM_STATUS_SUCCESS;
   }
   rmsnorm_status_t st = RMSNORM_STATUS_SUCCESS;
-  bool finalize_in_kernel = l.fused_finalize;  // false after a refused cooperative launch
   switch (l.row.band) {
     case plan::Band::kRows:
       st = dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
@@ -568,20 +522,7 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
         const size_t smem = p.vector_io ? l.smem : l.smem_elementwise;
         // Function attributes belong to a context: set on every call (host-side only).
         RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
-        if (l.fused_finalize) {
-          // Cooperative, without PDL. Refused (cudaErrorCooperativeLaunchTooLarge) where the context
-          // holds fewer SMs than the device reports (a green context, MPS with an active-thread limit):
-          // then the plain launch and the finalize kernel below. Not sticky; cleared here.
-          const cudaError_t e = launch_kernel_raw(kernel, l.grid, plan::backward_block(kTpr), smem,
-                                                  LaunchMode{1, false, true}, stream, p);
-          if (e == cudaSuccess) return RMSNORM_STATUS_SUCCESS;
-          if (e != cudaErrorCooperativeLaunchTooLarge) return cuda_fail(e, "cudaLaunchKernelEx (cooperative)");
-          (void)cudaGetLastError();
-          finalize_in_kernel = false;
-        }
-        BackwardParams<T> q = p;
-        q.fused_finalize = false;
-        return launch_kernel(kernel, l.grid, plan::backward_block(kTpr), smem, LaunchMode{1, pdl, false}, stream, q);
+        return launch_kernel(kernel, l.grid, plan::backward_block(kTpr), 1, smem, pdl, stream, p);
       });
       break;
     case plan::Band::kCluster: {
@@ -591,16 +532,16 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
         return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "cluster geometry disagrees with the kernel");
       const size_t smem = p.vector_io ? l.smem : l.smem_elementwise;
       RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
-      st = launch_kernel(kernel, l.grid, plan::kClusterTpr, smem, {l.row.cluster, pdl, false}, stream, p);
+      st = launch_kernel(kernel, l.grid, plan::kClusterTpr, l.row.cluster, smem, pdl, stream, p);
       break;
     }
     case plan::Band::kLooped:
-      st = launch_kernel(backward_looped_kernel<T>, l.grid, plan::kLoopedThreads, 0, {1, pdl, false}, stream, p);
+      st = launch_kernel(backward_looped_kernel<T>, l.grid, plan::kLoopedThreads, 1, 0, pdl, stream, p);
       break;
   }
   if (st != RMSNORM_STATUS_SUCCESS) return st;
   // The finalize always overlaps the main kernel's tail where sm_90 code exists.
-  if (with_gw && !l.direct_gw && !finalize_in_kernel)
+  if (with_gw && !l.direct_gw)
     return launch_finalize<T>(p.gw.partials, l.partials, a.cols, p.gw, dev.sm90_code, stream);
   return RMSNORM_STATUS_SUCCESS;
 }

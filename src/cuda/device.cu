@@ -96,9 +96,6 @@ rmsnorm_status_t device_properties(int device, plan::Device* out) {
     RMSNORM_CUDA_TRY(cudaGetDevice(&current));
     if (current != device) RMSNORM_CUDA_TRY(cudaSetDevice(device));
     d.sm90_code = kernels_have_sm90_code();
-    int cooperative = 0;
-    RMSNORM_CUDA_TRY(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device));
-    d.cooperative = cooperative != 0;
     d.max_cluster = query_max_cluster();
     // Co-scheduled clusters per size, with the shared memory the plan gives
     // the cluster kernels on this device.

@@ -421,32 +421,21 @@ rmsnorm_status_t dispatch_tpr(int tpr, Fn&& fn) {
   return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "threads_per_row " + std::to_string(tpr) + " has no kernel");
 }
 
-// How a kernel is launched (launch_kernel).
-struct LaunchMode {
-  int cluster = 1;           // CTAs per cluster (> 1: sm_90)
-  bool pdl = false;          // programmatic dependent of the previous kernel (sm_90; the kernel starts with pdl_enter)
-  bool cooperative = false;  // co-resident grid, for a grid-wide barrier
-};
-
-// Every kernel launch of the library goes through here. Returns the launch's
-// own error (cudaLaunchKernelEx's, or the non-portable cluster attribute's)
-// without recording it, so a caller may recover from some; launch_kernel
-// below is the usual form.
+// Every kernel launch of the library: with a cluster dimension when cs > 1,
+// as a programmatic dependent of the previous kernel in the stream when pdl
+// (both sm_90; the kernel starts with pdl_enter).
 template <typename Kernel, typename... Args>
-cudaError_t launch_kernel_raw(Kernel kernel, int64_t grid, dim3 block, size_t smem, LaunchMode mode,
-                              cudaStream_t stream, const Args&... args) {
-  const int cs = mode.cluster;
+rmsnorm_status_t launch_kernel(Kernel kernel, int64_t grid, dim3 block, int cs, size_t smem, bool pdl,
+                               cudaStream_t stream, const Args&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[3];
+  cudaLaunchAttribute attr[2];
   unsigned n = 0;
-  if (cs > plan::kMaxPortableCluster) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (e != cudaSuccess) return e;
-  }
+  if (cs > plan::kMaxPortableCluster)
+    RMSNORM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   if (cs > 1) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
     attr[n].val.clusterDim.x = static_cast<unsigned>(cs);
@@ -454,27 +443,15 @@ cudaError_t launch_kernel_raw(Kernel kernel, int64_t grid, dim3 block, size_t sm
     attr[n].val.clusterDim.z = 1;
     ++n;
   }
-  if (mode.pdl) {
+  if (pdl) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
   }
-  if (mode.cooperative) {
-    attr[n].id = cudaLaunchAttributeCooperative;
-    attr[n].val.cooperative = 1;
-    ++n;
-  }
   cfg.attrs = n > 0 ? attr : nullptr;
   cfg.numAttrs = n;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-
-// A launch whose error is the caller's error status.
-template <typename Kernel, typename... Args>
-rmsnorm_status_t launch_kernel(Kernel kernel, int64_t grid, dim3 block, size_t smem, LaunchMode mode,
-                               cudaStream_t stream, const Args&... args) {
-  const cudaError_t e = launch_kernel_raw(kernel, grid, block, smem, mode, stream, args...);
-  return e == cudaSuccess ? RMSNORM_STATUS_SUCCESS : cuda_fail(e, "cudaLaunchKernelEx");
+  RMSNORM_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, args...));
+  return RMSNORM_STATUS_SUCCESS;
 }
 
 template <typename T>
@@ -508,7 +485,7 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
         const size_t smem = p.vector_io ? l.smem : 0;
         // Function attributes belong to a context: set on every call (host-side only).
         RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
-        return launch_kernel(kernel, l.grid, plan::forward_block(kTpr), smem, {1, pdl, false}, stream, p);
+        return launch_kernel(kernel, l.grid, plan::forward_block(kTpr), 1, smem, pdl, stream, p);
       });
     case plan::Band::kCluster:
       if (l.row.block != plan::kClusterTpr)
@@ -518,10 +495,10 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
                                       : forward_kernel<T, plan::kClusterTpr, true, false>;
       const size_t smem = p.vector_io ? l.smem : 0;
       RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
-      return launch_kernel(kernel, l.grid, plan::kClusterTpr, smem, {l.row.cluster, pdl, false}, stream, p);
+      return launch_kernel(kernel, l.grid, plan::kClusterTpr, l.row.cluster, smem, pdl, stream, p);
     }
     case plan::Band::kLooped:
-      return launch_kernel(forward_looped_kernel<T>, l.grid, plan::kLoopedThreads, 0, {1, pdl, false}, stream, p);
+      return launch_kernel(forward_looped_kernel<T>, l.grid, plan::kLoopedThreads, 1, 0, pdl, stream, p);
   }
   return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "unknown band");
 }
