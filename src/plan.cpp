@@ -88,6 +88,11 @@ ForwardLaunch forward_launch(int64_t rows, int64_t cols, int esize, const Device
     l.stages = stages_that_fit(per_stage, 0, forward_blocks_per_sm(l.row.threads_per_row), dev);
     l.smem = per_stage * static_cast<size_t>(l.stages);
   }
+  if (l.row.band == Band::kRows) {
+    const size_t per_stage = shifted_stage_bytes(l.row.block, l.row.rows_per_block, 1);
+    l.stages_elementwise = stages_that_fit(per_stage, 0, forward_blocks_per_sm(l.row.threads_per_row), dev);
+    l.smem_elementwise = per_stage * static_cast<size_t>(l.stages_elementwise);
+  }
   return l;
 }
 
@@ -122,6 +127,11 @@ BackwardLaunch backward_launch(int64_t rows, int64_t cols, int esize, bool with_
     const size_t per_stage = stage_bytes(l.row.block, 2);
     l.stages = stages_that_fit(per_stage, l.smem_elementwise, kBackwardBlocksPerSm, dev);
     l.smem = std::max(per_stage * static_cast<size_t>(l.stages), l.smem_elementwise);
+  }
+  if (l.row.band == Band::kRows) {
+    const size_t per_stage = shifted_stage_bytes(l.row.block, l.row.rows_per_block, 2);
+    l.stages_elementwise = stages_that_fit(per_stage, l.smem_elementwise, kBackwardBlocksPerSm, dev);
+    l.smem_elementwise = std::max(per_stage * static_cast<size_t>(l.stages_elementwise), l.smem_elementwise);
   }
   // A single CTA (or cluster) writes gw itself; the looped band accumulates
   // its partial in the workspace, so it always has one.

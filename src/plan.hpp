@@ -103,6 +103,18 @@ inline constexpr int kMaxStages = 3;
 RMSNORM_HD constexpr size_t stage_bytes(int block, int operands) {
   return static_cast<size_t>(block) * kChunksPerThread * kChunkBytes * operands;
 }
+// Rows-band backward with element I/O (misaligned operands): each row's
+// aligned 16-byte blocks are staged instead (block v = bytes [16 v, 16 v + 16)
+// from the row's first byte rounded down to 16; v = 0..chunks): thread t of a
+// slot copies blocks it * tpr + t into the same slots as the aligned layout,
+// the slot's block v = kChunksPerThread * tpr (when a row fills every chunk)
+// into one extra entry per slot; a chunk is then its own block and the next
+// (a neighbour's, after a barrier) shifted by the row's misalignment.
+// uint4 [operand][kChunksPerThread][block] then [operand's extra][slots].
+RMSNORM_HD constexpr size_t shifted_stage_bytes(int block, int slots, int operands) {
+  return static_cast<size_t>(block * kChunksPerThread + slots) * kChunkBytes * operands;
+}
+
 // The backward's end-of-kernel sum of the gw partials of a CTA's row slots:
 // a table of fp32 entries, one per (chunk it, element j) row and CTA thread.
 // Thread t writes its sums down column t; then element e = (it, l, j) of a
@@ -181,7 +193,9 @@ struct ForwardLaunch {
   RowPlan row;
   int64_t grid = 0;  // CTAs
   int stages = 1;    // cp.async pipeline depth (16-byte I/O)
-  size_t smem = 0;   // dynamic shared memory with 16-byte I/O, bytes (element I/O: none)
+  size_t smem = 0;   // dynamic shared memory with 16-byte I/O, bytes
+  int stages_elementwise = 1;    // ... with element I/O (kRows: shifted_stage_bytes stages; else 1, unused)
+  size_t smem_elementwise = 0;   // ... with element I/O (kRows; else none)
 };
 ForwardLaunch forward_launch(int64_t rows, int64_t cols, int esize, const Device& dev);
 
@@ -191,7 +205,8 @@ struct BackwardLaunch {
   int64_t partials = 0;   // fp32 gw partial rows in the workspace
   int stages = 1;         // cp.async pipeline depth (16-byte I/O)
   size_t smem = 0;        // dynamic shared memory with 16-byte I/O, bytes
-  size_t smem_elementwise = 0;  // ... with element I/O (the gw slot sum only)
+  int stages_elementwise = 1;    // ... with element I/O (kRows: shifted_stage_bytes stages; else 1, unused)
+  size_t smem_elementwise = 0;  // ... with element I/O (kRows: the stages; at the end, and otherwise, the gw slot sum)
   size_t workspace = 0;   // bytes (0 without gw)
   bool direct_gw = false; // one partial: the main kernel writes gw itself
 };

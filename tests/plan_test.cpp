@@ -211,6 +211,14 @@ TEST(Plan, PipelineStagesFitTheDevice) {
           EXPECT_LE((f.smem + 1024) * static_cast<size_t>(forward_blocks_per_sm(f.row.threads_per_row)),
                     f.stages > 1 ? dev.smem_per_sm : SIZE_MAX);
         }
+        if (f.row.band == Band::kRows) {  // element I/O: each row's aligned blocks, one more per slot
+          EXPECT_EQ(f.smem_elementwise, shifted_stage_bytes(f.row.block, f.row.rows_per_block, 1) *
+                                            static_cast<size_t>(f.stages_elementwise));
+          EXPECT_LE((f.smem_elementwise + 1024) * static_cast<size_t>(forward_blocks_per_sm(f.row.threads_per_row)),
+                    f.stages_elementwise > 1 ? dev.smem_per_sm : SIZE_MAX);
+        } else {
+          EXPECT_EQ(f.smem_elementwise, 0u);
+        }
         const BackwardLaunch b = backward_launch(1 << 20, d, esize, true, dev);
         EXPECT_LE(b.smem, dev.max_smem_optin) << d;
       }
@@ -302,14 +310,28 @@ TEST(Plan, BackwardWorkspaceIsBoundedIndependentlyOfRows) {
           ASSERT_LE(l.smem_elementwise, dev.max_smem_optin);
           ASSERT_GE(l.stages, 1);
           ASSERT_LE(l.stages, kMaxStages);
+          const size_t combine = l.row.band == Band::kRows ? backward_combine_smem(l.row.threads_per_row, esize) : 0;
           if (l.row.band != Band::kLooped) {
-            // The stages fit, and so does the gw slot sum (it reuses them with 16-byte I/O).
+            // The stages fit, and so does the gw slot sum (it reuses them).
             ASSERT_GE(l.smem, stage_bytes(l.row.block, 2) * static_cast<size_t>(l.stages));
-            ASSERT_GE(l.smem, l.smem_elementwise);
+            ASSERT_GE(l.smem, combine);
+          }
+          if (l.row.band == Band::kRows) {
+            // Element I/O stages each row's aligned blocks: the same stages plus one block per slot and operand.
+            ASSERT_GE(l.stages_elementwise, 1);
+            ASSERT_LE(l.stages_elementwise, kMaxStages);
+            ASSERT_EQ(l.smem_elementwise,
+                      std::max(shifted_stage_bytes(l.row.block, l.row.rows_per_block, 2) *
+                                   static_cast<size_t>(l.stages_elementwise),
+                               combine));
+          } else {
+            ASSERT_EQ(l.smem_elementwise, 0u);  // one slot: no slot sum, no staging
           }
           const BackwardLaunch n = backward_launch(rows, d, esize, false, dev);
           ASSERT_EQ(n.workspace, 0u);
-          ASSERT_EQ(n.smem_elementwise, 0u);
+          if (n.row.band != Band::kRows) {
+            ASSERT_EQ(n.smem_elementwise, 0u);
+          }
         }
       }
     }

@@ -209,7 +209,10 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
 // CTA per SM. kClustered == true: one row per cluster, kTpr threads per CTA.
 // kTwoPass: instead of accumulating gw, write gy * x_hat to p.temp (benchmark only).
 // kVec: x and gy through the cp.async pipeline (see forward_kernel; stage
-// layout uint4 [stages][x, gy][kCpt][kBlock]); otherwise element I/O.
+// layout uint4 [stages][x, gy][kCpt][kBlock]); otherwise, in the rows band,
+// the same pipeline over each row's aligned blocks (stage_group_shifted;
+// layout [stages][x, gy][kCpt][kBlock] then [x extra, gy extra][kSlots]), and
+// in the cluster band element I/O into registers.
 // Each thread keeps the fp32 gw sums of its own columns in registers; at the
 // end the row slots' sums are added in slot order through shared memory.
 template <typename T, int kTpr, bool kClustered, bool kTwoPass, bool kVec>
@@ -230,7 +233,11 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
   __shared__ RowScratch<float2, kTpr, kSlots> scratch;
   __shared__ float2 exchange[2];
   extern __shared__ uint4 stage[];  // cp.async stages; at the end, the gw slot sum
-  constexpr int kStage = 2 * kCpt * kBlock;  // uint4 per stage
+  constexpr bool kShifted = !kVec && !kClustered;  // element I/O through staged aligned blocks
+  static_assert(plan::shifted_stage_bytes(kBlock, kSlots, 2) == 2 * sizeof(uint4) * (kCpt * kBlock + kSlots),
+                "plan: shifted stage size");
+  constexpr int kStage = kShifted ? 2 * (kCpt * kBlock + kSlots) : 2 * kCpt * kBlock;  // uint4 per stage
+  constexpr int kOperand = kShifted ? kCpt * kBlock + kSlots : kCpt * kBlock;         // gy's offset in a stage
 
   pdl_enter();
   if constexpr (kClustered && kVec && !kTwoPass) {
@@ -250,30 +257,57 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
 
   auto stage_rows = [&](int64_t g, int s) {
     uint4* buf = stage + s * kStage;
-    stage_group<T, kTpr, kClustered, kBlock>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, g, kSlots, buf);
-    stage_group<T, kTpr, kClustered, kBlock>(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, m, g, kSlots,
-                                             buf + kCpt * kBlock);
+    if constexpr (kShifted) {
+      stage_group_shifted<T, kTpr, kBlock>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, g, kSlots, buf,
+                                           buf + kCpt * kBlock);
+      stage_group_shifted<T, kTpr, kBlock>(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, m, g, kSlots,
+                                           buf + kOperand, buf + kOperand + kCpt * kBlock);
+    } else {
+      stage_group<T, kTpr, kClustered, kBlock>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, g, kSlots, buf);
+      stage_group<T, kTpr, kClustered, kBlock>(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, m, g, kSlots,
+                                               buf + kOperand);
+    }
     cp_async_commit();
   };
-  if constexpr (kVec)
+  if constexpr (kVec || kShifted)
     for (int s = 0; s + 1 < stages; ++s) stage_rows(m.unit + s * m.units, s);
-  // w' of this thread's columns, fp32, loaded once (see forward_kernel).
-  ThreadWeights<T, kVec> wv;
+  // w' of this thread's columns, fp32, loaded once (see forward_kernel); the
+  // cluster band's element I/O reloads it (its registers hold x and gy).
+  ThreadWeights<T, kVec || kShifted> wv;
   wv.load(p.w, p.chunks, p.cols, kVec, p.w_offset, m);
   int parity = 0, st = 0;
   for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
     const int64_t row = g * kSlots + m.slot;
     const bool valid = row < p.rows;
     const float given_r = p.rstd != nullptr && valid ? p.rstd[row] : 0.0f;
-    // Element I/O: x and gy in registers. 16-byte I/O: read from the stage
-    // where used, before and again after the reduction, so that nothing is
-    // held in registers across it (held, the fp32 copies spilled at bf16).
-    Pack<T> xr[kVec ? 1 : kCpt], gyr[kVec ? 1 : kCpt];
+    // Element I/O (cluster band): x and gy in registers. Otherwise read
+    // from the stage where used, before and again after the reduction, so
+    // that nothing is held in registers across it (held, the fp32 copies
+    // spilled at bf16).
+    Pack<T> xr[kVec || kShifted ? 1 : kCpt], gyr[kVec || kShifted ? 1 : kCpt];
     const uint4* cur = stage + st * kStage;
+    int x_shift = 0, gy_shift = 0;
     if constexpr (kVec) {
       stage_rows(g + (stages - 1) * m.units, st == 0 ? stages - 1 : st - 1);
       cp_async_wait(stages - 1);
       st = st + 1 == stages ? 0 : st + 1;
+    } else if constexpr (kShifted) {
+      // A chunk reads a neighbour's block: every copy of the slot's row must
+      // have landed (wait, then the slot's barrier), and a stage is refilled
+      // only after that barrier, when the slot is done with its last row.
+      if (stages >= 2) {
+        cp_async_wait(stages - 2);
+        slot_sync_any<kTpr, kSlots>(m.slot);
+        stage_rows(g + (stages - 1) * m.units, st == 0 ? stages - 1 : st - 1);
+      } else {
+        slot_sync_any<kTpr, kSlots>(m.slot);
+        stage_rows(g, st);
+        cp_async_wait(0);
+        slot_sync_any<kTpr, kSlots>(m.slot);
+      }
+      st = st + 1 == stages ? 0 : st + 1;
+      x_shift = static_cast<int>(reinterpret_cast<uintptr_t>(p.x + row * p.x_stride) & 15);
+      gy_shift = static_cast<int>(reinterpret_cast<uintptr_t>(p.gy + row * p.gy_stride) & 15);
     } else {
       load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, xr);
       load_group(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, gyr);
@@ -281,12 +315,17 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
     auto x_of = [&](int it) {
       if constexpr (kVec)
         return pack_of<T>(cur[it * kBlock + threadIdx.x]);
+      else if constexpr (kShifted)
+        return shifted_chunk<T, kTpr, kBlock>(cur, cur + kCpt * kBlock, it, m.slot, m.pos, x_shift);
       else
         return xr[it];
     };
     auto gy_of = [&](int it) {
       if constexpr (kVec)
-        return pack_of<T>(cur[(kCpt + it) * kBlock + threadIdx.x]);
+        return pack_of<T>(cur[kOperand + it * kBlock + threadIdx.x]);
+      else if constexpr (kShifted)
+        return shifted_chunk<T, kTpr, kBlock>(cur + kOperand, cur + kOperand + kCpt * kBlock, it, m.slot, m.pos,
+                                              gy_shift);
       else
         return gyr[it];
     };
@@ -319,8 +358,8 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
       }
     }
   }
-  if constexpr (kVec) cp_async_wait(0);      // the groups staged past the last row are empty
-  if constexpr (kClustered) cluster_sync();  // keep `exchange` alive until every CTA has read it
+  if constexpr (kVec || kShifted) cp_async_wait(0);  // the groups staged past the last row are empty
+  if constexpr (kClustered) cluster_sync();          // keep `exchange` alive until every CTA has read it
   if (!with_gw) return;
 
   if constexpr (kSlots == 1) {
@@ -496,7 +535,7 @@ BackwardParams<T> backward_params(const BackwardArgs& a, const plan::BackwardLau
   p.gw.direct = l.direct_gw;
   p.temp = nullptr;
   p.temp_vector_io = false;
-  p.stages = l.stages;
+  p.stages = p.vector_io ? l.stages : l.stages_elementwise;
   return p;
 }
 

@@ -392,6 +392,18 @@ __device__ __forceinline__ void slot_sync(int slot) {
   }
 }
 
+// The same for any kTpr: slots of kTpr <= 32 threads lie inside one warp,
+// whose threads then synchronize (and order shared memory) together.
+template <int kTpr, int kSlots>
+__device__ __forceinline__ void slot_sync_any(int slot) {
+  if constexpr (kTpr <= 32) {
+    (void)slot;
+    __syncwarp();
+  } else {
+    slot_sync<kTpr, kSlots>(slot);
+  }
+}
+
 // Per-row scratch of a CTA: one entry per warp of each row slot, twice (by
 // row parity). A slot writes buffer `parity`, syncs, reads it; the next
 // write of that buffer comes two rows later, after the next row's barrier,
