@@ -88,11 +88,6 @@ ForwardLaunch forward_launch(int64_t rows, int64_t cols, int esize, const Device
     l.stages = stages_that_fit(per_stage, 0, forward_blocks_per_sm(l.row.threads_per_row), dev);
     l.smem = per_stage * static_cast<size_t>(l.stages);
   }
-  if (l.row.band == Band::kRows) {
-    const size_t per_stage = shifted_stage_bytes(l.row.block, l.row.rows_per_block, 1);
-    l.stages_elementwise = stages_that_fit(per_stage, 0, forward_blocks_per_sm(l.row.threads_per_row), dev);
-    l.smem_elementwise = per_stage * static_cast<size_t>(l.stages_elementwise);
-  }
   return l;
 }
 

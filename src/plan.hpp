@@ -193,9 +193,7 @@ struct ForwardLaunch {
   RowPlan row;
   int64_t grid = 0;  // CTAs
   int stages = 1;    // cp.async pipeline depth (16-byte I/O)
-  size_t smem = 0;   // dynamic shared memory with 16-byte I/O, bytes
-  int stages_elementwise = 1;    // ... with element I/O (kRows: shifted_stage_bytes stages; else 1, unused)
-  size_t smem_elementwise = 0;   // ... with element I/O (kRows; else none)
+  size_t smem = 0;   // dynamic shared memory with 16-byte I/O, bytes (element I/O: none)
 };
 ForwardLaunch forward_launch(int64_t rows, int64_t cols, int esize, const Device& dev);
 

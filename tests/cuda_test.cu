@@ -1189,18 +1189,26 @@ TEST_F(CudaSanitizer, RowsBand) {
 }
 
 // Enough rows that every persistent CTA (cluster) walks at least three row
-// groups, so the double-buffered scratch and exchange slots are reused:
-// D = 1000 fp32 (tpr 64: 4 forward / 8 backward slots per CTA, named
-// barriers), D = 4096 bf16 (tpr 128), D = 20000 bf16 (clusters of 2).
+// groups, so the double-buffered scratch and exchange slots, and the
+// cp.async stages, are reused: D = 1000 fp32 (tpr 64: 4 forward / 8
+// backward slots per CTA, named barriers), D = 4096 bf16 (tpr 128), D =
+// 20000 bf16 (clusters of 2); and misaligned, where the backward stages
+// each row's aligned blocks and a chunk reads a neighbour's block: D = 1000
+// fp32 at base + 1 element, D = 4096 bf16 with an odd row stride (the
+// misalignment changes from row to row), D = 33 bf16 (tpr 2: 256 slots per
+// CTA, warp barriers) with an odd stride.
 TEST_F(CudaSanitizer, PersistentReuse) {
   std::mt19937_64 rng(14);
-  const std::tuple<int64_t, int32_t, int64_t> cases[] = {
-      {1000, RMSNORM_DTYPE_F32, 6400}, {4096, RMSNORM_DTYPE_BF16, 1600}, {20000, RMSNORM_DTYPE_BF16, 400}};
-  for (const auto& [d, dt, rows] : cases) {
+  const std::tuple<int64_t, int32_t, int64_t, Layout> cases[] = {
+      {1000, RMSNORM_DTYPE_F32, 6400, Layout::kAligned},    {4096, RMSNORM_DTYPE_BF16, 1600, Layout::kAligned},
+      {20000, RMSNORM_DTYPE_BF16, 400, Layout::kAligned},   {1000, RMSNORM_DTYPE_F32, 6400, Layout::kOffset},
+      {4096, RMSNORM_DTYPE_BF16, 1600, Layout::kPadded},    {33, RMSNORM_DTYPE_BF16, 120000, Layout::kPadded}};
+  for (const auto& [d, dt, rows, layout] : cases) {
     Case c;
     c.dtype = dt;
     c.cols = d;
     c.rows = rows;
+    c.layout = layout;
     check_forward(c, rng);
     c.gw_mode = RMSNORM_GW_STORE_F32;
     check_backward(c, rng);

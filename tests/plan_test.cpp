@@ -211,14 +211,6 @@ TEST(Plan, PipelineStagesFitTheDevice) {
           EXPECT_LE((f.smem + 1024) * static_cast<size_t>(forward_blocks_per_sm(f.row.threads_per_row)),
                     f.stages > 1 ? dev.smem_per_sm : SIZE_MAX);
         }
-        if (f.row.band == Band::kRows) {  // element I/O: each row's aligned blocks, one more per slot
-          EXPECT_EQ(f.smem_elementwise, shifted_stage_bytes(f.row.block, f.row.rows_per_block, 1) *
-                                            static_cast<size_t>(f.stages_elementwise));
-          EXPECT_LE((f.smem_elementwise + 1024) * static_cast<size_t>(forward_blocks_per_sm(f.row.threads_per_row)),
-                    f.stages_elementwise > 1 ? dev.smem_per_sm : SIZE_MAX);
-        } else {
-          EXPECT_EQ(f.smem_elementwise, 0u);
-        }
         const BackwardLaunch b = backward_launch(1 << 20, d, esize, true, dev);
         EXPECT_LE(b.smem, dev.max_smem_optin) << d;
       }

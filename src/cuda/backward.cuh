@@ -204,6 +204,57 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
   emit_thread_gw<T>(p, m, acc);
 }
 
+// ---- kRows with element I/O: the rows' aligned blocks staged (plan::shifted_stage_bytes) -------
+// Starts the cp.async copies of block v = it * kTpr + pos (it = 0..kCpt; v <=
+// chunks) of this thread's row of group g: block v holds bytes [16 v, 16 v +
+// 16) counted from the row's first byte rounded down to 16, cut at the row's
+// end (the rest zero-filled, so elements past cols read as 0). The block
+// before the row's first byte shares its 16 bytes, so it lies in the same
+// allocation (allocations are 16-byte aligned). Block kCpt * kTpr (a row of
+// kCpt * kTpr chunks, misaligned) goes to extra[slot].
+template <typename T, int kTpr, int kBlock>
+__device__ __forceinline__ void stage_group_shifted(const T* __restrict__ base, int64_t stride, int64_t rows,
+                                                    int chunks, int cols, const RowMap<kTpr, false>& m, int64_t g,
+                                                    int slots, uint4* buf, uint4* extra) {
+  constexpr int kCpt = plan::kChunksPerThread;
+  const int64_t row = g * slots + m.slot;
+  if (row >= rows) return;
+  const char* r = reinterpret_cast<const char*>(base + row * stride);
+  const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(r) & 15);
+  const char* r0 = r - shift;
+  const int64_t end = shift + static_cast<int64_t>(cols) * static_cast<int64_t>(sizeof(T));  // bytes from r0
+#pragma unroll
+  for (int it = 0; it <= kCpt; ++it) {
+    const int v = it * kTpr + m.pos;
+    if (v > chunks) continue;
+    const int64_t left = end - int64_t{16} * v;
+    const int bytes = left >= 16 ? 16 : left > 0 ? static_cast<int>(left) : 0;
+    uint4* dst = it < kCpt ? &buf[it * kBlock + threadIdx.x] : &extra[m.slot];
+    cp_async_chunk(dst, bytes > 0 ? r0 + int64_t{16} * v : r0, bytes);
+  }
+}
+
+// Chunk `it` of this thread from staged blocks: its own block and the next
+// (the next lane's, the slot's lane 0 one step on, or the extra block),
+// funnel-shifted by the row's misalignment `shift` (bytes, 0..15).
+template <typename T, int kTpr, int kBlock>
+__device__ __forceinline__ Pack<T> shifted_chunk(const uint4* buf, const uint4* extra, int it, int slot, int pos,
+                                                 int shift) {
+  constexpr int kCpt = plan::kChunksPerThread;
+  const uint4 lo = buf[it * kBlock + threadIdx.x];
+  const uint4 hi = pos + 1 < kTpr       ? buf[it * kBlock + threadIdx.x + 1]
+                   : it + 1 < kCpt ? buf[(it + 1) * kBlock + slot * kTpr]
+                                   : extra[slot];
+  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  uint32_t win[5];
+  window5(w, shift >> 2, win);
+  const unsigned sh = static_cast<unsigned>(shift & 3) * 8;
+  Pack<T> out;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out.w[i] = __funnelshift_r(win[i], win[i + 1], sh);
+  return out;
+}
+
 // ---- kRows and kCluster: persistent, x and gy staged, gw sums in registers --------------------
 // kClustered == false: rows_per_block row slots of kTpr threads per CTA, one
 // CTA per SM. kClustered == true: one row per cluster, kTpr threads per CTA.

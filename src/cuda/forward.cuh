@@ -107,57 +107,6 @@ __device__ __forceinline__ void stage_group(const T* __restrict__ base, int64_t 
   }
 }
 
-// ---- kRows with element I/O: the rows' aligned blocks staged (plan::shifted_stage_bytes) -------
-// Starts the cp.async copies of block v = it * kTpr + pos (it = 0..kCpt; v <=
-// chunks) of this thread's row of group g: block v holds bytes [16 v, 16 v +
-// 16) counted from the row's first byte rounded down to 16, cut at the row's
-// end (the rest zero-filled, so elements past cols read as 0). The block
-// before the row's first byte shares its 16 bytes, so it lies in the same
-// allocation (allocations are 16-byte aligned). Block kCpt * kTpr (a row of
-// kCpt * kTpr chunks, misaligned) goes to extra[slot].
-template <typename T, int kTpr, int kBlock>
-__device__ __forceinline__ void stage_group_shifted(const T* __restrict__ base, int64_t stride, int64_t rows,
-                                                    int chunks, int cols, const RowMap<kTpr, false>& m, int64_t g,
-                                                    int slots, uint4* buf, uint4* extra) {
-  constexpr int kCpt = plan::kChunksPerThread;
-  const int64_t row = g * slots + m.slot;
-  if (row >= rows) return;
-  const char* r = reinterpret_cast<const char*>(base + row * stride);
-  const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(r) & 15);
-  const char* r0 = r - shift;
-  const int64_t end = shift + static_cast<int64_t>(cols) * static_cast<int64_t>(sizeof(T));  // bytes from r0
-#pragma unroll
-  for (int it = 0; it <= kCpt; ++it) {
-    const int v = it * kTpr + m.pos;
-    if (v > chunks) continue;
-    const int64_t left = end - int64_t{16} * v;
-    const int bytes = left >= 16 ? 16 : left > 0 ? static_cast<int>(left) : 0;
-    uint4* dst = it < kCpt ? &buf[it * kBlock + threadIdx.x] : &extra[m.slot];
-    cp_async_chunk(dst, bytes > 0 ? r0 + int64_t{16} * v : r0, bytes);
-  }
-}
-
-// Chunk `it` of this thread from staged blocks: its own block and the next
-// (the next lane's, the slot's lane 0 one step on, or the extra block),
-// funnel-shifted by the row's misalignment `shift` (bytes, 0..15).
-template <typename T, int kTpr, int kBlock>
-__device__ __forceinline__ Pack<T> shifted_chunk(const uint4* buf, const uint4* extra, int it, int slot, int pos,
-                                                 int shift) {
-  constexpr int kCpt = plan::kChunksPerThread;
-  const uint4 lo = buf[it * kBlock + threadIdx.x];
-  const uint4 hi = pos + 1 < kTpr       ? buf[it * kBlock + threadIdx.x + 1]
-                   : it + 1 < kCpt ? buf[(it + 1) * kBlock + slot * kTpr]
-                                   : extra[slot];
-  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-  uint32_t win[5];
-  window5(w, shift >> 2, win);
-  const unsigned sh = static_cast<unsigned>(shift & 3) * 8;
-  Pack<T> out;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) out.w[i] = __funnelshift_r(win[i], win[i + 1], sh);
-  return out;
-}
-
 // This thread's share of sum(x^2): one running sum over its elements in
 // chunk order (the backward's recompute adds the same terms in the same order).
 template <typename T>
@@ -364,66 +313,39 @@ __global__ void __launch_bounds__(plan::forward_block(kTpr), plan::forward_block
   const RowMap<kTpr, kClustered> m;
   const int64_t groups = (p.rows + kSlots - 1) / kSlots;
   const int stages = p.stages;
-  // kShifted: element I/O in the rows band, through each row's staged aligned
-  // blocks (stage_group_shifted; stage layout uint4 [kCpt][kBlock] then [kSlots]).
-  constexpr bool kShifted = !kVec && !kClustered;
-  static_assert(plan::shifted_stage_bytes(kBlock, kSlots, 1) == sizeof(uint4) * (kCpt * kBlock + kSlots),
-                "plan: shifted stage size");
-  constexpr int kStage = kShifted ? kCpt * kBlock + kSlots : kCpt * kBlock;  // uint4 per stage
-  auto stage_x = [&](int64_t g, int s) {
-    uint4* buf = stage + s * kStage;
-    if constexpr (kShifted)
-      stage_group_shifted<T, kTpr, kBlock>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, g, kSlots, buf,
-                                           buf + kCpt * kBlock);
-    else
-      stage_group<T, kTpr, kClustered, kBlock>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, g, kSlots, buf);
-    cp_async_commit();
-  };
-  if constexpr (kVec || kShifted)
-    for (int s = 0; s + 1 < stages; ++s) stage_x(m.unit + s * m.units, s);
+  if constexpr (kVec)
+    for (int s = 0; s + 1 < stages; ++s) {
+      stage_group<T, kTpr, kClustered, kBlock>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, m.unit + s * m.units,
+                                               kSlots, stage + s * kCpt * kBlock);
+      cp_async_commit();
+    }
   // w' of this thread's columns, fp32, loaded once (reloading it per row put
   // an L2 round trip before every row's stores: ncu showed L1 hits of 28%),
   // after the first stages are in flight: its conversion waits for the loads.
-  ThreadWeights<T, kVec || kShifted> wv;
+  ThreadWeights<T, kVec> wv;
   wv.load(p.w, p.chunks, p.cols, kVec, p.w_offset, m);
   int parity = 0, st = 0;
   for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
     const int64_t row = g * kSlots + m.slot;
     const bool valid = row < p.rows;
-    // Element I/O (cluster band): x in registers. Otherwise read from the
-    // stage where used, before and again after the reduction (nothing held
-    // across it).
-    Pack<T> xr[kVec || kShifted ? 1 : kCpt];
-    const uint4* cur = stage + st * kStage;
-    int x_shift = 0;
+    // Element I/O: x in registers. 16-byte I/O: read from the stage where
+    // used, before and again after the reduction (nothing held across it).
+    Pack<T> xr[kVec ? 1 : kCpt];
+    const uint4* cur = stage + st * kCpt * kBlock;
     if constexpr (kVec) {
       // Refill the slot consumed last iteration with the group stages - 1 ahead.
-      stage_x(g + (stages - 1) * m.units, st == 0 ? stages - 1 : st - 1);
+      const int refill = st == 0 ? stages - 1 : st - 1;
+      stage_group<T, kTpr, kClustered, kBlock>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m,
+                                               g + (stages - 1) * m.units, kSlots, stage + refill * kCpt * kBlock);
+      cp_async_commit();
       cp_async_wait(stages - 1);
       st = st + 1 == stages ? 0 : st + 1;
-    } else if constexpr (kShifted) {
-      // As in backward_kernel: wait, the slot's barrier (a chunk reads a
-      // neighbour's block), then refill the stage the slot is done with.
-      if (stages >= 2) {
-        cp_async_wait(stages - 2);
-        slot_sync_any<kTpr, kSlots>(m.slot);
-        stage_x(g + (stages - 1) * m.units, st == 0 ? stages - 1 : st - 1);
-      } else {
-        slot_sync_any<kTpr, kSlots>(m.slot);
-        stage_x(g, st);
-        cp_async_wait(0);
-        slot_sync_any<kTpr, kSlots>(m.slot);
-      }
-      st = st + 1 == stages ? 0 : st + 1;
-      x_shift = static_cast<int>(reinterpret_cast<uintptr_t>(p.x + row * p.x_stride) & 15);
     } else {
       load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, xr);
     }
     auto x_of = [&](int it) {
       if constexpr (kVec)
         return pack_of<T>(cur[it * kBlock + threadIdx.x]);
-      else if constexpr (kShifted)
-        return shifted_chunk<T, kTpr, kBlock>(cur, cur + kCpt * kBlock, it, m.slot, m.pos, x_shift);
       else
         return xr[it];
     };
@@ -448,8 +370,8 @@ __global__ void __launch_bounds__(plan::forward_block(kTpr), plan::forward_block
       }
     }
   }
-  if constexpr (kVec || kShifted) cp_async_wait(0);  // the groups staged past the last row are empty
-  if constexpr (kClustered) cluster_sync();          // keep `exchange` alive until every CTA has read it
+  if constexpr (kVec) cp_async_wait(0);      // the groups staged past the last row are empty
+  if constexpr (kClustered) cluster_sync();  // keep `exchange` alive until every CTA has read it
 }
 
 // Sum over a CTA of kBlock threads (one row slot), result in every thread.
@@ -548,10 +470,10 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
   p.eps = a.eps;
   p.w_offset = a.weight_offset ? 1.0f : 0.0f;
   p.round_xhat = a.round_xhat;
+  p.stages = l.stages;
   const int es = static_cast<int>(sizeof(T));
   p.vector_io = plan::rows_aligned16(a.x, a.x_stride, es) && plan::rows_aligned16(a.y, a.y_stride, es) &&
                 plan::rows_aligned16(a.weight, 0, es);
-  p.stages = p.vector_io ? l.stages : l.stages_elementwise;
   const bool pdl = a.pdl && dev.sm90_code;
   switch (l.row.band) {
     case plan::Band::kRows:
@@ -560,7 +482,7 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
         if (plan::forward_block(kTpr) != l.row.block)
           return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "forward block disagrees with the kernel");
         const auto kernel = p.vector_io ? forward_kernel<T, kTpr, false, true> : forward_kernel<T, kTpr, false, false>;
-        const size_t smem = p.vector_io ? l.smem : l.smem_elementwise;
+        const size_t smem = p.vector_io ? l.smem : 0;
         // Function attributes belong to a context: set on every call (host-side only).
         RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
         return launch_kernel(kernel, l.grid, plan::forward_block(kTpr), 1, smem, pdl, stream, p);
