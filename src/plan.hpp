@@ -34,7 +34,10 @@
 // cp.async while it works on the current group (a per-thread pipeline: no
 // barrier guards a stage, since only the copying thread reads it), so the
 // bytes in flight per SM are bounded by shared memory rather than by
-// registers; element I/O (misaligned operands) loads into registers.
+// registers. With misaligned operands (element I/O) the rows-band backward
+// stages each row's aligned 16-byte blocks the same way, a chunk then reading
+// a neighbour's block too (after the row slot's barrier; shifted_stage_bytes);
+// the forward and the cluster band load elements into registers.
 #pragma once
 
 #include <cstddef>
