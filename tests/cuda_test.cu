@@ -1196,13 +1196,15 @@ TEST_F(CudaSanitizer, RowsBand) {
 // each row's aligned blocks and a chunk reads a neighbour's block: D = 1000
 // fp32 at base + 1 element, D = 4096 bf16 with an odd row stride (the
 // misalignment changes from row to row), D = 33 bf16 (tpr 2: 256 slots per
-// CTA, warp barriers) with an odd stride.
+// CTA, warp barriers) and D = 32 bf16 (tpr 1: a row's last block in the
+// slot's extra entry) with odd strides.
 TEST_F(CudaSanitizer, PersistentReuse) {
   std::mt19937_64 rng(14);
   const std::tuple<int64_t, int32_t, int64_t, Layout> cases[] = {
       {1000, RMSNORM_DTYPE_F32, 6400, Layout::kAligned},    {4096, RMSNORM_DTYPE_BF16, 1600, Layout::kAligned},
       {20000, RMSNORM_DTYPE_BF16, 400, Layout::kAligned},   {1000, RMSNORM_DTYPE_F32, 6400, Layout::kOffset},
-      {4096, RMSNORM_DTYPE_BF16, 1600, Layout::kPadded},    {33, RMSNORM_DTYPE_BF16, 120000, Layout::kPadded}};
+      {4096, RMSNORM_DTYPE_BF16, 1600, Layout::kPadded},    {33, RMSNORM_DTYPE_BF16, 120000, Layout::kPadded},
+      {32, RMSNORM_DTYPE_BF16, 210000, Layout::kPadded}};
   for (const auto& [d, dt, rows, layout] : cases) {
     Case c;
     c.dtype = dt;

@@ -208,10 +208,12 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
 // Starts the cp.async copies of block v = it * kTpr + pos (it = 0..kCpt; v <=
 // chunks) of this thread's row of group g: block v holds bytes [16 v, 16 v +
 // 16) counted from the row's first byte rounded down to 16, cut at the row's
-// end (the rest zero-filled, so elements past cols read as 0). The block
-// before the row's first byte shares its 16 bytes, so it lies in the same
-// allocation (allocations are 16-byte aligned). Block kCpt * kTpr (a row of
-// kCpt * kTpr chunks, misaligned) goes to extra[slot].
+// end (the rest zero-filled, so elements past cols read as 0). Block 0 also
+// holds the bytes before the row's first byte in its aligned 16: they lie in
+// the row's allocation (allocations start 16-byte aligned; rmsnorm.h), and
+// are discarded by the shift, so it does not matter that in place (gx == gy)
+// another row may be writing them. Block kCpt * kTpr (a row of kCpt * kTpr
+// chunks, misaligned) goes to extra[slot].
 template <typename T, int kTpr, int kBlock>
 __device__ __forceinline__ void stage_group_shifted(const T* __restrict__ base, int64_t stride, int64_t rows,
                                                     int chunks, int cols, const RowMap<kTpr, false>& m, int64_t g,

@@ -151,7 +151,8 @@ struct ClusterExchange {
     }
 #endif
   }
-  // This CTA's value of row k to every CTA (warp 0; lane r writes to rank r).
+  // This CTA's value of row k to every CTA (warp 0; lane r writes to rank r,
+  // its own CTA included: st.async may target any CTA of a cluster of > 1).
   __device__ __forceinline__ void push(int64_t k, V v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const int d = static_cast<int>(k % kDepth);
