@@ -192,9 +192,16 @@ inline bool forward_one_group_per_cta(const RowPlan& row, int64_t groups, int64_
          groups >= kOneGroupMinGroupsPerCta * resident_ctas;
 }
 
+// Rows band, D above the one-group rule: the grid hands each CTA a tile of
+// kForwardTileGroups consecutive row groups (w' loaded once per tile), so
+// that the hardware's CTA scheduler balances the tail, where there are at
+// least that many groups per resident CTA; else the persistent grid.
+inline constexpr int64_t kForwardTileGroups = 4;
+
 struct ForwardLaunch {
   RowPlan row;
   int64_t grid = 0;  // CTAs
+  int64_t groups_per_cta = 0;  // > 0: CTA u takes row groups [u * n, u * n + n); 0: grid-stride walk
   int stages = 1;    // cp.async pipeline depth (16-byte I/O)
   size_t smem = 0;   // dynamic shared memory with 16-byte I/O, bytes (element I/O: none)
 };

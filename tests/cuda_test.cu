@@ -566,6 +566,36 @@ TEST_F(Cuda, ForwardBatchInvarianceOneGroupPerCta) {
   }
 }
 
+// The rows-band forward's tiled grid (plan::ForwardLaunch::groups_per_cta):
+// a last tile with fewer groups and a last group with fewer rows, checked
+// against the reference, and batch-invariant against a lone row.
+TEST_F(Cuda, ForwardTiledGrid) {
+  int dev = 0, sms = 0;
+  CUDA_OK(cudaGetDevice(&dev));
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  plan::Device pd;
+  pd.sm_count = sms;
+  std::mt19937_64 rng(51);
+  const std::pair<int64_t, int32_t> shapes[] = {
+      {4096, RMSNORM_DTYPE_BF16}, {7168, RMSNORM_DTYPE_F16}, {8192, RMSNORM_DTYPE_F32}, {2000, RMSNORM_DTYPE_F16}};
+  for (const auto& [d, dt] : shapes) {
+    const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
+    const plan::RowPlan row = plan::forward_launch(1, d, esize, pd).row;
+    const int64_t resident = int64_t{sms} * plan::forward_blocks_per_sm(row.threads_per_row);
+    Case c;
+    c.dtype = dt;
+    c.cols = d;
+    // One tile and a part tile per resident CTA; the last group part-filled where it holds several rows.
+    c.rows = (resident * plan::kForwardTileGroups + plan::kForwardTileGroups / 2) * row.rows_per_block + 1;
+    const plan::ForwardLaunch l = plan::forward_launch(c.rows, d, esize, pd);
+    ASSERT_GT(l.groups_per_cta, 0) << "D " << d;
+    check_forward(c, rng);
+    ASSERT_FALSE(HasFatalFailure());
+    check_batch_invariance(c, rng);
+    ASSERT_FALSE(HasFatalFailure());
+  }
+}
+
 // ---- backward ---------------------------------------------------------------------------------------
 
 TEST_F(Cuda, BackwardLargeD) {

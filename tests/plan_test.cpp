@@ -242,11 +242,41 @@ TEST(Plan, ForwardGridPersistentOrOneGroupPerCta) {
   // D = 128 at 16-bit: 4 threads per row, so kForwardMinBlock / 4 rows per CTA.
   EXPECT_EQ(forward_launch(1048576, 128, 2, dev).grid, 1048576 / (kForwardMinBlock / 4));
   EXPECT_EQ(forward_launch(131072, 128, 2, dev).grid, 132 * forward_blocks_per_sm(4));
-  // D = 4096: 128 threads per row, under 8 rows per CTA: persistent however many rows.
+  // D = 4096: 128 threads per row, under 8 rows per CTA: tiles of consecutive
+  // groups where there are enough of them, else persistent.
   const ForwardLaunch big = forward_launch(int64_t{1} << 24, 4096, 2, dev);
   EXPECT_EQ(big.row.rows_per_block, kForwardMinBlock / 128);
   EXPECT_LT(big.row.rows_per_block, kOneGroupMinRowsPerBlock);
-  EXPECT_EQ(big.grid, resident(big));
+  EXPECT_EQ(big.groups_per_cta, kForwardTileGroups);
+  EXPECT_EQ(big.grid, (int64_t{1} << 23) / kForwardTileGroups);
+  // One group short of kForwardTileGroups per resident CTA (2 rows per group).
+  const ForwardLaunch few = forward_launch(2 * (kForwardTileGroups * resident(big) - 1), 4096, 2, dev);
+  EXPECT_EQ(few.groups_per_cta, 0);
+  EXPECT_EQ(few.grid, resident(few));
+}
+
+// Tiled grids: CTA u takes groups [u n, u n + n); together they cover every
+// group once, and no CTA is empty.
+TEST(Plan, ForwardTilesCoverEveryGroupOnce) {
+  const Device dev = hopper();
+  int tiled = 0;
+  for (int esize : {2, 4}) {
+    for (int64_t d : {1, 1000, 1025, 2048, 4096, 7168, 8192, 12288, 16384}) {
+      for (int64_t rows : {int64_t{1}, int64_t{4095}, int64_t{8192}, int64_t{16383}, int64_t{1} << 20,
+                           (int64_t{1} << 31) + 3}) {
+        const ForwardLaunch l = forward_launch(rows, d, esize, dev);
+        if (l.groups_per_cta == 0) continue;
+        ++tiled;
+        ASSERT_EQ(l.row.band, Band::kRows);
+        const int64_t groups = (rows + l.row.rows_per_block - 1) / l.row.rows_per_block;
+        ASSERT_GE(l.groups_per_cta, kForwardTileGroups);
+        EXPECT_GE(l.grid * l.groups_per_cta, groups) << d << " " << rows;
+        EXPECT_LT((l.grid - 1) * l.groups_per_cta, groups) << d << " " << rows;
+        EXPECT_LT(l.grid, int64_t{1} << 31);
+      }
+    }
+  }
+  EXPECT_GT(tiled, 0);
 }
 
 // Persistent cluster grids never ask for more clusters than the device runs

@@ -36,6 +36,7 @@ struct ForwardParams {
   bool round_xhat;
   bool vector_io;
   int stages;  // cp.async pipeline depth (16-byte I/O)
+  int64_t groups_per_cta;  // > 0: this CTA's row groups are [unit * n, unit * n + n); 0: unit, unit + units, ...
 };
 
 // y for one chunk from x, w' (fp32) and r; kRoundXhat: x_hat rounded to T first.
@@ -314,9 +315,16 @@ __global__ void __launch_bounds__(plan::forward_block(kTpr), plan::forward_block
   const RowMap<kTpr, kClustered> m;
   const int64_t groups = (p.rows + kSlots - 1) / kSlots;
   const int stages = p.stages;
+  // This CTA's walk over row groups: g0, g0 + step, ... < gend. Only rows
+  // below rows_end are staged, so a tile never loads its neighbour's rows.
+  const bool tiled = !kClustered && p.groups_per_cta > 0;
+  const int64_t g0 = tiled ? m.unit * p.groups_per_cta : m.unit;
+  const int64_t step = tiled ? 1 : m.units;
+  const int64_t gend = tiled ? (g0 + p.groups_per_cta < groups ? g0 + p.groups_per_cta : groups) : groups;
+  const int64_t rows_end = gend * kSlots < p.rows ? gend * kSlots : p.rows;
   if constexpr (kVec)
     for (int s = 0; s + 1 < stages; ++s) {
-      stage_group<T, kTpr, kClustered, kBlock>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, m.unit + s * m.units,
+      stage_group<T, kTpr, kClustered, kBlock>(p.x, p.x_stride, rows_end, p.chunks, p.cols, m, g0 + s * step,
                                                kSlots, stage + s * kCpt * kBlock);
       cp_async_commit();
     }
@@ -326,7 +334,7 @@ __global__ void __launch_bounds__(plan::forward_block(kTpr), plan::forward_block
   ThreadWeights<T, kVec> wv;
   wv.load(p.w, p.chunks, p.cols, kVec, p.w_offset, m);
   int parity = 0, st = 0;
-  for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
+  for (int64_t g = g0; g < gend; g += step, parity ^= 1) {
     const int64_t row = g * kSlots + m.slot;
     const bool valid = row < p.rows;
     // Element I/O: x in registers. 16-byte I/O: read from the stage where
@@ -336,8 +344,8 @@ __global__ void __launch_bounds__(plan::forward_block(kTpr), plan::forward_block
     if constexpr (kVec) {
       // Refill the slot consumed last iteration with the group stages - 1 ahead.
       const int refill = st == 0 ? stages - 1 : st - 1;
-      stage_group<T, kTpr, kClustered, kBlock>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m,
-                                               g + (stages - 1) * m.units, kSlots, stage + refill * kCpt * kBlock);
+      stage_group<T, kTpr, kClustered, kBlock>(p.x, p.x_stride, rows_end, p.chunks, p.cols, m,
+                                               g + (stages - 1) * step, kSlots, stage + refill * kCpt * kBlock);
       cp_async_commit();
       cp_async_wait(stages - 1);
       st = st + 1 == stages ? 0 : st + 1;
@@ -472,6 +480,7 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
   p.w_offset = a.weight_offset ? 1.0f : 0.0f;
   p.round_xhat = a.round_xhat;
   p.stages = l.stages;
+  p.groups_per_cta = l.groups_per_cta;
   const int es = static_cast<int>(sizeof(T));
   p.vector_io = plan::rows_aligned16(a.x, a.x_stride, es) && plan::rows_aligned16(a.y, a.y_stride, es) &&
                 plan::rows_aligned16(a.weight, 0, es);
