@@ -67,6 +67,7 @@ struct Options {
   std::string json;
   std::string shapes;  // substring filter on "ROWSxCOLS dtype"
   std::string commit;
+  std::vector<std::string> custom;  // --shape ROWSxCOLS:DTYPE, repeatable: these instead of the list
 };
 
 struct Stats {
@@ -822,6 +823,18 @@ std::string shape_label(int64_t rows, int64_t cols, rmsnorm_dtype_t dtype) {
   return std::to_string(rows) + "x" + std::to_string(cols) + " " + dtype_name(dtype);
 }
 
+// --shape ROWSxCOLS:DTYPE (e.g. 32768x4096:f16): an aligned case of group "custom".
+Shape parse_shape(const std::string& spec) {
+  long long r = 0, c = 0;
+  char dt[8] = {};
+  if (std::sscanf(spec.c_str(), "%lldx%lld:%7s", &r, &c, dt) != 3 || r < 1 || c < 1)
+    die("--shape: expected ROWSxCOLS:DTYPE (f32, f16 or bf16), got '" + spec + "'");
+  const std::string d = dt;
+  if (d != "f32" && d != "f16" && d != "bf16") die("--shape: unknown dtype in '" + spec + "'");
+  const rmsnorm_dtype_t dtype = d == "f32" ? RMSNORM_DTYPE_F32 : d == "f16" ? RMSNORM_DTYPE_F16 : RMSNORM_DTYPE_BF16;
+  return Shape{r, c, dtype, "custom", 0, false};
+}
+
 bool selected(int64_t rows, int64_t cols, rmsnorm_dtype_t dtype, const char* group) {
   if (!g_opt.extra && std::string(group) == "extra") return false;
   if (g_opt.shapes.empty()) return true;
@@ -1179,6 +1192,7 @@ void usage() {
       "  --reps N        timed calls per case (default 100; >= 50 for numbers you report)\n"
       "  --quick         20 reps, 5 copy reps, short warm-up, default shapes only (smoke run)\n"
       "  --shapes S      only shapes whose \"ROWSxCOLS dtype group\" contains S (e.g. 4096, bf16, extra)\n"
+      "  --shape RxC:T   time this shape instead of the list (e.g. 32768x4096:f16; repeatable; no decode)\n"
       "  --no-extra      skip the extra large-data shapes\n"
       "  --json FILE     write every number and the run's metadata to FILE\n"
       "  --commit STR    commit recorded in the JSON (default: $RMSNORM_COMMIT, else \"unknown\")\n");
@@ -1202,6 +1216,8 @@ void parse(int argc, char** argv) {
       g_opt.json = value();
     } else if (a == "--shapes") {
       g_opt.shapes = value();
+    } else if (a == "--shape") {
+      g_opt.custom.push_back(value());
     } else if (a == "--no-extra") {
       g_opt.extra = false;
     } else if (a == "--commit") {
@@ -1267,10 +1283,14 @@ int main(int argc, char** argv) {
   }
 
   print_header();
-  for (const Shape& sh : kShapes)
-    if (selected(sh.rows, sh.cols, sh.dtype, sh.group)) run_shape(sh, stream, be);
-  for (const DecodeShape& sh : kDecode)
-    if (selected(sh.rows, sh.cols, sh.dtype, "decode")) run_decode(sh, stream, be);
+  if (!g_opt.custom.empty()) {
+    for (const std::string& spec : g_opt.custom) run_shape(parse_shape(spec), stream, be);
+  } else {
+    for (const Shape& sh : kShapes)
+      if (selected(sh.rows, sh.cols, sh.dtype, sh.group)) run_shape(sh, stream, be);
+    for (const DecodeShape& sh : kDecode)
+      if (selected(sh.rows, sh.cols, sh.dtype, "decode")) run_decode(sh, stream, be);
+  }
 
   g_meta.copy_st_end = measure_copy(stream, &g_meta.copy_gbps_end);
   std::printf("\ncopy ceiling again at the end: %.1f GB/s (start %.1f GB/s, drift %+.1f%%)\n", g_meta.copy_gbps_end,
