@@ -83,8 +83,7 @@ ForwardLaunch forward_launch(int64_t rows, int64_t cols, int esize, const Device
   if (l.row.band == Band::kCluster && dev.forward_active_clusters[cluster_index(l.row.cluster)] > 0)
     cap = std::min<int64_t>(cap, dev.forward_active_clusters[cluster_index(l.row.cluster)]);
   l.grid = std::max<int64_t>(1, std::min(groups, cap)) * l.row.cluster;
-  if (l.row.band == Band::kRows && cap < kMaxGrid && kForwardTileGroups > 0 &&
-      groups >= kForwardTileGroups * cap) {
+  if (l.row.band == Band::kRows && cap < kMaxGrid && groups >= kForwardTileMinWaves * kForwardTileGroups * cap) {
     // Tiles of consecutive groups; the grid stays below kMaxGrid.
     l.groups_per_cta = std::max<int64_t>(kForwardTileGroups, (groups + kMaxGrid - 1) / kMaxGrid);
     l.grid = (groups + l.groups_per_cta - 1) / l.groups_per_cta;

@@ -29,7 +29,9 @@
 // rstd is bitwise the forward's (same geometry, same code).
 //
 // Both kernels are persistent: each CTA (or cluster) walks row groups
-// unit, unit + units, ... With 16-byte I/O each thread copies its own chunks
+// unit, unit + units, ... (the rows-band forward may instead give each CTA
+// one group, or a tile of consecutive groups: forward_launch). With 16-byte
+// I/O each thread copies its own chunks
 // of the next `stages - 1` row groups into its own shared-memory slots with
 // cp.async while it works on the current group (a per-thread pipeline: no
 // barrier guards a stage, since only the copying thread reads it), so the
@@ -192,11 +194,18 @@ inline bool forward_one_group_per_cta(const RowPlan& row, int64_t groups, int64_
          groups >= kOneGroupMinGroupsPerCta * resident_ctas;
 }
 
-// Rows band, D above the one-group rule: the grid hands each CTA a tile of
-// kForwardTileGroups consecutive row groups (w' loaded once per tile), so
-// that the hardware's CTA scheduler balances the tail, where there are at
-// least that many groups per resident CTA; else the persistent grid.
+// Rows band outside the one-group rule, with many groups: the grid hands
+// each CTA a tile of kForwardTileGroups consecutive row groups (w' loaded once
+// per tile, the cp.async pipeline running within the tile), and the hardware's
+// CTA scheduler balances the SMs, where there are at least
+// kForwardTileMinWaves tiles per resident CTA; else the persistent grid.
+// Measured on the H200 (bench/results/2026-11-30_h200_eecd5cd_ab_forward_tiles.md),
+// persistent time / tiled time with 4-group tiles: 1.003-1.057 at 31 groups
+// per resident CTA (D = 2048..16384), 1.023-1.050 at 62, but 0.975-1.016 at
+// 15.5 and 0.96-1.00 at 7.8; tiles of 2 groups were 1.08-1.2x slower
+// everywhere, of 8 between the two.
 inline constexpr int64_t kForwardTileGroups = 4;
+inline constexpr int64_t kForwardTileMinWaves = 6;
 
 struct ForwardLaunch {
   RowPlan row;

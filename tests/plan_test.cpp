@@ -249,8 +249,9 @@ TEST(Plan, ForwardGridPersistentOrOneGroupPerCta) {
   EXPECT_LT(big.row.rows_per_block, kOneGroupMinRowsPerBlock);
   EXPECT_EQ(big.groups_per_cta, kForwardTileGroups);
   EXPECT_EQ(big.grid, (int64_t{1} << 23) / kForwardTileGroups);
-  // One group short of kForwardTileGroups per resident CTA (2 rows per group).
-  const ForwardLaunch few = forward_launch(2 * (kForwardTileGroups * resident(big) - 1), 4096, 2, dev);
+  // One group short of kForwardTileMinWaves tiles per resident CTA (2 rows per group).
+  const ForwardLaunch few =
+      forward_launch(2 * (kForwardTileMinWaves * kForwardTileGroups * resident(big) - 1), 4096, 2, dev);
   EXPECT_EQ(few.groups_per_cta, 0);
   EXPECT_EQ(few.grid, resident(few));
 }

@@ -247,14 +247,7 @@ __device__ __forceinline__ Pack<T> shifted_chunk(const uint4* buf, const uint4* 
   const uint4 hi = pos + 1 < kTpr       ? buf[it * kBlock + threadIdx.x + 1]
                    : it + 1 < kCpt ? buf[(it + 1) * kBlock + slot * kTpr]
                                    : extra[slot];
-  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-  uint32_t win[5];
-  window5(w, shift >> 2, win);
-  const unsigned sh = static_cast<unsigned>(shift & 3) * 8;
-  Pack<T> out;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) out.w[i] = __funnelshift_r(win[i], win[i + 1], sh);
-  return out;
+  return shift_pair<T>(lo, hi, shift);
 }
 
 // ---- kRows and kCluster: persistent, x and gy staged, gw sums in registers --------------------

@@ -145,9 +145,18 @@ __device__ __forceinline__ void window5(const uint32_t (&w)[8], int k, uint32_t 
 // after the row's first byte) and `avail` bytes from the chunk's start to
 // the row's end >= 32 - offset (the upper block ends inside the row).
 template <typename T>
+__device__ __forceinline__ Pack<T> shift_pair(const uint4& lo, const uint4& hi, int offset);
+
+template <typename T>
 __device__ __forceinline__ Pack<T> load_shifted(const T* p, int offset) {
   const uint4* a = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(p) - offset);
-  const uint4 lo = a[0], hi = a[1];
+  return shift_pair<T>(a[0], a[1], offset);
+}
+
+// The 16 bytes that start `offset` (0..15) bytes into two consecutive
+// aligned 16-byte blocks lo, hi.
+template <typename T>
+__device__ __forceinline__ Pack<T> shift_pair(const uint4& lo, const uint4& hi, int offset) {
   const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
   uint32_t win[5];
   window5(w, offset >> 2, win);
