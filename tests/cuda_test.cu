@@ -21,6 +21,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda/cuda_backend.hpp"
 #include "plan.hpp"
 #include "rmsnorm/rmsnorm.h"
 #include "rmsnorm_reference.hpp"
@@ -1198,6 +1199,67 @@ TEST_F(Cuda, WrongMemorySpace) {
 
 // ---- under compute-sanitizer: every band, small -------------------------------------------------
 
+// Plans for a GPU with 100 KiB of shared memory per SM and 99 KiB per CTA (the
+// sm_86 / sm_89 class), where every cp.async pipeline has a single stage:
+// the kernels' `stages < 2` branches, which the H200's own plans never take.
+// The kernels are the real ones; only the plan's shared-memory budget is cut.
+struct OneStagePlans {
+  static constexpr size_t kPerSm = 100 * 1024, kPerBlock = 99 * 1024;
+  OneStagePlans() { cuda::testing::limit_shared_memory(kPerSm, kPerBlock); }
+  ~OneStagePlans() { cuda::testing::limit_shared_memory(0, 0); }
+  OneStagePlans(const OneStagePlans&) = delete;
+  OneStagePlans& operator=(const OneStagePlans&) = delete;
+};
+
+using ShapeCase = std::tuple<int64_t, int32_t, int64_t, Layout>;  // D, dtype, rows, layout
+
+// Forward and backward of each case under OneStagePlans, after checking that
+// the plan of its band has one stage there.
+void check_one_stage_cases(std::initializer_list<ShapeCase> cases, std::mt19937_64& rng) {
+  const OneStagePlans limit;
+  int dev = 0, sms = 0;
+  CUDA_OK(cudaGetDevice(&dev));
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  plan::Device pd;
+  pd.sm_count = sms;
+  pd.smem_per_sm = OneStagePlans::kPerSm;
+  pd.max_smem_optin = OneStagePlans::kPerBlock;
+  for (const auto& [d, dt, rows, layout] : cases) {
+    const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
+    const plan::ForwardLaunch f = plan::forward_launch(rows, d, esize, pd);
+    const plan::BackwardLaunch b = plan::backward_launch(rows, d, esize, true, pd);
+    ASSERT_NE(f.row.band, plan::Band::kLooped) << "D " << d;
+    ASSERT_EQ(f.stages, 1) << "D " << d;
+    ASSERT_EQ(b.stages, 1) << "D " << d;
+    if (b.row.band == plan::Band::kRows) ASSERT_EQ(b.stages_elementwise, 1) << "D " << d;
+    Case c;
+    c.dtype = dt;
+    c.cols = d;
+    c.rows = rows;
+    c.layout = layout;
+    check_forward(c, rng);
+    c.gw_mode = RMSNORM_GW_STORE_F32;
+    check_backward(c, rng);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// Every band with 16-byte I/O and with misaligned rows (the backward's staged
+// aligned blocks), with rows enough that each CTA (cluster) reuses its stage.
+TEST_F(Cuda, OneStagePipelines) {
+  std::mt19937_64 rng(52);
+  check_one_stage_cases({{1000, RMSNORM_DTYPE_F32, 3000, Layout::kAligned},
+                         {1000, RMSNORM_DTYPE_F32, 3000, Layout::kOffset},
+                         {4096, RMSNORM_DTYPE_BF16, 1200, Layout::kAligned},
+                         {4096, RMSNORM_DTYPE_F16, 1200, Layout::kPadded},
+                         {33, RMSNORM_DTYPE_BF16, 60000, Layout::kPadded},
+                         {8192, RMSNORM_DTYPE_F32, 700, Layout::kAligned},
+                         {20000, RMSNORM_DTYPE_BF16, 300, Layout::kAligned},
+                         {20000, RMSNORM_DTYPE_F32, 200, Layout::kAligned},
+                         {70000, RMSNORM_DTYPE_BF16, 100, Layout::kAligned}},
+                        rng);
+}
+
 void sanitizer_cases(std::initializer_list<int64_t> ds, std::mt19937_64& rng) {
   for (int64_t d : ds) {
     for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32}) {
@@ -1249,6 +1311,16 @@ TEST_F(CudaSanitizer, PersistentReuse) {
     check_backward(c, rng);
     if (HasFailure()) return;
   }
+}
+
+// One-stage pipelines (OneStagePlans): a stage refilled right after it is read.
+TEST_F(CudaSanitizer, OneStagePipelines) {
+  std::mt19937_64 rng(15);
+  check_one_stage_cases({{1000, RMSNORM_DTYPE_F32, 2000, Layout::kOffset},
+                         {4096, RMSNORM_DTYPE_BF16, 700, Layout::kAligned},
+                         {4096, RMSNORM_DTYPE_BF16, 700, Layout::kPadded},
+                         {20000, RMSNORM_DTYPE_BF16, 100, Layout::kAligned}},
+                        rng);
 }
 
 TEST_F(CudaSanitizer, ClusterBand) {

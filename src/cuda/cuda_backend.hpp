@@ -29,4 +29,14 @@ rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtyp
 rmsnorm_status_t forward(const ForwardArgs& a, int device, void* stream);
 rmsnorm_status_t backward(const BackwardArgs& a, int device, void* stream);
 
+namespace testing {
+// For tests only: later calls plan as if every device had at most `per_sm`
+// bytes of shared memory per SM and `per_block` per CTA (0: the device's
+// own), e.g. an sm_86 / sm_89 part's 100 KiB, where the cp.async pipelines
+// get one stage. The kernels and their launch checks are the real ones.
+// Set it only while no other thread calls the library; the workspace query
+// and the call it sizes must see the same limit.
+void limit_shared_memory(size_t per_sm, size_t per_block);
+}  // namespace testing
+
 }  // namespace rmsnorm::cuda

@@ -1,6 +1,7 @@
 // CUDA backend entry points: device selection, pointer checks, dispatch.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -73,6 +74,25 @@ MemorySpace memory_space(const void* p, int* owner) {
 // order) must not change between calls on the same device. A failed query
 // is an error of the call, never replaced by defaults: the workspace size
 // and the launch must come from the same plan.
+namespace {
+std::atomic<size_t> g_smem_limit_per_sm{0};
+std::atomic<size_t> g_smem_limit_per_block{0};
+
+// testing::limit_shared_memory applied to a device's properties.
+void apply_smem_limit(plan::Device* d) {
+  const size_t sm = g_smem_limit_per_sm.load(), block = g_smem_limit_per_block.load();
+  if (sm > 0 && sm < d->smem_per_sm) d->smem_per_sm = sm;
+  if (block > 0 && block < d->max_smem_optin) d->max_smem_optin = block;
+}
+}  // namespace
+
+namespace testing {
+void limit_shared_memory(size_t per_sm, size_t per_block) {
+  g_smem_limit_per_sm.store(per_sm);
+  g_smem_limit_per_block.store(per_block);
+}
+}  // namespace testing
+
 rmsnorm_status_t device_properties(int device, plan::Device* out) {
   static std::mutex mutex;
   static std::map<int, plan::Device> cache;
@@ -80,6 +100,7 @@ rmsnorm_status_t device_properties(int device, plan::Device* out) {
   const auto it = cache.find(device);
   if (it != cache.end()) {
     *out = it->second;
+    apply_smem_limit(out);
     return RMSNORM_STATUS_SUCCESS;
   }
   plan::Device d;
@@ -110,6 +131,7 @@ rmsnorm_status_t device_properties(int device, plan::Device* out) {
   }
   cache[device] = d;
   *out = d;
+  apply_smem_limit(out);
   return RMSNORM_STATUS_SUCCESS;
 }
 
