@@ -31,12 +31,11 @@
 // Both kernels are persistent: each CTA (or cluster) walks row groups
 // unit, unit + units, ... (the rows-band forward may instead give each CTA
 // one group, or a tile of consecutive groups: forward_launch). With 16-byte
-// I/O each thread copies its own chunks
-// of the next `stages - 1` row groups into its own shared-memory slots with
-// cp.async while it works on the current group (a per-thread pipeline: no
-// barrier guards a stage, since only the copying thread reads it), so the
-// bytes in flight per SM are bounded by shared memory rather than by
-// registers. With misaligned operands (element I/O) the rows-band backward
+// I/O each thread copies its own chunks of the next `stages - 1` row groups
+// into its own shared-memory slots with cp.async while it works on the
+// current group (a per-thread pipeline: no barrier guards a stage, since only
+// the copying thread reads it), so the bytes in flight per SM are bounded by
+// shared memory rather than by registers. With misaligned operands (element I/O) the rows-band backward
 // stages each row's aligned 16-byte blocks the same way, a chunk then reading
 // a neighbour's block too (after the row slot's barrier; shifted_stage_bytes);
 // the forward and the cluster band load elements into registers.

@@ -539,20 +539,27 @@ TEST_F(Cuda, ForwardBatchInvariance) {
   }
 }
 
+// Plan inputs for computing a test's expectations: the current device's SM
+// count, the rest at plan::Device's defaults (sm_90).
+plan::Device current_plan_device() {
+  int dev = 0, sms = 0;
+  EXPECT_EQ(cudaSuccess, cudaGetDevice(&dev));
+  EXPECT_EQ(cudaSuccess, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  plan::Device pd;
+  pd.sm_count = sms;
+  return pd;
+}
+
 // The same where the big batch takes the forward's other grid, one CTA per
 // row group (plan::forward_one_group_per_cta: many short rows), while the
 // batches of 1 and 3 stay persistent. The plan is asked first, so that the
 // test cannot pass by testing the persistent grid twice.
 TEST_F(Cuda, ForwardBatchInvarianceOneGroupPerCta) {
-  int dev = 0, sms = 0;
-  CUDA_OK(cudaGetDevice(&dev));
-  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  plan::Device pd;
-  pd.sm_count = sms;
+  const plan::Device pd = current_plan_device();
   std::mt19937_64 rng(5);
   for (int64_t d : {int64_t{128}, int64_t{1024}}) {
     const plan::RowPlan row = plan::forward_launch(1, d, 2, pd).row;
-    const int64_t resident = int64_t{sms} * plan::forward_blocks_per_sm(row.threads_per_row) / row.cluster;
+    const int64_t resident = int64_t{pd.sm_count} * plan::forward_blocks_per_sm(row.threads_per_row) / row.cluster;
     Case c;
     c.dtype = RMSNORM_DTYPE_BF16;
     c.cols = d;
@@ -571,18 +578,14 @@ TEST_F(Cuda, ForwardBatchInvarianceOneGroupPerCta) {
 // a last tile with fewer groups and a last group with fewer rows, checked
 // against the reference, and batch-invariant against a lone row.
 TEST_F(Cuda, ForwardTiledGrid) {
-  int dev = 0, sms = 0;
-  CUDA_OK(cudaGetDevice(&dev));
-  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  plan::Device pd;
-  pd.sm_count = sms;
+  const plan::Device pd = current_plan_device();
   std::mt19937_64 rng(51);
   const std::pair<int64_t, int32_t> shapes[] = {
       {4096, RMSNORM_DTYPE_BF16}, {8192, RMSNORM_DTYPE_F32}, {2000, RMSNORM_DTYPE_F16}};
   for (const auto& [d, dt] : shapes) {
     const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
     const plan::RowPlan row = plan::forward_launch(1, d, esize, pd).row;
-    const int64_t resident = int64_t{sms} * plan::forward_blocks_per_sm(row.threads_per_row);
+    const int64_t resident = int64_t{pd.sm_count} * plan::forward_blocks_per_sm(row.threads_per_row);
     Case c;
     c.dtype = dt;
     c.cols = d;
@@ -1213,18 +1216,28 @@ struct OneStagePlans {
 
 using ShapeCase = std::tuple<int64_t, int32_t, int64_t, Layout>;  // D, dtype, rows, layout
 
+// Forward, then backward with an fp32 gw, of one shape.
+void check_shape_case(const ShapeCase& sc, std::mt19937_64& rng) {
+  const auto& [d, dt, rows, layout] = sc;
+  Case c;
+  c.dtype = dt;
+  c.cols = d;
+  c.rows = rows;
+  c.layout = layout;
+  check_forward(c, rng);
+  c.gw_mode = RMSNORM_GW_STORE_F32;
+  check_backward(c, rng);
+}
+
 // Forward and backward of each case under OneStagePlans, after checking that
 // the plan of its band has one stage there.
 void check_one_stage_cases(std::initializer_list<ShapeCase> cases, std::mt19937_64& rng) {
   const OneStagePlans limit;
-  int dev = 0, sms = 0;
-  CUDA_OK(cudaGetDevice(&dev));
-  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  plan::Device pd;
-  pd.sm_count = sms;
+  plan::Device pd = current_plan_device();
   pd.smem_per_sm = OneStagePlans::kPerSm;
   pd.max_smem_optin = OneStagePlans::kPerBlock;
-  for (const auto& [d, dt, rows, layout] : cases) {
+  for (const ShapeCase& sc : cases) {
+    const auto& [d, dt, rows, layout] = sc;
     const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
     const plan::ForwardLaunch f = plan::forward_launch(rows, d, esize, pd);
     const plan::BackwardLaunch b = plan::backward_launch(rows, d, esize, true, pd);
@@ -1232,14 +1245,7 @@ void check_one_stage_cases(std::initializer_list<ShapeCase> cases, std::mt19937_
     ASSERT_EQ(f.stages, 1) << "D " << d;
     ASSERT_EQ(b.stages, 1) << "D " << d;
     if (b.row.band == plan::Band::kRows) ASSERT_EQ(b.stages_elementwise, 1) << "D " << d;
-    Case c;
-    c.dtype = dt;
-    c.cols = d;
-    c.rows = rows;
-    c.layout = layout;
-    check_forward(c, rng);
-    c.gw_mode = RMSNORM_GW_STORE_F32;
-    check_backward(c, rng);
+    check_shape_case(sc, rng);
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -1295,20 +1301,13 @@ TEST_F(CudaSanitizer, RowsBand) {
 // slot's extra entry) with odd strides.
 TEST_F(CudaSanitizer, PersistentReuse) {
   std::mt19937_64 rng(14);
-  const std::tuple<int64_t, int32_t, int64_t, Layout> cases[] = {
+  const ShapeCase cases[] = {
       {1000, RMSNORM_DTYPE_F32, 6400, Layout::kAligned},    {4096, RMSNORM_DTYPE_BF16, 1600, Layout::kAligned},
       {20000, RMSNORM_DTYPE_BF16, 400, Layout::kAligned},   {1000, RMSNORM_DTYPE_F32, 6400, Layout::kOffset},
       {4096, RMSNORM_DTYPE_BF16, 1600, Layout::kPadded},    {33, RMSNORM_DTYPE_BF16, 120000, Layout::kPadded},
       {32, RMSNORM_DTYPE_BF16, 210000, Layout::kPadded}};
-  for (const auto& [d, dt, rows, layout] : cases) {
-    Case c;
-    c.dtype = dt;
-    c.cols = d;
-    c.rows = rows;
-    c.layout = layout;
-    check_forward(c, rng);
-    c.gw_mode = RMSNORM_GW_STORE_F32;
-    check_backward(c, rng);
+  for (const ShapeCase& sc : cases) {
+    check_shape_case(sc, rng);
     if (HasFailure()) return;
   }
 }

@@ -139,20 +139,6 @@ __device__ __forceinline__ void window5(const uint32_t (&w)[8], int k, uint32_t 
   for (int i = 0; i < 5; ++i) out[i] = k == 0 ? w[i] : k == 1 ? w[i + 1] : k == 2 ? w[i + 2] : w[i + 3];
 }
 
-// A full chunk at a misaligned address: the two aligned 16-byte blocks that
-// hold it, funnel-shifted into place. The caller guarantees that both blocks
-// lie inside the row: not the row's first chunk (the lower block starts
-// after the row's first byte) and `avail` bytes from the chunk's start to
-// the row's end >= 32 - offset (the upper block ends inside the row).
-template <typename T>
-__device__ __forceinline__ Pack<T> shift_pair(const uint4& lo, const uint4& hi, int offset);
-
-template <typename T>
-__device__ __forceinline__ Pack<T> load_shifted(const T* p, int offset) {
-  const uint4* a = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(p) - offset);
-  return shift_pair<T>(a[0], a[1], offset);
-}
-
 // The 16 bytes that start `offset` (0..15) bytes into two consecutive
 // aligned 16-byte blocks lo, hi.
 template <typename T>
@@ -165,6 +151,17 @@ __device__ __forceinline__ Pack<T> shift_pair(const uint4& lo, const uint4& hi, 
 #pragma unroll
   for (int i = 0; i < 4; ++i) r.w[i] = __funnelshift_r(win[i], win[i + 1], sh);
   return r;
+}
+
+// A full chunk at a misaligned address: the two aligned 16-byte blocks that
+// hold it, funnel-shifted into place. The caller guarantees that both blocks
+// lie inside the row: not the row's first chunk (the lower block starts
+// after the row's first byte) and `avail` bytes from the chunk's start to
+// the row's end >= 32 - offset (the upper block ends inside the row).
+template <typename T>
+__device__ __forceinline__ Pack<T> load_shifted(const T* p, int offset) {
+  const uint4* a = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(p) - offset);
+  return shift_pair<T>(a[0], a[1], offset);
 }
 
 // In-row indices are 32-bit (api.cpp limits cols to plan::kMaxCols); row

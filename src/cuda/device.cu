@@ -70,10 +70,6 @@ MemorySpace memory_space(const void* p, int* owner) {
   return MemorySpace::kBoth;
 }
 
-// Properties are read once per device: the plan (and so every reduction
-// order) must not change between calls on the same device. A failed query
-// is an error of the call, never replaced by defaults: the workspace size
-// and the launch must come from the same plan.
 namespace {
 std::atomic<size_t> g_smem_limit_per_sm{0};
 std::atomic<size_t> g_smem_limit_per_block{0};
@@ -93,6 +89,11 @@ void limit_shared_memory(size_t per_sm, size_t per_block) {
 }
 }  // namespace testing
 
+// Properties are read once per device: the plan (and so every reduction
+// order) must not change between calls on the same device (testing::
+// limit_shared_memory aside, which only tests set). A failed query
+// is an error of the call, never replaced by defaults: the workspace size
+// and the launch must come from the same plan.
 rmsnorm_status_t device_properties(int device, plan::Device* out) {
   static std::mutex mutex;
   static std::map<int, plan::Device> cache;
