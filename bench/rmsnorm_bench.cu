@@ -823,16 +823,19 @@ std::string shape_label(int64_t rows, int64_t cols, rmsnorm_dtype_t dtype) {
   return std::to_string(rows) + "x" + std::to_string(cols) + " " + dtype_name(dtype);
 }
 
-// --shape ROWSxCOLS:DTYPE (e.g. 32768x4096:f16): an aligned case of group "custom".
+// --shape ROWSxCOLS:DTYPE[:offset] (e.g. 32768x4096:f16, 8192x4096:bf16:offset): a case of group "custom",
+// aligned, or with every operand's base moved by one element (an odd COLS gives misaligned rows either way).
 Shape parse_shape(const std::string& spec) {
   long long r = 0, c = 0;
-  char dt[8] = {};
-  if (std::sscanf(spec.c_str(), "%lldx%lld:%7s", &r, &c, dt) != 3 || r < 1 || c < 1)
-    die("--shape: expected ROWSxCOLS:DTYPE (f32, f16 or bf16), got '" + spec + "'");
-  const std::string d = dt;
+  char dt[8] = {}, layout[16] = {};
+  const int n = std::sscanf(spec.c_str(), "%lldx%lld:%7[a-z0-9]:%15s", &r, &c, dt, layout);
+  if (n < 3 || r < 1 || c < 1)
+    die("--shape: expected ROWSxCOLS:DTYPE[:offset] (DTYPE f32, f16 or bf16), got '" + spec + "'");
+  const std::string d = dt, l = n == 4 ? layout : "";
   if (d != "f32" && d != "f16" && d != "bf16") die("--shape: unknown dtype in '" + spec + "'");
+  if (!l.empty() && l != "offset") die("--shape: unknown layout '" + l + "' (only offset)");
   const rmsnorm_dtype_t dtype = d == "f32" ? RMSNORM_DTYPE_F32 : d == "f16" ? RMSNORM_DTYPE_F16 : RMSNORM_DTYPE_BF16;
-  return Shape{r, c, dtype, "custom", 0, false};
+  return Shape{r, c, dtype, "custom", l == "offset" ? 1 : 0, false};
 }
 
 bool selected(int64_t rows, int64_t cols, rmsnorm_dtype_t dtype, const char* group) {
@@ -1192,7 +1195,8 @@ void usage() {
       "  --reps N        timed calls per case (default 100; >= 50 for numbers you report)\n"
       "  --quick         20 reps, 5 copy reps, short warm-up, default shapes only (smoke run)\n"
       "  --shapes S      only shapes whose \"ROWSxCOLS dtype group\" contains S (e.g. 4096, bf16, extra)\n"
-      "  --shape RxC:T   time this shape instead of the list (e.g. 32768x4096:f16; repeatable; no decode)\n"
+      "  --shape RxC:T[:offset]  time this shape instead of the list (e.g. 32768x4096:f16,\n"
+      "                  8192x4096:bf16:offset for bases one element off; repeatable; no decode)\n"
       "  --no-extra      skip the extra large-data shapes\n"
       "  --json FILE     write every number and the run's metadata to FILE\n"
       "  --commit STR    commit recorded in the JSON (default: $RMSNORM_COMMIT, else \"unknown\")\n");
@@ -1218,6 +1222,7 @@ void parse(int argc, char** argv) {
       g_opt.shapes = value();
     } else if (a == "--shape") {
       g_opt.custom.push_back(value());
+      parse_shape(g_opt.custom.back());  // a bad spec fails here, before any device work
     } else if (a == "--no-extra") {
       g_opt.extra = false;
     } else if (a == "--commit") {
