@@ -67,7 +67,7 @@ struct Options {
   std::string json;
   std::string shapes;  // substring filter on "ROWSxCOLS dtype"
   std::string commit;
-  std::vector<std::string> custom;  // --shape ROWSxCOLS:DTYPE, repeatable: these instead of the list
+  std::vector<std::string> custom;  // --shape ROWSxCOLS:DTYPE[:offset], repeatable: these instead of the list
 };
 
 struct Stats {
