@@ -99,6 +99,19 @@ RMSNORM_HD constexpr int scratch_index(int parity, int slot, int warp_in_row, in
 // Hardware has 16 (0..15); slots > 1 only for tpr in 64..256, at most 8 slots.
 RMSNORM_HD constexpr int slot_barrier_id(int slot, int slots) { return slots == 1 ? 0 : 1 + slot; }
 
+// Element-I/O forward: y written in aligned 16-byte blocks. A row whose first
+// byte lies `offset_bytes` past a 16-byte boundary has store_head_cols
+// columns before its first boundary, then store_blocks whole blocks of vec
+// columns (block k: columns head + k vec ..; the owner of chunk k writes it),
+// then a tail of fewer than vec columns (the owner of the last chunk writes
+// it, and the owner of chunk 0 the head, by element).
+RMSNORM_HD constexpr int store_head_cols(int offset_bytes, int esize) {
+  return ((kChunkBytes - offset_bytes % kChunkBytes) % kChunkBytes) / esize;
+}
+RMSNORM_HD constexpr int64_t store_blocks(int64_t cols, int head, int esize) {
+  return cols > head ? (cols - head) / vec_elems(esize) : 0;
+}
+
 // cp.async pipeline depth (row groups staged per thread, the current one
 // included): as many as fit, at most kMaxStages.
 inline constexpr int kMaxStages = 3;

@@ -429,4 +429,38 @@ TEST(Plan, SlotSumTableReadsWithoutBankConflicts) {
 }
 
 }  // namespace
+// Element-I/O forward stores: head, whole aligned blocks, tail cover a row's
+// columns exactly once; every block starts on a 16-byte boundary and has an
+// owner (block k < chunks); the head lies in chunk 0 and the tail in one
+// window of vec columns.
+TEST(Plan, AlignedStoreBlocksCoverEveryColumnOnce) {
+  for (int esize : {2, 4}) {
+    const int vec = vec_elems(esize);
+    for (int offset = 0; offset < kChunkBytes; offset += esize) {
+      const int head = store_head_cols(offset, esize);
+      ASSERT_LT(head, vec);
+      ASSERT_EQ((offset + head * esize) % kChunkBytes, 0) << offset;
+      for (int64_t cols = 1; cols <= 1100; cols += cols < 300 ? 1 : 97) {
+        const int64_t blocks = store_blocks(cols, head, esize);
+        const int64_t chunks = chunks_of(cols, esize);
+        std::vector<int> seen(static_cast<size_t>(cols), 0);
+        for (int64_t c = 0; c < std::min<int64_t>(head, cols); ++c) ++seen[static_cast<size_t>(c)];
+        for (int64_t k = 0; k < blocks; ++k) {
+          ASSERT_LT(k, chunks);
+          const int64_t first = head + k * vec;
+          ASSERT_EQ((offset + first * esize) % kChunkBytes, 0);
+          ASSERT_LE(first + vec, cols);
+          for (int64_t c = first; c < first + vec; ++c) ++seen[static_cast<size_t>(c)];
+        }
+        const int64_t tail = head + blocks * vec;
+        if (tail < cols) ASSERT_LT(cols - tail, vec) << esize << " " << offset << " " << cols;
+        for (int64_t c = tail; c < cols; ++c) ++seen[static_cast<size_t>(c)];
+        for (int64_t c = 0; c < cols; ++c)
+          ASSERT_EQ(seen[static_cast<size_t>(c)], 1) << "esize " << esize << " offset " << offset << " cols " << cols
+                                                     << " col " << c;
+      }
+    }
+  }
+}
+
 }  // namespace rmsnorm::plan

@@ -164,46 +164,63 @@ __device__ __forceinline__ Pack<T> load_shifted(const T* p, int offset) {
   return shift_pair<T>(a[0], a[1], offset);
 }
 
-// In-row indices are 32-bit (api.cpp limits cols to plan::kMaxCols); row
-// offsets are 64-bit. Loads chunk `chunk` of a row; elements past `cols`
-// read as 0 (they add nothing to any sum). vector_io: every row start is
-// 16-byte aligned, so a full chunk is one 16-byte load (kernels pass it as a
-// template constant). Otherwise a full chunk is one 16-byte load where it
-// happens to be aligned, two aligned 16-byte loads and a funnel shift where
-// both blocks lie inside the row, and element loads for the rest (the row's
-// first chunk and its last one or two).
 template <typename T>
-__device__ __forceinline__ Pack<T> load_chunk(const T* __restrict__ row, int chunk, int cols, bool vector_io) {
-  constexpr int kN = Pack<T>::kN;
-  const int base = chunk * kN;
+__device__ __forceinline__ Pack<T> pack_of(const uint4& u) {
   Pack<T> p;
-  if (vector_io && base + kN <= cols) {
-    const uint4 u = *reinterpret_cast<const uint4*>(row + base);
-    p.w[0] = u.x;
-    p.w[1] = u.y;
-    p.w[2] = u.z;
-    p.w[3] = u.w;
-    return p;
-  }
-  if (!vector_io && base + kN <= cols) {
-    const int offset = static_cast<int>(reinterpret_cast<uintptr_t>(row + base) & 15);
-    const int64_t avail = static_cast<int64_t>(cols - base) * static_cast<int64_t>(sizeof(T));
-    if (offset == 0) {
-      const uint4 u = *reinterpret_cast<const uint4*>(row + base);
-      p.w[0] = u.x;
-      p.w[1] = u.y;
-      p.w[2] = u.z;
-      p.w[3] = u.w;
-      return p;
-    }
-    if (chunk > 0 && avail >= 32 - offset) return load_shifted(row + base, offset);
+  p.w[0] = u.x;
+  p.w[1] = u.y;
+  p.w[2] = u.z;
+  p.w[3] = u.w;
+  return p;
+}
+
+// Columns [first, first + kN) of a row at any alignment (elements past
+// `cols` read as 0): one 16-byte load where the window is aligned, two
+// aligned 16-byte loads and a funnel shift where both blocks lie inside the
+// row (the lower one starts at or after the row's first byte, the upper one
+// ends at or before its last), element loads otherwise.
+template <typename T>
+__device__ __forceinline__ Pack<T> load_window(const T* __restrict__ row, int first, int cols) {
+  constexpr int kN = Pack<T>::kN;
+  Pack<T> p;
+  if (first + kN <= cols) {
+    const int offset = static_cast<int>(reinterpret_cast<uintptr_t>(row + first) & 15);
+    if (offset == 0) return pack_of<T>(*reinterpret_cast<const uint4*>(row + first));
+    const int64_t before = static_cast<int64_t>(first) * static_cast<int64_t>(sizeof(T));
+    const int64_t avail = static_cast<int64_t>(cols - first) * static_cast<int64_t>(sizeof(T));
+    if (before >= offset && avail >= 32 - offset) return load_shifted(row + first, offset);
   }
 #pragma unroll
   for (int k = 0; k < 4; ++k) p.w[k] = 0;
 #pragma unroll
   for (int j = 0; j < kN; ++j)
-    if (base + j < cols) p.set_elem(j, row[base + j]);
+    if (first + j < cols) p.set_elem(j, row[first + j]);
   return p;
+}
+
+// In-row indices are 32-bit (api.cpp limits cols to plan::kMaxCols); row
+// offsets are 64-bit. Loads chunk `chunk` of a row; elements past `cols`
+// read as 0 (they add nothing to any sum). vector_io: every row start is
+// 16-byte aligned, so a full chunk is one 16-byte load (kernels pass it as a
+// template constant). Otherwise the chunk's window (load_window): for the
+// row's first chunk the lower block would start before the row, so it is
+// loaded by element where misaligned.
+template <typename T>
+__device__ __forceinline__ Pack<T> load_chunk(const T* __restrict__ row, int chunk, int cols, bool vector_io) {
+  constexpr int kN = Pack<T>::kN;
+  const int base = chunk * kN;
+  if (!vector_io) return load_window(row, base, cols);
+  if (base + kN <= cols) return pack_of<T>(*reinterpret_cast<const uint4*>(row + base));
+  return load_window(row, base, cols);  // the partial last chunk: by element
+}
+
+// One 16-byte store to an address that is 16-byte aligned by construction.
+// Written as PTX: from plain C++ here nvcc emitted four 4-byte stores.
+template <typename T>
+__device__ __forceinline__ void store16(T* dst, const Pack<T>& v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
+               "r"(v.w[3])
+               : "memory");
 }
 
 // Stores chunk `chunk` of a row (elements past `cols` are not written).
@@ -290,30 +307,28 @@ __device__ __forceinline__ void cp_async_wait(int pending) {
 #endif
 }
 
-template <typename T>
-__device__ __forceinline__ Pack<T> pack_of(const uint4& u) {
-  Pack<T> p;
-  p.w[0] = u.x;
-  p.w[1] = u.y;
-  p.w[2] = u.z;
-  p.w[3] = u.w;
-  return p;
-}
-
 // w' of a chunk's elements in fp32: w, 1 + w (added in fp32), or 1 without
 // weight. The persistent kernels compute it once per thread: a thread owns
 // the same columns in every row.
+// weights_at: the same for the columns [first, first + kN) at any alignment
+// (first a multiple of kN where vector_io).
+template <typename T>
+__device__ __forceinline__ void weights_at(const T* __restrict__ w, int first, int cols, bool vector_io, float offset,
+                                           float (&out)[Pack<T>::kN]) {
+  constexpr int kN = Pack<T>::kN;
+  if (w == nullptr) {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) out[j] = 1.0f;
+    return;
+  }
+  const Pack<T> p = vector_io ? load_chunk(w, first / kN, cols, true) : load_window(w, first, cols);
+#pragma unroll
+  for (int j = 0; j < kN; ++j) out[j] = p.get(j) + offset;
+}
 template <typename T>
 __device__ __forceinline__ void weights_of(const T* __restrict__ w, int chunk, int cols, bool vector_io, float offset,
                                            float (&out)[Pack<T>::kN]) {
-  if (w == nullptr) {
-#pragma unroll
-    for (int j = 0; j < Pack<T>::kN; ++j) out[j] = 1.0f;
-    return;
-  }
-  const Pack<T> p = load_chunk(w, chunk, cols, vector_io);
-#pragma unroll
-  for (int j = 0; j < Pack<T>::kN; ++j) out[j] = p.get(j) + offset;
+  weights_at(w, chunk * Pack<T>::kN, cols, vector_io, offset, out);
 }
 
 // w' of the kChunksPerThread chunks a thread owns (the same columns in every

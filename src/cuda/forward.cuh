@@ -66,6 +66,50 @@ __device__ __forceinline__ void store_normalized(T* __restrict__ yr, int chunk, 
     store_chunk(yr, chunk, cols, vector_io, normalize_chunk<T, false>(x, w, r));
 }
 
+// y of columns [first, first + kN) (past `cols`: unused), x and w' loaded as
+// windows at any alignment.
+template <typename T>
+__device__ __forceinline__ Pack<T> normalized_window(const T* __restrict__ xr, const T* __restrict__ w, int first,
+                                                     int cols, float w_offset, bool round_xhat, float r) {
+  float wf[Pack<T>::kN];
+  weights_at(w, first, cols, false, w_offset, wf);
+  const Pack<T> x = load_window(xr, first, cols);
+  return round_xhat ? normalize_chunk<T, true>(x, wf, r) : normalize_chunk<T, false>(x, wf, r);
+}
+
+// Element I/O: the y of a thread's chunk `chunk` goes out in y's aligned
+// 16-byte blocks (plan::store_head_cols / store_blocks): this thread writes
+// block `chunk` (columns that straddle chunks `chunk` and `chunk` + 1), plus
+// the head for chunk 0 and the tail for the last chunk, by element. x and w'
+// of those columns are loaded again as windows (L1 hits: the row was just
+// read), so the chunks held for the row's sum are dead by here: holding them
+// as well spilled at 64 registers. Every y is x r w' computed element by
+// element as on every path: the split changes no bit. One 16-byte store per
+// block, where a chunk 2 bytes off alignment took five.
+template <typename T>
+__device__ __forceinline__ void store_normalized_blocks(const T* __restrict__ xr, T* __restrict__ yr,
+                                                        const T* __restrict__ w, int chunk, int chunks, int cols,
+                                                        float w_offset, bool round_xhat, float r) {
+  constexpr int kN = Pack<T>::kN;
+  const int head = plan::store_head_cols(static_cast<int>(reinterpret_cast<uintptr_t>(yr) & 15), sizeof(T));
+  const int blocks = static_cast<int>(plan::store_blocks(cols, head, sizeof(T)));
+  auto y_at = [&](int first) { return normalized_window(xr, w, first, cols, w_offset, round_xhat, r); };
+  auto store_elems = [&](int first, int n, const Pack<T>& y) {
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+      if (j < n) yr[first + j] = y.elem(j);
+  };
+  if (chunk < blocks) {
+    const int first = head + chunk * kN;
+    store16(yr + first, y_at(first));
+  }
+  if (chunk == 0 && head > 0) store_elems(0, head < cols ? head : cols, y_at(0));
+  if (chunk == chunks - 1) {
+    const int tail = head + blocks * kN;
+    if (tail < cols) store_elems(tail, cols - tail, y_at(tail));
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ float inv_rms(float sum_sq, int cols, float eps) {
   return 1.0f / sqrtf(sum_sq / static_cast<float>(cols) + eps);
@@ -372,9 +416,16 @@ __global__ void __launch_bounds__(plan::forward_block(kTpr), plan::forward_block
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
         if (c < p.chunks) {
-          float w[Pack<T>::kN];
-          wv.get(it, w);
-          store_normalized(yr, c, p.cols, kVec, p.round_xhat, x_of(it), w, r);
+          // Element I/O in the rows band: aligned blocks. The cluster band's element-I/O kernel keeps the
+          // per-chunk stores: with the block stores it spilled (208 bytes at 16-bit, 64 registers).
+          if constexpr (kVec || kClustered) {
+            float w[Pack<T>::kN];
+            wv.get(it, w);
+            store_normalized(yr, c, p.cols, kVec, p.round_xhat, x_of(it), w, r);
+          } else {
+            store_normalized_blocks(p.x + row * p.x_stride, yr, p.w, c, p.chunks, p.cols, p.w_offset, p.round_xhat,
+                                    r);
+          }
         }
       }
     }
