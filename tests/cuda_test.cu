@@ -310,7 +310,32 @@ void gpu_backward(const Case& c, const Inputs& in, const std::vector<float>& rst
   out->gw = gw.to_double();
 }
 
-void expect_backward_matches_reference(const Case& c, const Inputs& in, const BackwardOut& out);
+void expect_backward_matches_reference(const Case& c, const Inputs& in, const BackwardOut& out,
+                                       const BackwardOut* cpu = nullptr);
+
+// The CPU backend's gx and gw for the same inputs, rstd and gw mode (the
+// accumulate modes start from the GPU call's initial gw).
+void cpu_backward(const Case& c, const Inputs& in, const std::vector<float>& rstd, const BackwardOut& gpu,
+                  BackwardOut* out) {
+  out->gx = HostMatrix(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));  // NaN-poisoned
+  const bool f32 = c.gw_mode == RMSNORM_GW_STORE_F32 || c.gw_mode == RMSNORM_GW_ACCUMULATE_F32;
+  HostMatrix gw(f32 ? RMSNORM_DTYPE_F32 : c.dtype, 1, c.cols);
+  for (int64_t k = 0; k < c.cols; ++k) gw.set(0, k, gpu.gw_old[k]);
+  out->gw_old = gpu.gw_old;
+  const rmsnorm_problem_t p = problem_of(c);
+  const rmsnorm_backend_t cpu = rmsnorm_backend_cpu(0);
+  const int32_t mode = c.weight ? c.gw_mode : RMSNORM_GW_NONE;
+  size_t ws_bytes = 0;
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, mode, &cpu, &ws_bytes)) << rmsnorm_last_error();
+  std::vector<unsigned char> ws(ws_bytes + 1);
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+            rmsnorm_backward(&p, in.x.data(), stride_of(c), c.weight ? in.w.data() : nullptr, in.gy.data(),
+                             stride_of(c), c.with_rstd ? rstd.data() : nullptr, out->gx.data(), stride_of(c),
+                             mode == RMSNORM_GW_NONE ? nullptr : gw.data(), mode, ws_bytes > 0 ? ws.data() : nullptr,
+                             ws_bytes, &cpu))
+      << rmsnorm_last_error();
+  out->gw = gw.to_double();
+}
 
 void check_backward(const Case& c, std::mt19937_64& rng) {
   SCOPED_TRACE(describe(c));
@@ -326,11 +351,18 @@ void check_backward(const Case& c, std::mt19937_64& rng) {
   BackwardOut out;
   gpu_backward(c, in, rstd, &out, rng);
   if (::testing::Test::HasFatalFailure()) return;
-  expect_backward_matches_reference(c, in, out);
+  if (!c.compare_cpu) return expect_backward_matches_reference(c, in, out);
+  BackwardOut cpu;
+  cpu_backward(c, in, rstd, out, &cpu);
+  if (::testing::Test::HasFatalFailure()) return;
+  expect_backward_matches_reference(c, in, out, &cpu);
 }
 
-// gx and gw of `out` (computed from `in`) against the float64 reference.
-void expect_backward_matches_reference(const Case& c, const Inputs& in, const BackwardOut& out) {
+// gx and gw of `out` (computed from `in`) against the float64 reference;
+// with `cpu`, also against the CPU backend's: both sit within the reference
+// tolerance, so they agree within twice it.
+void expect_backward_matches_reference(const Case& c, const Inputs& in, const BackwardOut& out,
+                                       const BackwardOut* cpu) {
   const std::vector<double> xd = in.x.to_double(), wd = in.w.to_double(), gyd = in.gy.to_double();
   const size_t n = static_cast<size_t>(c.rows * c.cols);
   std::vector<double> gxr(n), gwr(static_cast<size_t>(c.cols)), gxs(n), gws(static_cast<size_t>(c.cols));
@@ -338,9 +370,11 @@ void expect_backward_matches_reference(const Case& c, const Inputs& in, const Ba
                       gwr.data(), gxs.data(), gws.data());
   // rstd given as float: its rounding (2^-24 relative) is inside acc_rel.
   const double acc = acc_rel(c.cols);
-  EXPECT_TRUE(check_matrix("gx", out.gx, gxr, [&](int64_t r, int64_t k) {
-    return ulp(c.dtype, gxr[r * c.cols + k]) + acc * gxs[r * c.cols + k];
-  }));
+  auto gx_tol = [&](int64_t r, int64_t k) { return ulp(c.dtype, gxr[r * c.cols + k]) + acc * gxs[r * c.cols + k]; };
+  EXPECT_TRUE(check_matrix("gx", out.gx, gxr, gx_tol));
+  if (cpu != nullptr)
+    EXPECT_TRUE(check_matrix("gx vs CPU backend", out.gx, cpu->gx.to_double(),
+                             [&](int64_t r, int64_t k) { return 2 * gx_tol(r, k); }));
   if (!c.weight || c.gw_mode == RMSNORM_GW_NONE) return;
   const bool f32 = c.gw_mode == RMSNORM_GW_STORE_F32 || c.gw_mode == RMSNORM_GW_ACCUMULATE_F32;
   const bool accumulate = c.gw_mode == RMSNORM_GW_ACCUMULATE || c.gw_mode == RMSNORM_GW_ACCUMULATE_F32;
@@ -351,12 +385,15 @@ void expect_backward_matches_reference(const Case& c, const Inputs& in, const Ba
   // like sqrt(rows) relative to sum|gy x_hat|, plus x_hat's own error; the
   // accumulate modes add one fp32 rounding of the old value.
   const double acc_rows = acc_rel(c.rows);
-  EXPECT_TRUE(check_vector(
-      "gw", c.cols, [&](int64_t k) { return out.gw[k]; }, expect,
-      [&](int64_t k) {
-        return ulp(out_dtype, expect[k]) + (acc + acc_rows) * gws[k] +
-               (accumulate ? ulp(RMSNORM_DTYPE_F32, out.gw_old[k]) : 0.0);
-      }));
+  auto gw_tol = [&](int64_t k) {
+    return ulp(out_dtype, expect[k]) + (acc + acc_rows) * gws[k] +
+           (accumulate ? ulp(RMSNORM_DTYPE_F32, out.gw_old[k]) : 0.0);
+  };
+  EXPECT_TRUE(check_vector("gw", c.cols, [&](int64_t k) { return out.gw[k]; }, expect, gw_tol));
+  if (cpu != nullptr)
+    EXPECT_TRUE(check_vector(
+        "gw vs CPU backend", c.cols, [&](int64_t k) { return out.gw[k]; }, cpu->gw,
+        [&](int64_t k) { return 2 * gw_tol(k); }));
 }
 
 // ---- forward --------------------------------------------------------------------------------------
@@ -367,8 +404,9 @@ const int32_t kDtypes[] = {RMSNORM_DTYPE_F32, RMSNORM_DTYPE_F16, RMSNORM_DTYPE_B
 // at 16-bit and 512 at fp32, every partial-chunk tail; 16-bit tpr 512 is in
 // the large-D tests) x dtype x {aligned, base + 1 element, padded stride},
 // one test per (dtype, layout) so that ctest runs them in parallel.
-// Rows rotate through {1, 2, 3, 7}; every 64th D runs 300 rows; weight / no
-// weight and rstd / none alternate; backward alternates gw in dtype and fp32.
+// Rows rotate through {1, 2, 3, 7}; every 64th D runs 300 rows and is also
+// compared with the CPU backend; weight / no weight and rstd / none
+// alternate; backward alternates gw in dtype and fp32.
 class CudaSweep : public ::testing::TestWithParam<std::tuple<int32_t, Layout>> {
  protected:
   void SetUp() override {
@@ -383,6 +421,7 @@ class CudaSweep : public ::testing::TestWithParam<std::tuple<int32_t, Layout>> {
     c.weight = (d + c.dtype) % 5 != 0;
     c.with_rstd = d % 2 == 0;
     c.gw_mode = (d % 3 == 0) ? RMSNORM_GW_STORE_F32 : RMSNORM_GW_STORE;
+    c.compare_cpu = d % 64 == 0;
     return c;
   }
 };
@@ -615,6 +654,7 @@ TEST_F(Cuda, BackwardLargeD) {
         c.cols = d;
         c.layout = lay;
         c.rows = d > 100000 ? 3 : 37;  // 37 rows: several rows per persistent cluster
+        c.compare_cpu = true;
         check_backward(c, rng);
         if (HasFailure()) return;
       }
@@ -631,6 +671,7 @@ TEST_F(Cuda, BackwardSemanticsAndGwModes) {
       c.cols = d;
       c.rows = d > 10000 ? 40 : 300;  // several rows per CTA (or cluster) in every band
       c.hetero = true;
+      c.compare_cpu = true;
       for (int32_t mode : {RMSNORM_GW_NONE, RMSNORM_GW_STORE, RMSNORM_GW_STORE_F32, RMSNORM_GW_ACCUMULATE,
                            RMSNORM_GW_ACCUMULATE_F32}) {
         c.gw_mode = mode;
@@ -1245,6 +1286,61 @@ TEST_F(Cuda, BackwardOnAContextWithFewerSms) {
 
 // Host memory handed to the CUDA backend and device memory handed to the CPU
 // backend are refused, nothing written.
+// rows == 0 on the GPU (the header: a no-op). Forward and backward write
+// nothing; for the gw store modes the sum over no rows, 0, is also accepted,
+// as in ApiEmpty on the CPU. Every band's D.
+TEST_F(Cuda, ZeroRowsWriteNothing) {
+  for (int64_t d : kBandDs) {
+    for (int32_t dt : {RMSNORM_DTYPE_F32, RMSNORM_DTYPE_BF16}) {
+      SCOPED_TRACE(testing::Message() << "D " << d << " dtype " << dt);
+      Arena::get().reset();
+      rmsnorm_problem_t p = rmsnorm_problem_default();
+      p.rows = 0;
+      p.cols = d;
+      p.dtype = dt;
+      const rmsnorm_backend_t b = cuda_backend();
+      // One row of poisoned storage behind every row operand: what a bad
+      // launch would write first.
+      const HostMatrix row(dt, 1, d), wf32(RMSNORM_DTYPE_F32, 1, d);
+      const Dev x = upload(row), w = upload(row), y = upload(row), gy = upload(row), gx = upload(row);
+      const Dev rstd = upload(wf32);
+      auto unchanged = [&](const Dev& dv, const HostMatrix& m) {
+        HostMatrix back = m;
+        download(dv, back);
+        return back.storage == m.storage;
+      };
+      ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward(&p, x.data(), d, w.data(), y.data(), d,
+                                                        static_cast<float*>(rstd.data()), &b))
+          << rmsnorm_last_error();
+      CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_TRUE(unchanged(y, row)) << "forward wrote y";
+      EXPECT_TRUE(unchanged(rstd, wf32)) << "forward wrote rstd";
+      for (int32_t mode : {RMSNORM_GW_NONE, RMSNORM_GW_STORE, RMSNORM_GW_STORE_F32, RMSNORM_GW_ACCUMULATE,
+                           RMSNORM_GW_ACCUMULATE_F32}) {
+        SCOPED_TRACE(testing::Message() << "gw mode " << mode);
+        const bool f32 = mode == RMSNORM_GW_STORE_F32 || mode == RMSNORM_GW_ACCUMULATE_F32;
+        const HostMatrix gw_host(f32 ? RMSNORM_DTYPE_F32 : dt, 1, d);
+        const Dev gw = upload(gw_host);
+        size_t ws_bytes = 0;
+        ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, mode, &b, &ws_bytes));
+        void* ws = ws_bytes > 0 ? Arena::get().alloc(ws_bytes) : nullptr;
+        ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                  rmsnorm_backward(&p, x.data(), d, w.data(), gy.data(), d, nullptr, gx.data(), d,
+                                   mode == RMSNORM_GW_NONE ? nullptr : gw.data(), mode, ws, ws_bytes, &b))
+            << rmsnorm_last_error();
+        CUDA_OK(cudaDeviceSynchronize());
+        EXPECT_TRUE(unchanged(gx, row)) << "backward wrote gx";
+        HostMatrix gw_back = gw_host;
+        download(gw, gw_back);
+        bool zero = true;
+        for (int64_t k = 0; k < d; ++k) zero = zero && gw_back.get(0, k) == 0.0;
+        const bool store = mode == RMSNORM_GW_STORE || mode == RMSNORM_GW_STORE_F32;
+        EXPECT_TRUE(gw_back.storage == gw_host.storage || (store && zero)) << "gw neither untouched nor zero";
+      }
+    }
+  }
+}
+
 TEST_F(Cuda, WrongMemorySpace) {
   rmsnorm_problem_t p = rmsnorm_problem_default();
   p.rows = 2;

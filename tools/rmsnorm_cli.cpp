@@ -15,7 +15,8 @@
 //        grad:    the sum of both                   = 5 n D + 3 D elements
 //      On CUDA also the device-to-device copy (the bandwidth ceiling, read +
 //      write) and the two-pass backward (src/cuda/two_pass.hpp), the design
-//      the fused backward replaces, with the extra memory each needs.
+//      the fused backward replaces, as a grad call and as a VJP, with the
+//      extra memory each needs.
 //
 // GPU timing: one stream, a CUDA event before and after every call, the
 // median over the calls. Input sets are rotated so that the data touched
@@ -615,6 +616,10 @@ void write_json(const Config& cfg, const Report& rep, bool passed) {
          ", \"two_pass_temp\": " + json_number(rep.two_pass_temp_bytes) + "}";
     s += ",\n  \"two_pass_over_fused_time\": " +
          (fused && two ? json_number(two->median_us / fused->median_us) : std::string("null"));
+    const Timing* grad = find(rep, "grad");
+    const Timing* grad_two = find(rep, "grad_two_pass");
+    s += ",\n  \"two_pass_over_fused_grad_time\": " +
+         (grad && grad_two ? json_number(grad_two->median_us / grad->median_us) : std::string("null"));
     if (!rep.two_pass_note.empty()) s += ",\n  \"two_pass_note\": " + json_string(rep.two_pass_note);
   }
   s += "\n}\n";
@@ -1014,11 +1019,16 @@ int run_cuda(const Config& cfg) {
   }));
   rep.timings.push_back(time_cuda("vjp", pr.vjp_bytes, rep.reps, nsets, stream, vjp));
   if (two_pass_ok) {
-    rep.timings.push_back(time_cuda("vjp_two_pass", pr.vjp_bytes, rep.reps, nsets, stream, [&](int i) {
+    auto vjp_two_pass = [&](int i) {
       lib_check(rmsnorm::cuda::backward_two_pass(two_pass_args(pr, sets[static_cast<size_t>(i)], w.p, gw.p), temp.p,
                                                  stream),
                 "two-pass backward");
+    };
+    rep.timings.push_back(time_cuda("grad_two_pass", pr.fwd_bytes + pr.vjp_bytes, rep.reps, nsets, stream, [&](int i) {
+      fwd(i, true);
+      vjp_two_pass(i);
     }));
+    rep.timings.push_back(time_cuda("vjp_two_pass", pr.vjp_bytes, rep.reps, nsets, stream, vjp_two_pass));
   }
   CUDA_CHECK(cudaGetLastError());
   CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -1028,6 +1038,10 @@ int run_cuda(const Config& cfg) {
   std::printf("\nbackward extra device memory: fused workspace %.2f MiB, two-pass temporary %.2f MiB\n",
               rep.fused_workspace_bytes / (1 << 20), rep.two_pass_temp_bytes / (1 << 20));
   if (fused && two) std::printf("two-pass / fused VJP time: %.2fx\n", two->median_us / fused->median_us);
+  const Timing* grad = find(rep, "grad");
+  const Timing* grad_two = find(rep, "grad_two_pass");
+  if (grad && grad_two)
+    std::printf("two-pass / fused grad time: %.2fx\n", grad_two->median_us / grad->median_us);
   sets.clear();
   CUDA_CHECK(cudaStreamDestroy(stream));
   if (!cfg.json.empty()) write_json(cfg, rep, true);
