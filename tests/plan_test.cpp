@@ -453,7 +453,9 @@ TEST(Plan, AlignedStoreBlocksCoverEveryColumnOnce) {
           for (int64_t c = first; c < first + vec; ++c) ++seen[static_cast<size_t>(c)];
         }
         const int64_t tail = head + blocks * vec;
-        if (tail < cols) ASSERT_LT(cols - tail, vec) << esize << " " << offset << " " << cols;
+        if (tail < cols) {
+          ASSERT_LT(cols - tail, vec) << esize << " " << offset << " " << cols;
+        }
         for (int64_t c = tail; c < cols; ++c) ++seen[static_cast<size_t>(c)];
         for (int64_t c = 0; c < cols; ++c)
           ASSERT_EQ(seen[static_cast<size_t>(c)], 1) << "esize " << esize << " offset " << offset << " cols " << cols

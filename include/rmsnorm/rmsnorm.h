@@ -157,7 +157,8 @@ RMSNORM_API rmsnorm_status_t rmsnorm_backward_workspace_size(const rmsnorm_probl
  * with RMSNORM_GW_NONE. workspace: at least the queried size, 16-byte aligned
  * (may be NULL when that size is 0). Deterministic: the same inputs on the
  * same device give bitwise identical gx and gw. With rows == 0, gw is the
- * empty sum: the store modes write zeros, the accumulate modes add zero.
+ * empty sum: the store modes write zeros, the accumulate modes leave gw
+ * unchanged (bit for bit).
  * CUDA: a row of x or gy that does not start on 16 bytes is read from the
  * aligned 16-byte block holding its first element (the bytes before it are
  * ignored, and must lie in the same allocation: true for any allocation

@@ -592,8 +592,11 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
   const BackwardParams<T> p = backward_params<T>(a, l);
   const bool pdl = a.pdl && dev.sm90_code;
   if (a.rows == 0) {
-    // No rows: gw is the empty sum (0), stored or added per mode.
-    return with_gw ? launch_finalize<T>(nullptr, 0, a.cols, p.gw, pdl, stream) : RMSNORM_STATUS_SUCCESS;
+    // No rows: gw is the empty sum (0). The store modes write zeros; the
+    // accumulate modes leave gw as it is, bit for bit (adding 0 would turn
+    // -0 into +0 and change NaN payloads), as the CPU backend does.
+    const bool store = a.gw_mode == GwMode::kStore || a.gw_mode == GwMode::kStoreF32;
+    return store ? launch_finalize<T>(nullptr, 0, a.cols, p.gw, pdl, stream) : RMSNORM_STATUS_SUCCESS;
   }
   rmsnorm_status_t st = RMSNORM_STATUS_SUCCESS;
   switch (l.row.band) {
