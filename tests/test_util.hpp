@@ -122,6 +122,24 @@ inline void fill_random(HostMatrix& m, std::mt19937_64& rng) {
   fill_random(m, rng, [](int64_t) { return 1.0; });
 }
 
+// A faster fill for matrices of up to a billion elements (the big batches of
+// the batch-invariance tests): uniform in [-2, 2) from a counter hash
+// (splitmix64) seeded by rng, rounded to dtype; exact zeros replaced.
+inline void fill_hashed(HostMatrix& m, std::mt19937_64& rng) {
+  const uint64_t seed = rng();
+  for (int64_t r = 0; r < m.rows; ++r) {
+    for (int64_t c = 0; c < m.cols; ++c) {
+      uint64_t z = seed + static_cast<uint64_t>(r * m.cols + c + 1) * 0x9E3779B97F4A7C15ull;
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      z ^= z >> 31;
+      double v = static_cast<double>(z >> 11) * 0x1p-53 * 4.0 - 2.0;
+      if (round_to(m.dtype, v) == 0.0) v = 0.5;
+      m.set(r, c, v);
+    }
+  }
+}
+
 // Every element of got (a rows x cols matrix) against ref (row-major doubles)
 // with an allowed absolute error tol(r, c). Reports the count of failures and
 // the worst element (largest error / tolerance).
