@@ -250,6 +250,80 @@ __device__ __forceinline__ Pack<T> shifted_chunk(const uint4* buf, const uint4* 
   return shift_pair<T>(lo, hi, shift);
 }
 
+// gx of a staged misaligned row in gx's aligned 16-byte blocks. A row whose
+// gx starts `shift` bytes past a 16-byte boundary (shift > 0) has block v
+// (v = 0 .. chunks) holding its columns [v kN - lead, v kN - lead + kN), lead
+// = shift / sizeof(T): the last `lead` elements of chunk v - 1 and the first
+// kN - lead of chunk v, i.e. bytes [16 - shift, 32 - shift) of the two chunks'
+// gx side by side (shift_pair). The owner of chunk v gets chunk v - 1 from the
+// lane before it (a shuffle; for a slot's first lane, the slot's last lane's
+// previous chunk) and writes block v with one 16-byte store where it lies
+// inside the row. Where the lane before is in another warp (threads per row >
+// 32: a warp's first lane), the two halves of the block are written by
+// element by their owners instead, as are the row's first and last blocks.
+// Before, a chunk 2 bytes off alignment went out as five stores (2 + 4 + 4 +
+// 4 + 2 bytes). gx is computed per chunk as on every path: no bit changes.
+// store_gx_block: columns [first, first + kN) of b, those inside [0, cols);
+// store_gx_elems: elements [j0, j1) of b only, at columns first + j.
+template <typename T>
+__device__ __forceinline__ void store_gx_elems(T* __restrict__ row, int first, int j0, int j1, int cols,
+                                               const Pack<T>& b) {
+#pragma unroll
+  for (int j = 0; j < Pack<T>::kN; ++j)
+    if (j >= j0 && j < j1 && first + j >= 0 && first + j < cols) row[first + j] = b.elem(j);
+}
+template <typename T>
+__device__ __forceinline__ void store_gx_block(T* __restrict__ row, int first, int cols, const Pack<T>& b) {
+  constexpr int kN = Pack<T>::kN;
+  if (first >= 0 && first + kN <= cols) {
+    store16(row + first, b);
+    return;
+  }
+  store_gx_elems(row, first, 0, kN, cols, b);
+}
+
+// shift_pair for a gx block, with the offset's word index as a switch: each
+// case is four funnel shifts of fixed words, where shift_pair's run-time word
+// window (window5) held 17 words at once and spilled the kernels at the 128
+// registers of one 512-thread CTA per SM.
+template <typename T>
+__device__ __forceinline__ Pack<T> shift_pair_lean(const Pack<T>& lo, const Pack<T>& hi, int offset) {
+  const unsigned sh = static_cast<unsigned>(offset & 3) * 8;
+  Pack<T> r;
+  auto take = [&](auto q) {
+    constexpr int kQ = decltype(q)::value;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t a = i + kQ < 4 ? lo.w[i + kQ] : hi.w[i + kQ - 4];
+      const uint32_t b = i + kQ + 1 < 4 ? lo.w[i + kQ + 1] : hi.w[i + kQ - 3];
+      r.w[i] = __funnelshift_r(a, b, sh);
+    }
+  };
+  switch (offset >> 2) {
+    case 0: take(std::integral_constant<int, 0>{}); break;
+    case 1: take(std::integral_constant<int, 1>{}); break;
+    case 2: take(std::integral_constant<int, 2>{}); break;
+    default: take(std::integral_constant<int, 3>{}); break;
+  }
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ Pack<T> shfl_pack(const Pack<T>& v, int src_lane) {
+  Pack<T> r;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) r.w[k] = __shfl_sync(0xffffffffu, v.w[k], src_lane);
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ Pack<T> shfl_up_pack(const Pack<T>& v) {
+  Pack<T> r;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) r.w[k] = __shfl_up_sync(0xffffffffu, v.w[k], 1);
+  return r;
+}
+
 // ---- kRows and kCluster: persistent, x and gy staged, gw sums in registers --------------------
 // kClustered == false: rows_per_block row slots of kTpr threads per CTA, one
 // CTA per SM. kClustered == true: one row per cluster, kTpr threads per CTA.
@@ -387,7 +461,50 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
     }
     sums = row_sum<kTpr, kSlots>(sums, scratch, parity);
     if constexpr (kClustered) sums = cluster_sum(sums, exchange, parity);
-    if (valid) {
+    if constexpr (kShifted && !kTwoPass) {
+      // gx in gx's aligned blocks (store_gx_block). Every thread takes part
+      // in the shuffles, whether its row is valid or not.
+      const RowScalars s = row_scalars(p, given_r, sums);
+      T* gxr = p.gx + row * p.gx_stride;
+      const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(gxr) & 15);
+      const int lead = shift / static_cast<int>(sizeof(T));  // columns of block v before chunk v
+      const int lane = static_cast<int>(threadIdx.x) & 31;
+      const int last = lane | (kTpr - 1);  // kTpr <= 32: the slot's last lane
+      Pack<T> before;                      // this thread's gx of the previous step
+#pragma unroll
+      for (int it = 0; it < kCpt; ++it) {
+        const int c = m.chunk(it);
+        Pack<T> g;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) g.w[k] = 0;
+        if (valid && c < p.chunks) {
+          float w[kN];
+          wv.get(it, w);
+          g = grad_chunk(x_of(it), gy_of(it), w, s, acc[it]);
+        }
+        Pack<T> prev = shfl_up_pack(g);  // chunk c - 1 where the lane before holds it
+        bool has_prev = true;
+        if constexpr (kTpr <= 32) {
+          const Pack<T> wrap = shfl_pack(it > 0 ? before : g, last);
+          if (m.pos == 0) prev = wrap;
+        } else {
+          has_prev = lane != 0;
+        }
+        before = g;
+        if (!valid || c >= p.chunks) continue;
+        if (shift == 0) {
+          store_gx_block(gxr, c * kN, p.cols, g);
+          continue;
+        }
+        if (has_prev)
+          store_gx_block(gxr, c * kN - lead, p.cols, shift_pair_lean(prev, g, 16 - shift));
+        else
+          store_gx_elems(gxr, c * kN, 0, kN - lead, p.cols, g);  // this chunk's part of block c
+        // This chunk's part of block c + 1, where its owner cannot complete it:
+        // the row's last block, or the next chunk held in another warp.
+        if (c == p.chunks - 1 || (kTpr > 32 && lane == 31)) store_gx_elems(gxr, c * kN, kN - lead, kN, p.cols, g);
+      }
+    } else if (valid) {
       const RowScalars s = row_scalars(p, given_r, sums);
       T* gxr = p.gx + row * p.gx_stride;
 #pragma unroll
