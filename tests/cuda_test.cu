@@ -1074,6 +1074,40 @@ TEST_F(Cuda, ProgrammaticLaunchWaitsForThePreviousKernel) {
 // band and for 1 and many rows (gw written by the main kernel, or by the
 // finalize kernel as a programmatic dependent), up to 16384 x 4096.
 // Outputs are poisoned before each replay.
+// Where two device copies of a matrix laid out like `layout` (its whole
+// storage, offset and slack included) differ: the count of differing
+// elements, the first one's row, column and both values (poison: the NaN
+// fill), or the first differing byte outside the elements.
+std::string bytes_diff(const HostMatrix& layout, const std::vector<unsigned char>& a,
+                       const std::vector<unsigned char>& b) {
+  if (a.size() != b.size() || a.size() != layout.storage.size()) return "sizes differ";
+  HostMatrix ma = layout, mb = layout;
+  ma.storage = a;
+  mb.storage = b;
+  int64_t count = 0, first_r = -1, first_c = -1;
+  for (int64_t r = 0; r < layout.rows; ++r)
+    for (int64_t k = 0; k < layout.cols; ++k) {
+      const size_t at = static_cast<size_t>((layout.offset + r * layout.stride + k) * layout.esize());
+      if (std::memcmp(&a[at], &b[at], static_cast<size_t>(layout.esize())) == 0) continue;
+      if (count++ == 0) {
+        first_r = r;
+        first_c = k;
+      }
+    }
+  std::ostringstream os;
+  if (count == 0) {
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i] != b[i]) {
+        os << "no element differs; byte " << i << " of the storage does (outside the rows)";
+        break;
+      }
+    return os.str();
+  }
+  os << count << " elements differ, the first at row " << first_r << " col " << first_c << ": " << ma.get(first_r, first_c)
+     << " vs " << mb.get(first_r, first_c);
+  return os.str();
+}
+
 TEST_F(Cuda, GraphCaptureReplaysBitwise) {
   std::mt19937_64 rng(17);
   cudaStream_t stream = nullptr;
@@ -1153,8 +1187,9 @@ TEST_F(Cuda, GraphCaptureReplaysBitwise) {
         Out replay;
         fetch(&replay);
         ASSERT_FALSE(HasFatalFailure());
-        EXPECT_TRUE(replay.y == eager.y) << "y differs, replay " << rep;
-        EXPECT_TRUE(replay.gx == eager.gx) << "gx differs, replay " << rep;
+        EXPECT_TRUE(replay.y == eager.y) << "y differs, replay " << rep << ": " << bytes_diff(poison, eager.y, replay.y);
+        EXPECT_TRUE(replay.gx == eager.gx) << "gx differs, replay " << rep << ": "
+                                           << bytes_diff(poison, eager.gx, replay.gx);
         EXPECT_EQ(0, std::memcmp(replay.rstd.data(), eager.rstd.data(), eager.rstd.size() * 4)) << "rstd, replay " << rep;
         EXPECT_EQ(0, std::memcmp(replay.gw.data(), eager.gw.data(), eager.gw.size() * 4)) << "gw, replay " << rep;
       }

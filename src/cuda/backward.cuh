@@ -258,9 +258,8 @@ __device__ __forceinline__ Pack<T> shifted_chunk(const uint4* buf, const uint4* 
 // gx side by side (shift_pair). The owner of chunk v gets chunk v - 1 from the
 // lane before it (a shuffle; for a slot's first lane, the slot's last lane's
 // previous chunk) and writes block v with one 16-byte store where it lies
-// inside the row. Where the lane before is in another warp (threads per row >
-// 32: a warp's first lane), the two halves of the block are written by
-// element by their owners instead, as are the row's first and last blocks.
+// inside the row, by element at the row's ends. Used where a row slot lies in
+// one warp (threads per row <= 32).
 // Before, a chunk 2 bytes off alignment went out as five stores (2 + 4 + 4 +
 // 4 + 2 bytes). gx is computed per chunk as on every path: no bit changes.
 // store_gx_block: columns [first, first + kN) of b, those inside [0, cols);
@@ -461,15 +460,19 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
     }
     sums = row_sum<kTpr, kSlots>(sums, scratch, parity);
     if constexpr (kClustered) sums = cluster_sum(sums, exchange, parity);
-    if constexpr (kShifted && !kTwoPass) {
-      // gx in gx's aligned blocks (store_gx_block). Every thread takes part
-      // in the shuffles, whether its row is valid or not.
+    if constexpr (kShifted && !kTwoPass && kTpr <= 32) {
+      // gx in gx's aligned blocks (store_gx_block) where a row slot lies in
+      // one warp (threads per row <= 32). Every thread takes part in the
+      // shuffles, whether its row is valid or not. With more threads per row
+      // the blocks at warp boundaries needed their halves written by element,
+      // and the A/B lost there (f32 base + 1 element 0.87x, odd row length
+      // 0.95x; bench/results/2026-11-30_h200_be36ca4_ab_gx_exchange.md).
       const RowScalars s = row_scalars(p, given_r, sums);
       T* gxr = p.gx + row * p.gx_stride;
       const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(gxr) & 15);
       const int lead = shift / static_cast<int>(sizeof(T));  // columns of block v before chunk v
       const int lane = static_cast<int>(threadIdx.x) & 31;
-      const int last = lane | (kTpr - 1);  // kTpr <= 32: the slot's last lane
+      const int last = lane | (kTpr - 1);  // the slot's last lane
       Pack<T> before;                      // this thread's gx of the previous step
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
@@ -482,27 +485,20 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
           wv.get(it, w);
           g = grad_chunk(x_of(it), gy_of(it), w, s, acc[it]);
         }
-        Pack<T> prev = shfl_up_pack(g);  // chunk c - 1 where the lane before holds it
-        bool has_prev = true;
-        if constexpr (kTpr <= 32) {
-          const Pack<T> wrap = shfl_pack(it > 0 ? before : g, last);
-          if (m.pos == 0) prev = wrap;
-        } else {
-          has_prev = lane != 0;
-        }
+        // Chunk c - 1: the lane before's chunk, or for the slot's first lane
+        // the slot's last lane's chunk of the step before.
+        Pack<T> prev = shfl_up_pack(g);
+        const Pack<T> wrap = shfl_pack(it > 0 ? before : g, last);
+        if (m.pos == 0) prev = wrap;
         before = g;
         if (!valid || c >= p.chunks) continue;
         if (shift == 0) {
           store_gx_block(gxr, c * kN, p.cols, g);
           continue;
         }
-        if (has_prev)
-          store_gx_block(gxr, c * kN - lead, p.cols, shift_pair_lean(prev, g, 16 - shift));
-        else
-          store_gx_elems(gxr, c * kN, 0, kN - lead, p.cols, g);  // this chunk's part of block c
-        // This chunk's part of block c + 1, where its owner cannot complete it:
-        // the row's last block, or the next chunk held in another warp.
-        if (c == p.chunks - 1 || (kTpr > 32 && lane == 31)) store_gx_elems(gxr, c * kN, kN - lead, kN, p.cols, g);
+        store_gx_block(gxr, c * kN - lead, p.cols, shift_pair_lean(prev, g, 16 - shift));
+        // The row's last block: the last chunk's tail.
+        if (c == p.chunks - 1) store_gx_elems(gxr, c * kN, kN - lead, kN, p.cols, g);
       }
     } else if (valid) {
       const RowScalars s = row_scalars(p, given_r, sums);
