@@ -84,6 +84,11 @@ class Arena {
 };
 
 // A device copy of a HostMatrix's whole storage (offset and poison included).
+// upload waits for the copy to land: a cudaMemcpy from pageable memory may
+// return before its DMA completes, and only the legacy default stream is
+// ordered after it, not the non-blocking streams of the graph and green-context
+// tests (the graph test once saw gx differ between its eager run and the
+// replays, only gx, the last upload before that eager run).
 struct Dev {
   void* base = nullptr;
   size_t bytes = 0;
@@ -96,7 +101,8 @@ Dev upload(const HostMatrix& m) {
   d.bytes = m.storage.size();
   d.base = Arena::get().alloc(d.bytes);
   d.offset_bytes = m.offset * static_cast<int64_t>(m.esize());
-  if (cudaMemcpy(d.base, m.storage.data(), d.bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+  if (cudaMemcpy(d.base, m.storage.data(), d.bytes, cudaMemcpyHostToDevice) != cudaSuccess ||
+      cudaDeviceSynchronize() != cudaSuccess)
     throw std::runtime_error("upload failed");
   return d;
 }
