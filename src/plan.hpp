@@ -1,5 +1,10 @@
 // Launch plan: the one place that decides each kernel's geometry. A pure
-// function of (cols, element size, alignment, device properties); the host
+// function of (cols, element size, device properties) and, through
+// rows_aligned16 at launch, of alignment: the launch takes the 16-byte vector
+// path only where every operand's rows start on 16 bytes, else element I/O
+// (BackwardLaunch carries the pipeline depth and shared memory of both; the
+// forward's element I/O stages nothing). The geometry (threads per row, row
+// slots, chunks per thread) is the same on both paths. The host
 // launches from it and the kernel templates read the same constexpr
 // functions, with static_asserts tying the two (see src/cuda/*.cuh).
 //
@@ -180,7 +185,6 @@ struct RowPlan {
   int cluster = 1;               // CTAs per row
   int block = 128;               // threads per CTA
   int rows_per_block = 1;        // row slots per CTA
-  bool vector_io = false;        // 16-byte loads/stores (all operands 16-byte aligned rows)
 };
 
 // Row geometry for a direction: `backward` picks the backward CTA size.
