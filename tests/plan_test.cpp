@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "plan.hpp"
@@ -126,6 +127,55 @@ TEST(Plan, ChunkOwnershipCoversEachElementExactlyOnce) {
     for (int64_t d = 16385; d <= kMaxD; d += 997) check(d, esize, hopper(16));
     for (int64_t d : {int64_t{131072}, int64_t{262144}, int64_t{262143}, int64_t{262145}}) check(d, esize, hopper(16));
   }
+}
+
+// The same for every D in 1..2^20, both directions and element sizes, on
+// Hopper (clusters of up to 8 and 16) and a pre-Hopper device, every band
+// (the looped one too: thread t takes chunks t, t + G, ... with G its block).
+// The ownership map c = it * G + g (thread g of the row's G threads, CTA rank
+// major) depends on the geometry (threads per row, cluster, chunks per
+// thread) alone, so it is walked once per distinct geometry and must be
+// one-to-one onto [0, chunks per thread * G). Per D it then suffices that the
+// plan has chunks = ceil(D / vec) and chunks per thread * G >= chunks: the
+// chunks below `chunks` are owned exactly once (the kernels skip c >= chunks)
+// and their elements tile [0, D).
+TEST(Plan, ChunkOwnershipExactlyOnceForEveryD) {
+  std::set<std::tuple<int, int, int>> walked;
+  std::vector<int> hits;
+  auto walk = [&](int tpr, int cluster, int cpt) -> std::string {
+    const int64_t g_total = int64_t{tpr} * cluster, n = g_total * cpt;
+    hits.assign(static_cast<size_t>(n), 0);
+    for (int rank = 0; rank < cluster; ++rank)
+      for (int t = 0; t < tpr; ++t)
+        for (int it = 0; it < cpt; ++it) {
+          const int64_t c = it * g_total + int64_t{rank} * tpr + t;
+          if (c < 0 || c >= n) return "chunk " + std::to_string(c) + " outside the map";
+          ++hits[static_cast<size_t>(c)];
+        }
+    for (int64_t c = 0; c < n; ++c)
+      if (hits[static_cast<size_t>(c)] != 1)
+        return "chunk " + std::to_string(c) + " owned " + std::to_string(hits[static_cast<size_t>(c)]) + " times";
+    return "";
+  };
+  const Device devs[] = {hopper(8), hopper(16), ampere()};
+  for (const Device& dev : devs) {
+    for (int esize : {2, 4}) {
+      for (int64_t d = 1; d <= kMaxD; ++d) {
+        for (bool backward : {false, true}) {
+          const RowPlan p = row_plan(d, esize, backward, dev);
+          const auto key = std::make_tuple(p.threads_per_row, p.cluster, p.chunks_per_thread);
+          if (walked.insert(key).second) {
+            ASSERT_EQ(walk(p.threads_per_row, p.cluster, p.chunks_per_thread), "")
+                << "tpr " << p.threads_per_row << " cluster " << p.cluster << " cpt " << p.chunks_per_thread;
+          }
+          ASSERT_EQ(p.chunks, (d + p.vec - 1) / p.vec) << "D=" << d;
+          ASSERT_GE(int64_t{p.chunks_per_thread} * p.threads_per_row * p.cluster, p.chunks)
+              << "D=" << d << " esize=" << esize << " backward=" << backward << " cc=" << dev.cc_major;
+        }
+      }
+    }
+  }
+  EXPECT_GT(walked.size(), 20u);  // every band's geometries were walked
 }
 
 // Reduction participants: the xor butterfly partners of a thread and the
