@@ -41,15 +41,11 @@
 #include <vector>
 
 #include "common/half.hpp"
+#include "common/parallel.hpp"
 #include "error.hpp"
 
 namespace rmsnorm::cpu {
 namespace {
-
-// Below this many elements per thread, starting a thread costs more than the
-// work it takes over (thread start-up is tens of microseconds, an element a
-// nanosecond or two).
-constexpr int64_t kMinElemsPerThread = int64_t{1} << 15;
 
 template <DType>
 struct Elem;
@@ -79,41 +75,6 @@ void dispatch_dtype(DType dt, F&& f) {
     case DType::kBF16: f(std::integral_constant<DType, DType::kBF16>{}); return;
     case DType::kF32: f(std::integral_constant<DType, DType::kF32>{}); return;
   }
-}
-
-// Threads worth using for `items` independent items totalling `elems` elements.
-int threads_for(int requested, int64_t items, int64_t elems) {
-  int64_t t = requested;
-  if (t <= 0) {
-    const unsigned hw = std::thread::hardware_concurrency();
-    t = hw == 0 ? 1 : hw;
-  }
-  t = std::min({t, items, elems / kMinElemsPerThread});
-  return static_cast<int>(std::max<int64_t>(1, t));
-}
-
-// Calls fn(t, begin, end) for t in [0, threads) on static contiguous chunks of
-// [0, n); the caller runs chunk 0. A thread that cannot be started has its
-// chunk run here instead: the chunks, and so the results, stay the same.
-template <typename Fn>
-void parallel_for(int64_t n, int threads, Fn fn) {
-  if (n <= 0) return;
-  if (threads <= 1) {
-    fn(0, int64_t{0}, n);
-    return;
-  }
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(threads - 1));  // may throw bad_alloc: nothing written yet
-  for (int t = 1; t < threads; ++t) {
-    const int64_t b = n * t / threads, e = n * (t + 1) / threads;
-    try {
-      pool.emplace_back([=] { fn(t, b, e); });
-    } catch (...) {
-      fn(t, b, e);
-    }
-  }
-  fn(0, int64_t{0}, n / threads);
-  for (auto& th : pool) th.join();
 }
 
 // Per-thread float buffers of `len` each, `per_thread` of them, carved out of
