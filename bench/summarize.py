@@ -2,6 +2,7 @@
 """Markdown summary of a rmsnorm_bench JSON, optionally next to a torch_bench JSON.
 
   python3 bench/summarize.py bench.json [--torch torch.json] [--out summary.md]
+  python3 bench/summarize.py bench/results/h200.json    (torch results merged under "torch")
 
 Every number printed comes from the inputs: times and GB/s as measured,
 % of copy against each tool's own copy ceiling of the same run, speedup =
@@ -75,14 +76,23 @@ def verdicts(c):
     return labels, vs
 
 
+def cuda_version(v):
+    """13000 -> "13.0" (cudaDriverGetVersion / cudaRuntimeGetVersion encoding)."""
+    v = num(v)
+    return "-" if v is None else f"{int(v) // 1000}.{int(v) % 1000 // 10}"
+
+
 def build(ours, torch_doc):
     lines = []
     gpu = ours.get("gpu", {})
+    # rmsnorm_bench records the CUDA driver API version; torch_bench the NVIDIA driver's (nvidia-smi).
+    drv = (torch_doc or {}).get("driver_version")
+    nvidia_driver = f"NVIDIA driver {drv}, " if isinstance(drv, str) and drv else ""
     lines.append("# rmsnorm benchmark summary")
     lines.append("")
     lines.append(f"- GPU: {gpu.get('name', '-')} ({gpu.get('sm_count', '-')} SMs, L2 "
-                 f"{fmt((gpu.get('l2_bytes') or 0) / 1e6, '.0f')} MB), driver {ours.get('driver_version', '-')}, "
-                 f"CUDA runtime {ours.get('runtime_version', '-')}")
+                 f"{fmt((gpu.get('l2_bytes') or 0) / 1e6, '.0f')} MB), {nvidia_driver}CUDA driver API "
+                 f"{cuda_version(ours.get('driver_version'))}, CUDA runtime {cuda_version(ours.get('runtime_version'))}")
     lines.append(f"- commit {ours.get('commit', '-')}, date {ours.get('date_utc', '-')}, reps "
                  f"{ours.get('method', {}).get('reps', '-')}{' (quick run: not for reporting)' if ours.get('method', {}).get('quick') else ''}")
     copy = ours.get("copy", {})
@@ -196,7 +206,8 @@ def main():
     except (OSError, ValueError) as e:
         print(f"summarize: cannot read {args.bench_json}: {e}", file=sys.stderr)
         return 1
-    torch_doc = None
+    # bench/results/<gpu>.json carries its torch_bench JSON under "torch".
+    torch_doc = ours.get("torch") if isinstance(ours.get("torch"), dict) else None
     if args.torch:
         try:
             with open(args.torch) as f:
