@@ -48,8 +48,8 @@
 #include <vector>
 
 #include "args.hpp"
-#include "cuda/common.cuh"  // from_float: the library's own float -> T rounding
-#include "cuda/two_pass.hpp"
+#include "cuda/element.cuh"  // from_float: the library's own float -> T rounding
+#include "two_pass.hpp"
 #include "rmsnorm/rmsnorm.h"
 
 namespace {
@@ -989,7 +989,7 @@ void run_shape(const Shape& sh, cudaStream_t stream, const rmsnorm_backend_t& be
     cmp.fused_gbps = vjp_bytes / vjp.st.median / 1e3;
     cmp.fused_extra_bytes = static_cast<double>(ws_bytes);
     const auto dt = static_cast<rmsnorm::DType>(sh.dtype);
-    const size_t temp_bytes = rmsnorm::cuda::two_pass_temp_bytes(sh.rows, sh.cols, dt);
+    const size_t temp_bytes = rmsnorm::bench::two_pass_temp_bytes(sh.rows, sh.cols, dt);
     cmp.two_pass_extra_bytes = static_cast<double>(temp_bytes);
     DeviceBuffer temp(temp_bytes);
     auto two_pass = [&](int i) {
@@ -1009,7 +1009,7 @@ void run_shape(const Shape& sh, cudaStream_t stream, const rmsnorm_backend_t& be
       a.gx_stride = stride;
       a.gw = gw.get();
       a.gw_mode = rmsnorm::GwMode::kStore;
-      return rmsnorm::cuda::backward_two_pass(a, temp.get(), stream);
+      return rmsnorm::bench::backward_two_pass(a, temp.get(), stream);
     };
     CaseResult c = base;
     c.op = "vjp_two_pass";

@@ -1,4 +1,5 @@
-// Host planner; see plan.hpp for the work split and the bands.
+// Host planner; see plan.hpp for the work split, the bands and the dispatch
+// table.
 #include "plan.hpp"
 
 #include <algorithm>
@@ -16,20 +17,53 @@ int next_pow2_at_least(int64_t v) {
 // Upper bound on CTAs of a grid-stride launch; past it CTAs loop over rows.
 constexpr int64_t kMaxGrid = int64_t{1} << 24;
 
-// Deepest pipeline (<= kMaxStages) whose stages fit `blocks_per_sm` CTAs
-// per SM and one CTA's opt-in limit; at least 1 (no lookahead).
-int stages_that_fit(size_t per_stage, size_t fixed, int blocks_per_sm, const Device& dev) {
+// Deepest pipeline (<= kMaxStages) whose stages fit `ctas_per_sm` CTAs per
+// SM and one CTA's opt-in limit; at least 1 (no lookahead).
+int stages_that_fit(size_t per_stage, size_t fixed, int ctas_per_sm, const Device& dev) {
   constexpr size_t kReservedPerCta = 1024;  // the runtime's own shared memory per CTA
   for (int s = kMaxStages; s > 1; --s) {
     const size_t cta = per_stage * s > fixed ? per_stage * s : fixed;
-    if (cta <= dev.max_smem_optin && (cta + kReservedPerCta) * blocks_per_sm <= dev.smem_per_sm) return s;
+    if (cta <= dev.max_smem_optin && (cta + kReservedPerCta) * ctas_per_sm <= dev.smem_per_sm) return s;
   }
   return 1;
 }
 
+Kernel kernel_of(Direction direction, Band band, Io io) {
+  const bool vec = io == Io::kVector;
+  if (direction == Direction::kForward) {
+    switch (band) {
+      case Band::kRows: return vec ? Kernel::kForwardRows : Kernel::kForwardRowsElement;
+      case Band::kCluster: return vec ? Kernel::kForwardCluster : Kernel::kForwardClusterElement;
+      case Band::kLooped: return Kernel::kForwardLooped;
+    }
+  }
+  switch (band) {
+    case Band::kRows: return vec ? Kernel::kBackwardRows : Kernel::kBackwardRowsShifted;
+    case Band::kCluster: return vec ? Kernel::kBackwardCluster : Kernel::kBackwardClusterElement;
+    case Band::kLooped: break;
+  }
+  return Kernel::kBackwardLooped;
+}
+
 }  // namespace
 
-RowPlan row_plan(int64_t cols, int esize, bool backward, const Device& dev) {
+const char* kernel_name(Kernel k) {
+  switch (k) {
+    case Kernel::kForwardRows: return "forward rows";
+    case Kernel::kForwardRowsElement: return "forward rows, element I/O";
+    case Kernel::kForwardCluster: return "forward cluster";
+    case Kernel::kForwardClusterElement: return "forward cluster, element I/O";
+    case Kernel::kForwardLooped: return "forward looped";
+    case Kernel::kBackwardRows: return "backward rows";
+    case Kernel::kBackwardRowsShifted: return "backward rows, shifted blocks";
+    case Kernel::kBackwardCluster: return "backward cluster";
+    case Kernel::kBackwardClusterElement: return "backward cluster, element I/O";
+    case Kernel::kBackwardLooped: return "backward looped";
+  }
+  return "unknown";
+}
+
+RowPlan row_plan(int64_t cols, int esize, Direction direction, const Device& dev) {
   RowPlan p;
   p.esize = esize;
   p.vec = vec_elems(esize);
@@ -41,8 +75,9 @@ RowPlan row_plan(int64_t cols, int esize, bool backward, const Device& dev) {
     p.threads_per_row = next_pow2_at_least((p.chunks + kChunksPerThread - 1) / kChunksPerThread);
     p.chunks_per_thread = kChunksPerThread;
     p.cluster = 1;
-    p.block = backward ? backward_block(p.threads_per_row) : forward_block(p.threads_per_row);
-    p.rows_per_block = p.block / p.threads_per_row;
+    p.cta_threads = direction == Direction::kBackward ? backward_cta_threads(p.threads_per_row)
+                                                      : forward_cta_threads(p.threads_per_row);
+    p.rows_per_cta = p.cta_threads / p.threads_per_row;
     return p;
   }
   const int cluster = next_pow2_at_least((p.chunks + cta_capacity - 1) / cta_capacity);
@@ -52,30 +87,33 @@ RowPlan row_plan(int64_t cols, int esize, bool backward, const Device& dev) {
     p.threads_per_row = kClusterTpr;
     p.chunks_per_thread = kChunksPerThread;
     p.cluster = cluster;
-    p.block = kClusterTpr;
-    p.rows_per_block = 1;
+    p.cta_threads = kClusterTpr;
+    p.rows_per_cta = 1;
     return p;
   }
   p.band = Band::kLooped;
   p.threads_per_row = kLoopedThreads;
   p.chunks_per_thread = static_cast<int>((p.chunks + kLoopedThreads - 1) / kLoopedThreads);
   p.cluster = 1;
-  p.block = kLoopedThreads;
-  p.rows_per_block = 1;
+  p.cta_threads = kLoopedThreads;
+  p.rows_per_cta = 1;
   return p;
 }
 
-ForwardLaunch forward_launch(int64_t rows, int64_t cols, int esize, const Device& dev) {
-  ForwardLaunch l;
-  l.row = row_plan(cols, esize, /*backward=*/false, dev);
-  const int64_t groups = (rows + l.row.rows_per_block - 1) / l.row.rows_per_block;
+Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev) {
+  Launch l;
+  l.direction = Direction::kForward;
+  l.io = io;
+  l.row = row_plan(cols, esize, Direction::kForward, dev);
+  l.kernel = kernel_of(l.direction, l.row.band, io);
+  const int64_t groups = (rows + l.row.rows_per_cta - 1) / l.row.rows_per_cta;
   // kRows and kCluster are persistent (they prefetch the next row group):
   // as many CTAs as fit at once, kForwardThreadsPerSm threads per SM; except
   // where forward_one_group_per_cta says the hardware's own CTA scheduling wins.
   int64_t cap = kMaxGrid;
   if (l.row.band != Band::kLooped) {
     const int64_t resident =
-        std::max<int64_t>(1, int64_t{dev.sm_count} * forward_blocks_per_sm(l.row.threads_per_row) / l.row.cluster);
+        std::max<int64_t>(1, int64_t{dev.sm_count} * forward_ctas_per_sm(l.row.threads_per_row) / l.row.cluster);
     if (!forward_one_group_per_cta(l.row, groups, resident)) cap = resident;
   }
   // Clusters must be co-scheduled inside one GPC: a persistent grid of more
@@ -88,28 +126,32 @@ ForwardLaunch forward_launch(int64_t rows, int64_t cols, int esize, const Device
     l.groups_per_cta = std::max<int64_t>(kForwardTileGroups, (groups + kMaxGrid - 1) / kMaxGrid);
     l.grid = (groups + l.groups_per_cta - 1) / l.groups_per_cta;
   }
-  if (l.row.band != Band::kLooped) {
-    const size_t per_stage = stage_bytes(l.row.block, 1);
-    l.stages = stages_that_fit(per_stage, 0, forward_blocks_per_sm(l.row.threads_per_row), dev);
+  // Only the 16-byte path stages x through shared memory.
+  if (l.row.band != Band::kLooped && io == Io::kVector) {
+    const size_t per_stage = stage_bytes(l.row.cta_threads, 1);
+    l.stages = stages_that_fit(per_stage, 0, forward_ctas_per_sm(l.row.threads_per_row), dev);
     l.smem = per_stage * static_cast<size_t>(l.stages);
   }
   return l;
 }
 
-BackwardLaunch backward_launch(int64_t rows, int64_t cols, int esize, bool with_gw, const Device& dev) {
-  BackwardLaunch l;
-  l.row = row_plan(cols, esize, /*backward=*/true, dev);
-  const int64_t groups = (rows + l.row.rows_per_block - 1) / l.row.rows_per_block;
+Launch backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev) {
+  Launch l;
+  l.direction = Direction::kBackward;
+  l.io = io;
+  l.with_gw = with_gw;
+  l.row = row_plan(cols, esize, Direction::kBackward, dev);
+  l.kernel = kernel_of(l.direction, l.row.band, io);
+  const int64_t groups = (rows + l.row.rows_per_cta - 1) / l.row.rows_per_cta;
   switch (l.row.band) {
     case Band::kRows: {
-      l.grid = std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{dev.sm_count} * kBackwardBlocksPerSm));
+      l.grid = std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{dev.sm_count} * kBackwardCtasPerSm));
       l.partials = l.grid;
-      if (with_gw) l.smem_elementwise = backward_combine_smem(l.row.threads_per_row, esize);
       break;
     }
     case Band::kCluster: {
       // One CTA per SM; a cluster needs `cluster` SMs.
-      int64_t cap = dev.sm_count * kBackwardBlocksPerSm / l.row.cluster;
+      int64_t cap = dev.sm_count * kBackwardCtasPerSm / l.row.cluster;
       if (dev.backward_active_clusters[cluster_index(l.row.cluster)] > 0)
         cap = std::min<int64_t>(cap, dev.backward_active_clusters[cluster_index(l.row.cluster)]);
       const int64_t clusters = std::max<int64_t>(1, std::min<int64_t>(rows, cap));
@@ -118,29 +160,46 @@ BackwardLaunch backward_launch(int64_t rows, int64_t cols, int esize, bool with_
       break;
     }
     case Band::kLooped: {
-      l.grid = std::max<int64_t>(1, std::min<int64_t>(rows, int64_t{dev.sm_count} * kLoopedBlocksPerSm));
+      l.grid = std::max<int64_t>(1, std::min<int64_t>(rows, int64_t{dev.sm_count} * kLoopedCtasPerSm));
       l.partials = l.grid;
       break;
     }
   }
+  // The rows band adds its row slots' gw sums through shared memory at the
+  // end (the stages' memory, reused).
+  const size_t combine =
+      with_gw && l.row.band == Band::kRows ? backward_combine_smem(l.row.threads_per_row, esize) : 0;
   if (l.row.band != Band::kLooped) {
-    const size_t per_stage = stage_bytes(l.row.block, 2);
-    l.stages = stages_that_fit(per_stage, l.smem_elementwise, kBackwardBlocksPerSm, dev);
-    l.smem = std::max(per_stage * static_cast<size_t>(l.stages), l.smem_elementwise);
-  }
-  if (l.row.band == Band::kRows) {
-    const size_t per_stage = shifted_stage_bytes(l.row.block, l.row.rows_per_block, 2);
-    l.stages_elementwise = stages_that_fit(per_stage, l.smem_elementwise, kBackwardBlocksPerSm, dev);
-    l.smem_elementwise = std::max(per_stage * static_cast<size_t>(l.stages_elementwise), l.smem_elementwise);
+    // The cluster band's element path stages nothing.
+    const bool staged = io == Io::kVector || l.row.band == Band::kRows;
+    const size_t per_stage = io == Io::kVector ? stage_bytes(l.row.cta_threads, 2)
+                                               : shifted_stage_bytes(l.row.cta_threads, l.row.rows_per_cta, 2);
+    if (staged) {
+      l.stages = stages_that_fit(per_stage, combine, kBackwardCtasPerSm, dev);
+      l.smem = std::max(per_stage * static_cast<size_t>(l.stages), combine);
+    } else {
+      l.smem = combine;
+    }
   }
   // A single CTA (or cluster) writes gw itself; the looped band accumulates
   // its partial in the workspace, so it always has one.
   l.direct_gw = with_gw && l.partials == 1 && l.row.band != Band::kLooped;
   // One fp32 partial row of `cols` floats per CTA (or cluster).
-  // No rows: gw is written as the empty sum without touching a workspace.
+  // No rows: no main kernel; gw is the empty sum, written by the finalize
+  // alone (the store modes) without touching a workspace.
   l.workspace = (with_gw && !l.direct_gw && rows > 0)
                     ? static_cast<size_t>(l.partials) * static_cast<size_t>(cols) * sizeof(float)
                     : 0;
+  if (rows == 0) {
+    l.grid = 0;
+    l.partials = 0;
+    l.direct_gw = false;
+  }
+  l.finalize = with_gw && !l.direct_gw;
+  if (l.finalize) {
+    l.finalize_grid = (cols + kFinalizeCols - 1) / kFinalizeCols;
+    l.finalize_lanes = finalize_lanes(l.partials);
+  }
   return l;
 }
 

@@ -610,23 +610,23 @@ TEST_F(Cuda, ForwardBatchInvarianceOneGroupPerCta) {
   const plan::Device pd = current_plan_device();
   std::mt19937_64 rng(5);
   for (int64_t d : {int64_t{128}, int64_t{1024}}) {
-    const plan::RowPlan row = plan::forward_launch(1, d, 2, pd).row;
-    const int64_t resident = int64_t{pd.sm_count} * plan::forward_blocks_per_sm(row.threads_per_row) / row.cluster;
+    const plan::RowPlan row = plan::forward_launch(1, d, 2, plan::Io::kVector, pd).row;
+    const int64_t resident = int64_t{pd.sm_count} * plan::forward_ctas_per_sm(row.threads_per_row) / row.cluster;
     Case c;
     c.dtype = RMSNORM_DTYPE_BF16;
     c.cols = d;
-    c.rows = plan::kOneGroupMinGroupsPerCta * resident * row.rows_per_block + 5;  // + a part group
-    const plan::ForwardLaunch l = plan::forward_launch(c.rows, d, 2, pd);
-    const int64_t groups = (c.rows + l.row.rows_per_block - 1) / l.row.rows_per_block;
+    c.rows = plan::kOneGroupMinGroupsPerCta * resident * row.rows_per_cta + 5;  // + a part group
+    const plan::Launch l = plan::forward_launch(c.rows, d, 2, plan::Io::kVector, pd);
+    const int64_t groups = (c.rows + l.row.rows_per_cta - 1) / l.row.rows_per_cta;
     ASSERT_TRUE(plan::forward_one_group_per_cta(l.row, groups, resident)) << "D " << d;
     ASSERT_EQ(l.grid, groups) << "D " << d;
-    ASSERT_FALSE(plan::forward_one_group_per_cta(plan::forward_launch(3, d, 2, pd).row, 1, resident));
+    ASSERT_FALSE(plan::forward_one_group_per_cta(plan::forward_launch(3, d, 2, plan::Io::kVector, pd).row, 1, resident));
     check_batch_invariance(c, rng);
     ASSERT_FALSE(HasFatalFailure());
   }
 }
 
-// The rows-band forward's tiled grid (plan::ForwardLaunch::groups_per_cta):
+// The rows-band forward's tiled grid (plan::Launch::groups_per_cta):
 // a last tile with fewer groups and a last group with fewer rows, checked
 // against the reference, and batch-invariant against a lone row.
 TEST_F(Cuda, ForwardTiledGrid) {
@@ -636,17 +636,17 @@ TEST_F(Cuda, ForwardTiledGrid) {
       {4096, RMSNORM_DTYPE_BF16}, {8192, RMSNORM_DTYPE_F32}, {2000, RMSNORM_DTYPE_F16}};
   for (const auto& [d, dt] : shapes) {
     const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
-    const plan::RowPlan row = plan::forward_launch(1, d, esize, pd).row;
-    const int64_t resident = int64_t{pd.sm_count} * plan::forward_blocks_per_sm(row.threads_per_row);
+    const plan::RowPlan row = plan::forward_launch(1, d, esize, plan::Io::kVector, pd).row;
+    const int64_t resident = int64_t{pd.sm_count} * plan::forward_ctas_per_sm(row.threads_per_row);
     Case c;
     c.dtype = dt;
     c.cols = d;
     // kForwardTileMinWaves tiles per resident CTA and a part tile; the last group part-filled where it holds
     // several rows.
     c.rows = (resident * plan::kForwardTileMinWaves * plan::kForwardTileGroups + plan::kForwardTileGroups / 2) *
-                 row.rows_per_block +
+                 row.rows_per_cta +
              1;
-    const plan::ForwardLaunch l = plan::forward_launch(c.rows, d, esize, pd);
+    const plan::Launch l = plan::forward_launch(c.rows, d, esize, plan::Io::kVector, pd);
     ASSERT_GT(l.groups_per_cta, 0) << "D " << d;
     check_forward(c, rng);
     ASSERT_FALSE(HasFatalFailure());
@@ -1446,12 +1446,13 @@ void check_one_stage_cases(std::initializer_list<ShapeCase> cases, std::mt19937_
   for (const ShapeCase& sc : cases) {
     const auto& [d, dt, rows, layout] = sc;
     const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
-    const plan::ForwardLaunch f = plan::forward_launch(rows, d, esize, pd);
-    const plan::BackwardLaunch b = plan::backward_launch(rows, d, esize, true, pd);
+    const plan::Launch f = plan::forward_launch(rows, d, esize, plan::Io::kVector, pd);
+    const plan::Launch b = plan::backward_launch(rows, d, esize, plan::Io::kVector, true, pd);
     ASSERT_NE(f.row.band, plan::Band::kLooped) << "D " << d;
     ASSERT_EQ(f.stages, 1) << "D " << d;
     ASSERT_EQ(b.stages, 1) << "D " << d;
-    if (b.row.band == plan::Band::kRows) ASSERT_EQ(b.stages_elementwise, 1) << "D " << d;
+    if (b.row.band == plan::Band::kRows)
+      ASSERT_EQ(plan::backward_launch(rows, d, esize, plan::Io::kElement, true, pd).stages, 1) << "D " << d;
     check_shape_case(sc, rng);
     if (::testing::Test::HasFailure()) return;
   }

@@ -43,8 +43,8 @@ std::string check_row_plan(const RowPlan& p, int64_t d, int esize, const Device&
   std::ostringstream os;
   if (p.vec != 16 / esize) os << "vec " << p.vec << "; ";
   if (p.chunks != (d + p.vec - 1) / p.vec) os << "chunks " << p.chunks << "; ";
-  if (p.block > 1024 || p.block < 1) os << "block " << p.block << "; ";
-  if (p.rows_per_block * p.threads_per_row != p.block) os << "rows_per_block * tpr != block; ";
+  if (p.cta_threads > 1024 || p.cta_threads < 1) os << "block " << p.cta_threads << "; ";
+  if (p.rows_per_cta * p.threads_per_row != p.cta_threads) os << "rows_per_cta * tpr != block; ";
   if (!is_pow2(p.threads_per_row)) os << "tpr not a power of two; ";
   if (p.threads_per_row <= 32 ? 32 % p.threads_per_row != 0 : p.threads_per_row % 32 != 0)
     os << "tpr does not tile warps; ";
@@ -62,7 +62,7 @@ std::string check_row_plan(const RowPlan& p, int64_t d, int esize, const Device&
     }
     case Band::kCluster: {
       if (d <= (esize == 2 ? 16384 : 8192)) os << "cluster band inside the rows band; ";
-      if (p.block != kClusterTpr || p.threads_per_row != kClusterTpr || p.rows_per_block != 1) os << "cluster block; ";
+      if (p.cta_threads != kClusterTpr || p.threads_per_row != kClusterTpr || p.rows_per_cta != 1) os << "cluster block; ";
       if (p.chunks_per_thread != kChunksPerThread) os << "cluster cpt; ";
       if (!is_pow2(p.cluster) || p.cluster < 2 || p.cluster > (dev.cc_major >= 9 ? dev.max_cluster : 1))
         os << "cluster size; ";
@@ -75,7 +75,7 @@ std::string check_row_plan(const RowPlan& p, int64_t d, int esize, const Device&
       const int max_cluster = dev.cc_major >= 9 ? dev.max_cluster : 1;
       const int64_t per_cta = int64_t{kClusterTpr} * kChunksPerThread;
       if (per_cta * std::max(max_cluster, 1) >= p.chunks) os << "looped although a cluster covers D; ";
-      if (p.block != kLoopedThreads) os << "looped block; ";
+      if (p.cta_threads != kLoopedThreads) os << "looped block; ";
       break;
     }
   }
@@ -87,8 +87,8 @@ TEST(Plan, EveryDInEveryBandIsCoveredAndMinimal) {
   for (const Device& dev : devs) {
     for (int esize : {2, 4}) {
       for (int64_t d = 1; d <= kMaxD; ++d) {
-        const RowPlan f = row_plan(d, esize, false, dev);
-        const RowPlan b = row_plan(d, esize, true, dev);
+        const RowPlan f = row_plan(d, esize, Direction::kForward, dev);
+        const RowPlan b = row_plan(d, esize, Direction::kBackward, dev);
         const std::string ef = check_row_plan(f, d, esize, dev), eb = check_row_plan(b, d, esize, dev);
         ASSERT_EQ(ef, "") << "forward D=" << d << " esize=" << esize << " cc=" << dev.cc_major;
         ASSERT_EQ(eb, "") << "backward D=" << d << " esize=" << esize << " cc=" << dev.cc_major;
@@ -108,7 +108,7 @@ TEST(Plan, EveryDInEveryBandIsCoveredAndMinimal) {
 TEST(Plan, ChunkOwnershipCoversEachElementExactlyOnce) {
   std::vector<int> hits;
   auto check = [&](int64_t d, int esize, const Device& dev) {
-    const RowPlan p = row_plan(d, esize, false, dev);
+    const RowPlan p = row_plan(d, esize, Direction::kForward, dev);
     if (p.band == Band::kLooped) return;  // strided loop over all chunks, trivially exact
     hits.assign(static_cast<size_t>(d), 0);
     const int64_t g_total = int64_t{p.threads_per_row} * p.cluster;
@@ -162,7 +162,7 @@ TEST(Plan, ChunkOwnershipExactlyOnceForEveryD) {
     for (int esize : {2, 4}) {
       for (int64_t d = 1; d <= kMaxD; ++d) {
         for (bool backward : {false, true}) {
-          const RowPlan p = row_plan(d, esize, backward, dev);
+          const RowPlan p = row_plan(d, esize, backward ? Direction::kBackward : Direction::kForward, dev);
           const auto key = std::make_tuple(p.threads_per_row, p.cluster, p.chunks_per_thread);
           if (walked.insert(key).second) {
             ASSERT_EQ(walk(p.threads_per_row, p.cluster, p.chunks_per_thread), "")
@@ -184,7 +184,7 @@ TEST(Plan, ChunkOwnershipExactlyOnceForEveryD) {
 TEST(Plan, ReductionGroupsNeverMixRows) {
   for (int tpr = 1; tpr <= kMaxRowsTpr; tpr *= 2) {
     for (bool backward : {false, true}) {
-      const int block = backward ? backward_block(tpr) : forward_block(tpr);
+      const int block = backward ? backward_cta_threads(tpr) : forward_cta_threads(tpr);
       ASSERT_EQ(block % tpr, 0);
       ASSERT_LE(block, 1024);
       const int slots = block / tpr;
@@ -234,10 +234,10 @@ TEST(Plan, RowPlanDoesNotDependOnRows) {
   const Device dev = hopper();
   for (int64_t d : {1, 8, 31, 33, 64, 128, 384, 512, 3584, 4096, 8192, 8193, 40000, 262144, 300000}) {
     for (int esize : {2, 4}) {
-      const RowPlan ref = forward_launch(1, d, esize, dev).row;
+      const RowPlan ref = forward_launch(1, d, esize, Io::kVector, dev).row;
       for (int64_t rows : {int64_t{2}, int64_t{3}, int64_t{1000}, int64_t{1} << 20, int64_t{1} << 33}) {
-        const RowPlan f = forward_launch(rows, d, esize, dev).row;
-        const RowPlan b = backward_launch(rows, d, esize, true, dev).row;
+        const RowPlan f = forward_launch(rows, d, esize, Io::kVector, dev).row;
+        const RowPlan b = backward_launch(rows, d, esize, Io::kVector, true, dev).row;
         EXPECT_EQ(f.threads_per_row, ref.threads_per_row);
         EXPECT_EQ(f.cluster, ref.cluster);
         EXPECT_EQ(f.band, ref.band);
@@ -254,21 +254,21 @@ TEST(Plan, PipelineStagesFitTheDevice) {
   for (const Device& dev : {hopper(8), hopper(16), ampere()}) {
     for (int esize : {2, 4}) {
       for (int64_t d : {1, 8, 64, 128, 384, 512, 1024, 4096, 8192, 16384, 20000, 100000}) {
-        const ForwardLaunch f = forward_launch(1 << 20, d, esize, dev);
+        const Launch f = forward_launch(1 << 20, d, esize, Io::kVector, dev);
         if (f.row.band != Band::kLooped) {
-          EXPECT_EQ(f.smem, stage_bytes(f.row.block, 1) * static_cast<size_t>(f.stages));
+          EXPECT_EQ(f.smem, stage_bytes(f.row.cta_threads, 1) * static_cast<size_t>(f.stages));
           EXPECT_LE(f.smem, dev.max_smem_optin);
-          EXPECT_LE((f.smem + 1024) * static_cast<size_t>(forward_blocks_per_sm(f.row.threads_per_row)),
+          EXPECT_LE((f.smem + 1024) * static_cast<size_t>(forward_ctas_per_sm(f.row.threads_per_row)),
                     f.stages > 1 ? dev.smem_per_sm : SIZE_MAX);
         }
-        const BackwardLaunch b = backward_launch(1 << 20, d, esize, true, dev);
+        const Launch b = backward_launch(1 << 20, d, esize, Io::kVector, true, dev);
         EXPECT_LE(b.smem, dev.max_smem_optin) << d;
       }
     }
   }
   // On the H200 both directions get the full depth.
-  const ForwardLaunch f = forward_launch(8192, 4096, 2, hopper());
-  const BackwardLaunch b = backward_launch(8192, 4096, 2, true, hopper());
+  const Launch f = forward_launch(8192, 4096, 2, Io::kVector, hopper());
+  const Launch b = backward_launch(8192, 4096, 2, Io::kVector, true, hopper());
   EXPECT_EQ(f.stages, kMaxStages);
   EXPECT_EQ(b.stages, kMaxStages);
 }
@@ -277,31 +277,31 @@ TEST(Plan, PipelineStagesFitTheDevice) {
 // and many groups per resident CTA; otherwise its grid is the resident CTAs.
 TEST(Plan, ForwardGridPersistentOrOneGroupPerCta) {
   const Device dev = hopper();
-  auto resident = [&](const ForwardLaunch& f) {
-    return int64_t{dev.sm_count} * forward_blocks_per_sm(f.row.threads_per_row) / f.row.cluster;
+  auto resident = [&](const Launch& f) {
+    return int64_t{dev.sm_count} * forward_ctas_per_sm(f.row.threads_per_row) / f.row.cluster;
   };
   for (int64_t rows : {int64_t{1048576}, int64_t{131072}}) {
-    const ForwardLaunch f = forward_launch(rows, 128, 2, dev);
-    ASSERT_GE(f.row.rows_per_block, kOneGroupMinRowsPerBlock);
-    const int64_t groups = rows / f.row.rows_per_block;
+    const Launch f = forward_launch(rows, 128, 2, Io::kVector, dev);
+    ASSERT_GE(f.row.rows_per_cta, kOneGroupMinRowsPerCta);
+    const int64_t groups = rows / f.row.rows_per_cta;
     if (groups >= kOneGroupMinGroupsPerCta * resident(f))
       EXPECT_EQ(f.grid, groups) << rows;
     else
       EXPECT_EQ(f.grid, resident(f)) << rows;
   }
-  // D = 128 at 16-bit: 4 threads per row, so kForwardMinBlock / 4 rows per CTA.
-  EXPECT_EQ(forward_launch(1048576, 128, 2, dev).grid, 1048576 / (kForwardMinBlock / 4));
-  EXPECT_EQ(forward_launch(131072, 128, 2, dev).grid, 132 * forward_blocks_per_sm(4));
+  // D = 128 at 16-bit: 4 threads per row, so kForwardMinCtaThreads / 4 rows per CTA.
+  EXPECT_EQ(forward_launch(1048576, 128, 2, Io::kVector, dev).grid, 1048576 / (kForwardMinCtaThreads / 4));
+  EXPECT_EQ(forward_launch(131072, 128, 2, Io::kVector, dev).grid, 132 * forward_ctas_per_sm(4));
   // D = 4096: 128 threads per row, under 8 rows per CTA: tiles of consecutive
   // groups where there are enough of them, else persistent.
-  const ForwardLaunch big = forward_launch(int64_t{1} << 24, 4096, 2, dev);
-  EXPECT_EQ(big.row.rows_per_block, kForwardMinBlock / 128);
-  EXPECT_LT(big.row.rows_per_block, kOneGroupMinRowsPerBlock);
+  const Launch big = forward_launch(int64_t{1} << 24, 4096, 2, Io::kVector, dev);
+  EXPECT_EQ(big.row.rows_per_cta, kForwardMinCtaThreads / 128);
+  EXPECT_LT(big.row.rows_per_cta, kOneGroupMinRowsPerCta);
   EXPECT_EQ(big.groups_per_cta, kForwardTileGroups);
   EXPECT_EQ(big.grid, (int64_t{1} << 23) / kForwardTileGroups);
   // One group short of kForwardTileMinWaves tiles per resident CTA (2 rows per group).
-  const ForwardLaunch few =
-      forward_launch(2 * (kForwardTileMinWaves * kForwardTileGroups * resident(big) - 1), 4096, 2, dev);
+  const Launch few =
+      forward_launch(2 * (kForwardTileMinWaves * kForwardTileGroups * resident(big) - 1), 4096, 2, Io::kVector, dev);
   EXPECT_EQ(few.groups_per_cta, 0);
   EXPECT_EQ(few.grid, resident(few));
 }
@@ -315,11 +315,11 @@ TEST(Plan, ForwardTilesCoverEveryGroupOnce) {
     for (int64_t d : {1, 1000, 1025, 2048, 4096, 7168, 8192, 12288, 16384}) {
       for (int64_t rows : {int64_t{1}, int64_t{4095}, int64_t{8192}, int64_t{16383}, int64_t{1} << 20,
                            (int64_t{1} << 31) + 3}) {
-        const ForwardLaunch l = forward_launch(rows, d, esize, dev);
+        const Launch l = forward_launch(rows, d, esize, Io::kVector, dev);
         if (l.groups_per_cta == 0) continue;
         ++tiled;
         ASSERT_EQ(l.row.band, Band::kRows);
-        const int64_t groups = (rows + l.row.rows_per_block - 1) / l.row.rows_per_block;
+        const int64_t groups = (rows + l.row.rows_per_cta - 1) / l.row.rows_per_cta;
         ASSERT_GE(l.groups_per_cta, kForwardTileGroups);
         EXPECT_GE(l.grid * l.groups_per_cta, groups) << d << " " << rows;
         EXPECT_LT((l.grid - 1) * l.groups_per_cta, groups) << d << " " << rows;
@@ -341,15 +341,15 @@ TEST(Plan, ClusterGridsFitTheCoScheduledClusters) {
   }
   for (int cs = 2; cs <= 16; cs *= 2) {
     const int64_t d = int64_t{cs} * kClusterTpr * kChunksPerThread * 8;  // 16-bit row needing `cs` CTAs
-    const ForwardLaunch f = forward_launch(1 << 20, d, 2, dev);
-    const BackwardLaunch b = backward_launch(1 << 20, d, 2, true, dev);
+    const Launch f = forward_launch(1 << 20, d, 2, Io::kVector, dev);
+    const Launch b = backward_launch(1 << 20, d, 2, Io::kVector, true, dev);
     ASSERT_EQ(f.row.cluster, cs);
     EXPECT_EQ(f.grid, int64_t{dev.forward_active_clusters[cluster_index(cs)]} * cs);
     EXPECT_EQ(b.grid, int64_t{dev.backward_active_clusters[cluster_index(cs)]} * cs);
     EXPECT_EQ(b.partials, dev.backward_active_clusters[cluster_index(cs)]);
     const Device unknown = hopper(16);
-    EXPECT_EQ(forward_launch(1 << 20, d, 2, unknown).grid,
-              int64_t{unknown.sm_count} * forward_blocks_per_sm(kClusterTpr) / cs * cs);
+    EXPECT_EQ(forward_launch(1 << 20, d, 2, Io::kVector, unknown).grid,
+              int64_t{unknown.sm_count} * forward_ctas_per_sm(kClusterTpr) / cs * cs);
   }
 }
 
@@ -357,12 +357,12 @@ TEST(Plan, ForwardGridCoversAllRows) {
   const Device dev = hopper();
   for (int64_t d : {1, 100, 4096, 8193, 100000, 300000}) {
     for (int64_t rows : {int64_t{1}, int64_t{7}, int64_t{65537}, int64_t{1} << 31}) {
-      const ForwardLaunch l = forward_launch(rows, d, 2, dev);
+      const Launch l = forward_launch(rows, d, 2, Io::kVector, dev);
       EXPECT_GE(l.grid, 1);
       EXPECT_LT(l.grid, int64_t{1} << 31);
       EXPECT_EQ(l.grid % l.row.cluster, 0);
       // Grid-stride loops: any grid >= 1 covers all rows; it never exceeds the work.
-      EXPECT_LE(l.grid / l.row.cluster, (rows + l.row.rows_per_block - 1) / l.row.rows_per_block);
+      EXPECT_LE(l.grid / l.row.cluster, (rows + l.row.rows_per_cta - 1) / l.row.rows_per_cta);
     }
   }
 }
@@ -372,7 +372,7 @@ TEST(Plan, BackwardWorkspaceIsBoundedIndependentlyOfRows) {
     for (int esize : {2, 4}) {
       for (int64_t d = 1; d <= kMaxD; d = d < 4096 ? d + 1 : d + 4093) {
         for (int64_t rows : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{1000}, int64_t{1} << 20, int64_t{1} << 31}) {
-          const BackwardLaunch l = backward_launch(rows, d, esize, true, dev);
+          const Launch l = backward_launch(rows, d, esize, Io::kVector, true, dev);
           ASSERT_LE(l.workspace, size_t{2} * dev.sm_count * static_cast<size_t>(d) * 4) << d << " " << rows;
           ASSERT_LE(l.grid, int64_t{2} * dev.sm_count);
           ASSERT_GE(l.grid, 1);
@@ -380,30 +380,38 @@ TEST(Plan, BackwardWorkspaceIsBoundedIndependentlyOfRows) {
           ASSERT_EQ(l.grid, l.partials * l.row.cluster);
           ASSERT_EQ(l.direct_gw, l.partials == 1 && l.row.band != Band::kLooped);
           ASSERT_EQ(l.workspace, l.direct_gw ? 0 : static_cast<size_t>(l.partials * d) * 4);
-          ASSERT_LE(l.smem_elementwise, dev.max_smem_optin);
           ASSERT_GE(l.stages, 1);
           ASSERT_LE(l.stages, kMaxStages);
           const size_t combine = l.row.band == Band::kRows ? backward_combine_smem(l.row.threads_per_row, esize) : 0;
           if (l.row.band != Band::kLooped) {
             // The stages fit, and so does the gw slot sum (it reuses them).
-            ASSERT_GE(l.smem, stage_bytes(l.row.block, 2) * static_cast<size_t>(l.stages));
+            ASSERT_GE(l.smem, stage_bytes(l.row.cta_threads, 2) * static_cast<size_t>(l.stages));
             ASSERT_GE(l.smem, combine);
           }
+          // Element I/O: the same geometry, grid and workspace (the workspace query knows no
+          // pointers); the rows band stages each row's aligned blocks, one more block per slot
+          // and operand; the cluster band's element path stages nothing.
+          const Launch e = backward_launch(rows, d, esize, Io::kElement, true, dev);
+          ASSERT_EQ(e.grid, l.grid);
+          ASSERT_EQ(e.partials, l.partials);
+          ASSERT_EQ(e.workspace, l.workspace);
+          ASSERT_EQ(e.row.threads_per_row, l.row.threads_per_row);
+          ASSERT_EQ(e.row.cta_threads, l.row.cta_threads);
+          ASSERT_LE(e.smem, dev.max_smem_optin);
           if (l.row.band == Band::kRows) {
-            // Element I/O stages each row's aligned blocks: the same stages plus one block per slot and operand.
-            ASSERT_GE(l.stages_elementwise, 1);
-            ASSERT_LE(l.stages_elementwise, kMaxStages);
-            ASSERT_EQ(l.smem_elementwise,
-                      std::max(shifted_stage_bytes(l.row.block, l.row.rows_per_block, 2) *
-                                   static_cast<size_t>(l.stages_elementwise),
-                               combine));
+            ASSERT_GE(e.stages, 1);
+            ASSERT_LE(e.stages, kMaxStages);
+            ASSERT_EQ(e.smem, std::max(shifted_stage_bytes(l.row.cta_threads, l.row.rows_per_cta, 2) *
+                                           static_cast<size_t>(e.stages),
+                                       combine));
           } else {
-            ASSERT_EQ(l.smem_elementwise, 0u);  // one slot: no slot sum, no staging
+            ASSERT_EQ(e.smem, 0u);  // one slot: no slot sum, no staging
+            ASSERT_EQ(e.stages, 1);
           }
-          const BackwardLaunch n = backward_launch(rows, d, esize, false, dev);
+          const Launch n = backward_launch(rows, d, esize, Io::kVector, false, dev);
           ASSERT_EQ(n.workspace, 0u);
           if (n.row.band != Band::kRows) {
-            ASSERT_EQ(n.smem_elementwise, 0u);
+            ASSERT_EQ(backward_launch(rows, d, esize, Io::kElement, false, dev).smem, 0u);
           }
         }
       }
@@ -414,13 +422,13 @@ TEST(Plan, BackwardWorkspaceIsBoundedIndependentlyOfRows) {
 // No rows: gw is the empty sum, written without a workspace, in every band.
 TEST(Plan, NoRowsNeedNoWorkspace) {
   for (int64_t d : {1, 64, 4096, 8193, 40000, 300000, 2000000}) {
-    for (int esize : {2, 4}) EXPECT_EQ(backward_launch(0, d, esize, true, hopper()).workspace, 0u) << d;
+    for (int esize : {2, 4}) EXPECT_EQ(backward_launch(0, d, esize, Io::kVector, true, hopper()).workspace, 0u) << d;
   }
 }
 
 TEST(Plan, PreHopperNeverUsesClustersOfMoreThanOneCta) {
   for (int64_t d = 8000; d <= kMaxD; d += 101) {
-    const RowPlan p = row_plan(d, 2, true, ampere());
+    const RowPlan p = row_plan(d, 2, Direction::kBackward, ampere());
     ASSERT_EQ(p.cluster, 1) << d;
   }
 }
@@ -447,7 +455,7 @@ TEST(Plan, SlotSumTableReadsWithoutBankConflicts) {
   for (int esize : {2, 4}) {
     const int vec = vec_elems(esize);
     for (int tpr = 1; tpr <= kMaxRowsTpr; tpr *= 2) {
-      const int block = backward_block(tpr), slots = block / tpr;
+      const int block = backward_cta_threads(tpr), slots = block / tpr;
       if (slots == 1) {
         EXPECT_EQ(backward_combine_smem(tpr, esize), 0u);
         continue;
@@ -475,6 +483,100 @@ TEST(Plan, SlotSumTableReadsWithoutBankConflicts) {
       EXPECT_LT(static_cast<size_t>(combine_index(kChunksPerThread - 1, vec - 1, block - 1, block, esize)) * sizeof(float),
                 backward_combine_smem(tpr, esize));
     }
+  }
+}
+
+
+// The dispatch table printed at the top of plan.hpp, as data, against the
+// planner: for every D in 1..2^20, both element sizes, both I/O paths, both
+// directions, on sm_90 with clusters of 16 and of 8 and on sm_80, the band
+// and kernel the table names, the tpr / cluster size its formulas give, and
+// the finalize it promises.
+struct TableEntry {
+  Band band;
+  Kernel forward_vector, forward_element, backward_vector, backward_element;
+};
+constexpr TableEntry kTable[] = {
+    {Band::kRows, Kernel::kForwardRows, Kernel::kForwardRowsElement, Kernel::kBackwardRows,
+     Kernel::kBackwardRowsShifted},
+    {Band::kCluster, Kernel::kForwardCluster, Kernel::kForwardClusterElement, Kernel::kBackwardCluster,
+     Kernel::kBackwardClusterElement},
+    {Band::kLooped, Kernel::kForwardLooped, Kernel::kForwardLooped, Kernel::kBackwardLooped,
+     Kernel::kBackwardLooped},
+};
+// The table's D ranges: kRows up to 16384 (16-bit) / 8192 (fp32); kCluster up
+// to 131072 / 65536 with clusters of 8, twice that with 16, none before sm_90.
+Band table_band(int64_t d, int esize, const Device& dev) {
+  const int64_t rows_max = esize == 2 ? 16384 : 8192;
+  if (d <= rows_max) return Band::kRows;
+  const int max_cluster = dev.cc_major >= 9 ? dev.max_cluster : 1;
+  if (d <= rows_max * max_cluster) return Band::kCluster;
+  return Band::kLooped;
+}
+
+TEST(Plan, DispatchTableMatchesThePlanner) {
+  for (const Device& dev : {hopper(16), hopper(8), ampere()}) {
+    for (int esize : {2, 4}) {
+      const int vec = 16 / esize;
+      for (int64_t d = 1; d <= kMaxD; ++d) {
+        const Band band = table_band(d, esize, dev);
+        const TableEntry& t = kTable[static_cast<int>(band)];
+        ASSERT_EQ(t.band, band);
+        for (Io io : {Io::kVector, Io::kElement}) {
+          const bool vector = io == Io::kVector;
+          const Launch f = forward_launch(1000, d, esize, io, dev);
+          const Launch b = backward_launch(1000, d, esize, io, true, dev);
+          ASSERT_EQ(f.row.band, band) << "D " << d << " esize " << esize;
+          ASSERT_EQ(b.row.band, band) << "D " << d << " esize " << esize;
+          ASSERT_EQ(f.kernel, vector ? t.forward_vector : t.forward_element) << "D " << d;
+          ASSERT_EQ(b.kernel, vector ? t.backward_vector : t.backward_element) << "D " << d;
+          ASSERT_EQ(f.io, io);
+          ASSERT_EQ(b.io, io);
+          ASSERT_EQ(f.direction, Direction::kForward);
+          ASSERT_EQ(b.direction, Direction::kBackward);
+          const int64_t chunks = (d + vec - 1) / vec;
+          if (band == Band::kRows) {
+            // tpr = smallest power of two >= ceil(chunks / 4); CTAs of max(tpr, 256) / max(tpr, 512).
+            int tpr = 1;
+            while (int64_t{tpr} * 4 < chunks) tpr *= 2;
+            ASSERT_EQ(f.row.threads_per_row, tpr) << "D " << d;
+            ASSERT_EQ(b.row.threads_per_row, tpr) << "D " << d;
+            ASSERT_EQ(f.row.cta_threads, std::max(tpr, 256));
+            ASSERT_EQ(b.row.cta_threads, std::max(tpr, 512));
+          } else if (band == Band::kCluster) {
+            // cluster = smallest power of two with cluster * 512 * 4 * vec >= D.
+            int cluster = 1;
+            while (int64_t{cluster} * 512 * 4 * vec < d) cluster *= 2;
+            ASSERT_EQ(f.row.cluster, cluster) << "D " << d;
+            ASSERT_EQ(b.row.cluster, cluster) << "D " << d;
+          }
+          // Only the paths that stage through shared memory ask for it.
+          if (!vector && band != Band::kRows) {
+            ASSERT_EQ(b.smem, 0u) << "D " << d;
+          }
+          if (!vector || band == Band::kLooped) {
+            ASSERT_EQ(f.smem, 0u) << "D " << d;
+          }
+          ASSERT_EQ(b.finalize, !b.direct_gw);
+          ASSERT_EQ(b.finalize_grid, b.finalize ? (d + kFinalizeCols - 1) / kFinalizeCols : 0);
+          ASSERT_EQ(b.finalize_lanes, b.finalize ? finalize_lanes(b.partials) : 0);
+          const Launch n = backward_launch(1000, d, esize, io, false, dev);
+          ASSERT_FALSE(n.finalize);
+          ASSERT_EQ(n.workspace, 0u);
+        }
+      }
+    }
+  }
+}
+
+TEST(Plan, NoRowsLaunchOnlyTheFinalize) {
+  for (int64_t d : {1, 4096, 100000, 300000}) {
+    const Launch b = backward_launch(0, d, 2, Io::kVector, true, hopper(16));
+    EXPECT_EQ(b.grid, 0);
+    EXPECT_EQ(b.partials, 0);
+    EXPECT_TRUE(b.finalize);
+    EXPECT_EQ(b.workspace, 0u);
+    EXPECT_FALSE(backward_launch(0, d, 2, Io::kVector, false, hopper(16)).finalize);
   }
 }
 

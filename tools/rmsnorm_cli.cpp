@@ -52,7 +52,7 @@
 #include <cuda_runtime.h>
 
 #include "args.hpp"
-#include "cuda/two_pass.hpp"
+#include "two_pass.hpp"
 #endif
 
 namespace {
@@ -928,7 +928,7 @@ int run_cuda(const Config& cfg) {
   HostTensor gw32_h(RMSNORM_DTYPE_F32, static_cast<size_t>(cols)), gw_h(cfg.dtype, static_cast<size_t>(cols));
   HostTensor gw_tp(cfg.dtype, static_cast<size_t>(cols));
   bool two_pass_ok = false;
-  size_t temp_bytes = rmsnorm::cuda::two_pass_temp_bytes(rows, cols, static_cast<rmsnorm::DType>(cfg.dtype));
+  size_t temp_bytes = rmsnorm::bench::two_pass_temp_bytes(rows, cols, static_cast<rmsnorm::DType>(cfg.dtype));
   rep.two_pass_temp_bytes = static_cast<double>(temp_bytes);
   DeviceBuffer temp;
   {
@@ -957,7 +957,7 @@ int run_cuda(const Config& cfg) {
       CUDA_CHECK(cudaMemsetAsync(s0.gx.p, 0xFF, mat, stream));
       CUDA_CHECK(cudaMemsetAsync(gw.p, 0xFF, vec, stream));
       const rmsnorm_status_t st =
-          rmsnorm::cuda::backward_two_pass(two_pass_args(pr, s0, w.p, gw.p), temp.p, stream);
+          rmsnorm::bench::backward_two_pass(two_pass_args(pr, s0, w.p, gw.p), temp.p, stream);
       if (st == RMSNORM_STATUS_SUCCESS) {
         CUDA_CHECK(cudaStreamSynchronize(stream));
         to_host(gx_tp, s0.gx);
@@ -1020,7 +1020,7 @@ int run_cuda(const Config& cfg) {
   rep.timings.push_back(time_cuda("vjp", pr.vjp_bytes, rep.reps, nsets, stream, vjp));
   if (two_pass_ok) {
     auto vjp_two_pass = [&](int i) {
-      lib_check(rmsnorm::cuda::backward_two_pass(two_pass_args(pr, sets[static_cast<size_t>(i)], w.p, gw.p), temp.p,
+      lib_check(rmsnorm::bench::backward_two_pass(two_pass_args(pr, sets[static_cast<size_t>(i)], w.p, gw.p), temp.p,
                                                  stream),
                 "two-pass backward");
     };

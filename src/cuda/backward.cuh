@@ -18,7 +18,11 @@
 // itself. No atomics: bitwise deterministic.
 #pragma once
 
-#include "cuda/forward.cuh"
+#include "cuda/gw_out.cuh"
+#include "cuda/launch.hpp"
+#include "cuda/row_map.cuh"
+#include "cuda/rstd.cuh"
+#include "cuda/weights.cuh"
 
 namespace rmsnorm::cuda {
 
@@ -40,19 +44,16 @@ struct BackwardParams {
   bool vector_io;
   bool with_gw;
   GwOut gw;
-  // Two-pass variant (benchmark only): gy * x_hat per element, {rows, cols}.
-  T* temp;
-  bool temp_vector_io;
   int stages;  // cp.async pipeline depth (16-byte I/O)
 };
 
 // Adds a chunk's terms to this thread's running sums: x^2 (in the forward's
 // order, see add_squares) and x * w' * gy.
 template <typename T>
-__device__ __forceinline__ float2 add_chunk_sums(float2 s, const Pack<T>& x, const Pack<T>& gy,
-                                                 const float (&w)[Pack<T>::kN]) {
+__device__ __forceinline__ float2 add_chunk_sums(float2 s, const Chunk<T>& x, const Chunk<T>& gy,
+                                                 const float (&w)[Chunk<T>::kN]) {
 #pragma unroll
-  for (int j = 0; j < Pack<T>::kN; ++j) {
+  for (int j = 0; j < Chunk<T>::kN; ++j) {
     const float xv = x.get(j);
     s.x += xv * xv;
     s.y += xv * w[j] * gy.get(j);
@@ -77,11 +78,11 @@ __device__ __forceinline__ RowScalars row_scalars(const BackwardParams<T>& p, fl
 
 // gx for one chunk; gy * x_hat of each element is added to gw_sums.
 template <typename T>
-__device__ __forceinline__ Pack<T> grad_chunk(const Pack<T>& x, const Pack<T>& gy, const float (&w)[Pack<T>::kN],
-                                              RowScalars s, float (&gw_sums)[Pack<T>::kN]) {
-  Pack<T> gx;
+__device__ __forceinline__ Chunk<T> grad_chunk(const Chunk<T>& x, const Chunk<T>& gy, const float (&w)[Chunk<T>::kN],
+                                              RowScalars s, float (&gw_sums)[Chunk<T>::kN]) {
+  Chunk<T> gx;
 #pragma unroll
-  for (int j = 0; j < Pack<T>::kN; j += 2) {
+  for (int j = 0; j < Chunk<T>::kN; j += 2) {
     float o[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -95,19 +96,11 @@ __device__ __forceinline__ Pack<T> grad_chunk(const Pack<T>& x, const Pack<T>& g
   return gx;
 }
 
-template <typename T>
-__device__ __forceinline__ Pack<T> xhat_gy_chunk(const Pack<T>& x, const Pack<T>& gy, float r) {
-  Pack<T> o;
-#pragma unroll
-  for (int j = 0; j < Pack<T>::kN; j += 2) o.set2(j, gy.get(j) * (x.get(j) * r), gy.get(j + 1) * (x.get(j + 1) * r));
-  return o;
-}
-
 // gw sums of one thread's own columns (a CTA or cluster with one row slot):
 // its partial for those columns, or gw itself when there is one partial.
 template <typename T, int kTpr, bool kClustered>
 __device__ __forceinline__ void emit_thread_gw(const BackwardParams<T>& p, const RowMap<kTpr, kClustered>& m,
-                                               const float (&acc)[plan::kChunksPerThread][Pack<T>::kN]) {
+                                               const float (&acc)[plan::kChunksPerThread][Chunk<T>::kN]) {
 #pragma unroll
   for (int it = 0; it < plan::kChunksPerThread; ++it) {
     const int c = m.chunk(it);
@@ -124,10 +117,10 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
                                                            RowScratch<float2, plan::kClusterTpr, 1>& scratch,
                                                            ClusterExchange<float2>& exchange) {
   constexpr int kTpr = plan::kClusterTpr;
-  constexpr int kBlock = kTpr;
+  constexpr int kCtaThreads = kTpr;
   constexpr int kCpt = plan::kChunksPerThread;
-  constexpr int kN = Pack<T>::kN;
-  constexpr int kStage = 2 * kCpt * kBlock;  // uint4 per stage: x, then gy
+  constexpr int kN = Chunk<T>::kN;
+  constexpr int kStage = 2 * kCpt * kCtaThreads;  // uint4 per stage: x, then gy
   const RowMap<kTpr, true> m;
   const int64_t rows = p.rows;
   const int stages = p.stages;
@@ -138,12 +131,12 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
     for (int j = 0; j < kN; ++j) acc[it][j] = 0.0f;
   auto stage_row = [&](int64_t g, int s) {
     uint4* buf = stage + s * kStage;
-    stage_group<T, kTpr, true, kBlock>(p.x, p.x_stride, rows, p.chunks, p.cols, m, g, 1, buf);
-    stage_group<T, kTpr, true, kBlock>(p.gy, p.gy_stride, rows, p.chunks, p.cols, m, g, 1, buf + kCpt * kBlock);
+    stage_group<T, kTpr, true, kCtaThreads>(p.x, p.x_stride, rows, p.chunks, p.cols, m, g, 1, buf);
+    stage_group<T, kTpr, true, kCtaThreads>(p.gy, p.gy_stride, rows, p.chunks, p.cols, m, g, 1, buf + kCpt * kCtaThreads);
     cp_async_commit();
   };
-  auto x_of = [&](int s, int it) { return pack_of<T>(stage[s * kStage + it * kBlock + threadIdx.x]); };
-  auto gy_of = [&](int s, int it) { return pack_of<T>(stage[s * kStage + (kCpt + it) * kBlock + threadIdx.x]); };
+  auto x_of = [&](int s, int it) { return as_chunk<T>(stage[s * kStage + it * kCtaThreads + threadIdx.x]); };
+  auto gy_of = [&](int s, int it) { return as_chunk<T>(stage[s * kStage + (kCpt + it) * kCtaThreads + threadIdx.x]); };
   exchange.init();
   cluster_sync();  // the mbarriers are initialized before any push
   if (m.unit < rows) {  // uniform over the cluster
@@ -214,7 +207,7 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
 // are discarded by the shift, so it does not matter that in place (gx == gy)
 // another row may be writing them. Block kCpt * kTpr (a row of kCpt * kTpr
 // chunks, misaligned) goes to extra[slot].
-template <typename T, int kTpr, int kBlock>
+template <typename T, int kTpr, int kCtaThreads>
 __device__ __forceinline__ void stage_group_shifted(const T* __restrict__ base, int64_t stride, int64_t rows,
                                                     int chunks, int cols, const RowMap<kTpr, false>& m, int64_t g,
                                                     int slots, uint4* buf, uint4* extra) {
@@ -231,7 +224,7 @@ __device__ __forceinline__ void stage_group_shifted(const T* __restrict__ base, 
     if (v > chunks) continue;
     const int64_t left = end - int64_t{16} * v;
     const int bytes = left >= 16 ? 16 : left > 0 ? static_cast<int>(left) : 0;
-    uint4* dst = it < kCpt ? &buf[it * kBlock + threadIdx.x] : &extra[m.slot];
+    uint4* dst = it < kCpt ? &buf[it * kCtaThreads + threadIdx.x] : &extra[m.slot];
     cp_async_chunk(dst, bytes > 0 ? r0 + int64_t{16} * v : r0, bytes);
   }
 }
@@ -239,13 +232,13 @@ __device__ __forceinline__ void stage_group_shifted(const T* __restrict__ base, 
 // Chunk `it` of this thread from staged blocks: its own block and the next
 // (the next lane's, the slot's lane 0 one step on, or the extra block),
 // funnel-shifted by the row's misalignment `shift` (bytes, 0..15).
-template <typename T, int kTpr, int kBlock>
-__device__ __forceinline__ Pack<T> shifted_chunk(const uint4* buf, const uint4* extra, int it, int slot, int pos,
+template <typename T, int kTpr, int kCtaThreads>
+__device__ __forceinline__ Chunk<T> shifted_chunk(const uint4* buf, const uint4* extra, int it, int slot, int pos,
                                                  int shift) {
   constexpr int kCpt = plan::kChunksPerThread;
-  const uint4 lo = buf[it * kBlock + threadIdx.x];
-  const uint4 hi = pos + 1 < kTpr       ? buf[it * kBlock + threadIdx.x + 1]
-                   : it + 1 < kCpt ? buf[(it + 1) * kBlock + slot * kTpr]
+  const uint4 lo = buf[it * kCtaThreads + threadIdx.x];
+  const uint4 hi = pos + 1 < kTpr       ? buf[it * kCtaThreads + threadIdx.x + 1]
+                   : it + 1 < kCpt ? buf[(it + 1) * kCtaThreads + slot * kTpr]
                                    : extra[slot];
   return shift_pair<T>(lo, hi, shift);
 }
@@ -266,14 +259,14 @@ __device__ __forceinline__ Pack<T> shifted_chunk(const uint4* buf, const uint4* 
 // store_gx_elems: elements [j0, j1) of b only, at columns first + j.
 template <typename T>
 __device__ __forceinline__ void store_gx_elems(T* __restrict__ row, int first, int j0, int j1, int cols,
-                                               const Pack<T>& b) {
+                                               const Chunk<T>& b) {
 #pragma unroll
-  for (int j = 0; j < Pack<T>::kN; ++j)
+  for (int j = 0; j < Chunk<T>::kN; ++j)
     if (j >= j0 && j < j1 && first + j >= 0 && first + j < cols) row[first + j] = b.elem(j);
 }
 template <typename T>
-__device__ __forceinline__ void store_gx_block(T* __restrict__ row, int first, int cols, const Pack<T>& b) {
-  constexpr int kN = Pack<T>::kN;
+__device__ __forceinline__ void store_gx_block(T* __restrict__ row, int first, int cols, const Chunk<T>& b) {
+  constexpr int kN = Chunk<T>::kN;
   if (first >= 0 && first + kN <= cols) {
     store16(row + first, b);
     return;
@@ -286,9 +279,9 @@ __device__ __forceinline__ void store_gx_block(T* __restrict__ row, int first, i
 // window (window5) held 17 words at once and spilled the kernels at the 128
 // registers of one 512-thread CTA per SM.
 template <typename T>
-__device__ __forceinline__ Pack<T> shift_pair_lean(const Pack<T>& lo, const Pack<T>& hi, int offset) {
+__device__ __forceinline__ Chunk<T> shift_pair_lean(const Chunk<T>& lo, const Chunk<T>& hi, int offset) {
   const unsigned sh = static_cast<unsigned>(offset & 3) * 8;
-  Pack<T> r;
+  Chunk<T> r;
   auto take = [&](auto q) {
     constexpr int kQ = decltype(q)::value;
 #pragma unroll
@@ -308,64 +301,119 @@ __device__ __forceinline__ Pack<T> shift_pair_lean(const Pack<T>& lo, const Pack
 }
 
 template <typename T>
-__device__ __forceinline__ Pack<T> shfl_pack(const Pack<T>& v, int src_lane) {
-  Pack<T> r;
+__device__ __forceinline__ Chunk<T> shfl_chunk(const Chunk<T>& v, int src_lane) {
+  Chunk<T> r;
 #pragma unroll
   for (int k = 0; k < 4; ++k) r.w[k] = __shfl_sync(0xffffffffu, v.w[k], src_lane);
   return r;
 }
 
 template <typename T>
-__device__ __forceinline__ Pack<T> shfl_up_pack(const Pack<T>& v) {
-  Pack<T> r;
+__device__ __forceinline__ Chunk<T> shfl_up_chunk(const Chunk<T>& v) {
+  Chunk<T> r;
 #pragma unroll
   for (int k = 0; k < 4; ++k) r.w[k] = __shfl_up_sync(0xffffffffu, v.w[k], 1);
   return r;
 }
 
+// The end of the persistent backward: this CTA's (cluster's) gw partial.
+// One row slot: each thread's sums are the partial of its columns. Several:
+// the slots are added in slot order through the table of plan::combine_index
+// in `sums` (the stages' shared memory, written by consecutive threads, read
+// without bank conflicts), then each column is written once.
+template <typename T, int kTpr, bool kClustered, int kSlots>
+__device__ __forceinline__ void emit_cta_gw(const BackwardParams<T>& p, const RowMap<kTpr, kClustered>& m,
+                                            const float (&acc)[plan::kChunksPerThread][Chunk<T>::kN], float* sums) {
+  constexpr int kCtaThreads = kTpr * kSlots;
+  constexpr int kCpt = plan::kChunksPerThread;
+  constexpr int kN = Chunk<T>::kN;
+  if constexpr (kSlots == 1) {
+    // One slot: this thread's sums are the CTA's (cluster's) partial for its columns.
+    emit_thread_gw<T>(p, m, acc);
+  } else {
+    constexpr int kEs = static_cast<int>(sizeof(T));
+    __syncthreads();  // every thread is done with its stages
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it)
+#pragma unroll
+      for (int j = 0; j < kN; ++j) sums[plan::combine_index(it, j, threadIdx.x, kCtaThreads, kEs)] = acc[it][j];
+    __syncthreads();
+    if constexpr (kCpt * kTpr >= kCtaThreads) {
+      // At least one chunk per thread (kTpr >= 128): a thread adds one
+      // chunk's kN columns and writes them together (16-byte stores).
+      for (int e = threadIdx.x; e < kCpt * kTpr; e += kCtaThreads) {
+        const int it = e / kTpr, l = e % kTpr;
+        const int c = it * kTpr + l;  // m.chunk(it) of the threads at lane l
+        if (c >= p.chunks) continue;
+        float v[kN];
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+          const float* a = sums + plan::combine_index(it, j, l, kCtaThreads, kEs);
+          v[j] = a[0];
+#pragma unroll
+          for (int s = 1; s < kSlots; ++s) v[j] += a[s * kTpr];
+        }
+        emit_gw_chunk<T>(p.gw, m.unit, p.cols, c, v);
+      }
+    } else {
+      // Fewer chunks than threads: one thread per column, so that more
+      // threads share the slot additions (kSlots of them per column).
+      for (int e = threadIdx.x; e < kCpt * kTpr * kN; e += kCtaThreads) {
+        const int it = e / (kTpr * kN), l = (e / kN) % kTpr, j = e % kN;
+        const int col = (it * kTpr + l) * kN + j;
+        if (col >= p.cols) continue;
+        const float* a = sums + plan::combine_index(it, j, l, kCtaThreads, kEs);
+        float v = a[0];
+#pragma unroll
+        for (int s = 1; s < kSlots; ++s) v += a[s * kTpr];
+        emit_gw<T>(p.gw, m.unit, p.cols, col, v);
+      }
+    }
+  }
+}
+
 // ---- kRows and kCluster: persistent, x and gy staged, gw sums in registers --------------------
-// kClustered == false: rows_per_block row slots of kTpr threads per CTA, one
+// kClustered == false: rows_per_cta row slots of kTpr threads per CTA, one
 // CTA per SM. kClustered == true: one row per cluster, kTpr threads per CTA.
-// kTwoPass: instead of accumulating gw, write gy * x_hat to p.temp (benchmark only).
 // kVec: x and gy through the cp.async pipeline (see forward_kernel; stage
-// layout uint4 [stages][x, gy][kCpt][kBlock]); otherwise, in the rows band,
+// layout uint4 [stages][x, gy][kCpt][kCtaThreads]); otherwise, in the rows band,
 // the same pipeline over each row's aligned blocks (stage_group_shifted;
-// layout [stages][x, gy][kCpt][kBlock] then [x extra, gy extra][kSlots]), and
+// layout [stages][x, gy][kCpt][kCtaThreads] then [x extra, gy extra][kSlots]), and
 // in the cluster band element I/O into registers.
 // Each thread keeps the fp32 gw sums of its own columns in registers; at the
 // end the row slots' sums are added in slot order through shared memory.
-template <typename T, int kTpr, bool kClustered, bool kTwoPass, bool kVec>
-__global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlocksPerSm)
+template <typename T, int kTpr, bool kClustered, bool kVec>
+__global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackwardCtasPerSm)
     backward_kernel(const BackwardParams<T> p) {
-  constexpr int kBlock = plan::backward_block(kTpr);
-  constexpr int kSlots = kBlock / kTpr;
+  constexpr int kCtaThreads = plan::backward_cta_threads(kTpr);
+  constexpr int kSlots = kCtaThreads / kTpr;
   constexpr int kCpt = plan::kChunksPerThread;
-  constexpr int kN = Pack<T>::kN;
-  static_assert(kSlots * kTpr == kBlock, "plan: rows_per_block * threads_per_row == block");
+  constexpr int kN = Chunk<T>::kN;
+  static_assert(kSlots * kTpr == kCtaThreads, "plan: rows_per_cta * threads_per_row == cta_threads");
   static_assert(!kClustered || (kTpr == plan::kClusterTpr && kSlots == 1), "plan: cluster CTAs hold one row slot");
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
-  static_assert(plan::stage_bytes(kBlock, 2) == 2 * sizeof(uint4) * kCpt * kBlock, "plan: stage size");
+  static_assert(plan::stage_bytes(kCtaThreads, 2) == 2 * sizeof(uint4) * kCpt * kCtaThreads, "plan: stage size");
   static_assert(plan::backward_combine_smem(kTpr, sizeof(T)) ==
-                    (kSlots == 1 ? 0 : sizeof(float) * plan::combine_stride(kBlock, sizeof(T)) * kCpt * kN),
+                    (kSlots == 1 ? 0 : sizeof(float) * plan::combine_stride(kCtaThreads, sizeof(T)) * kCpt * kN),
                 "plan: gw slot sum");
   __shared__ RowScratch<float2, kTpr, kSlots> scratch;
   __shared__ float2 exchange[2];
   extern __shared__ uint4 stage[];  // cp.async stages; at the end, the gw slot sum
   constexpr bool kShifted = !kVec && !kClustered;  // element I/O through staged aligned blocks
-  static_assert(plan::shifted_stage_bytes(kBlock, kSlots, 2) == 2 * sizeof(uint4) * (kCpt * kBlock + kSlots),
+  static_assert(plan::shifted_stage_bytes(kCtaThreads, kSlots, 2) == 2 * sizeof(uint4) * (kCpt * kCtaThreads + kSlots),
                 "plan: shifted stage size");
-  constexpr int kStage = kShifted ? 2 * (kCpt * kBlock + kSlots) : 2 * kCpt * kBlock;  // uint4 per stage
-  constexpr int kOperand = kShifted ? kCpt * kBlock + kSlots : kCpt * kBlock;         // gy's offset in a stage
+  constexpr int kStage = kShifted ? 2 * (kCpt * kCtaThreads + kSlots) : 2 * kCpt * kCtaThreads;  // uint4 per stage
+  constexpr int kOperand = kShifted ? kCpt * kCtaThreads + kSlots : kCpt * kCtaThreads;         // gy's offset in a stage
 
   pdl_enter();
-  if constexpr (kClustered && kVec && !kTwoPass) {
+  if constexpr (kClustered && kVec) {
     __shared__ ClusterExchange<float2> pushed;
     backward_cluster_pipelined<T>(p, stage, scratch, pushed);
     return;
   }
   const RowMap<kTpr, kClustered> m;
-  const bool with_gw = !kTwoPass && p.with_gw;
+  const bool with_gw = p.with_gw;
   const int64_t groups = (p.rows + kSlots - 1) / kSlots;
   const int stages = p.stages;
   float acc[kCpt][kN];
@@ -377,13 +425,13 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
   auto stage_rows = [&](int64_t g, int s) {
     uint4* buf = stage + s * kStage;
     if constexpr (kShifted) {
-      stage_group_shifted<T, kTpr, kBlock>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, g, kSlots, buf,
-                                           buf + kCpt * kBlock);
-      stage_group_shifted<T, kTpr, kBlock>(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, m, g, kSlots,
-                                           buf + kOperand, buf + kOperand + kCpt * kBlock);
+      stage_group_shifted<T, kTpr, kCtaThreads>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, g, kSlots, buf,
+                                           buf + kCpt * kCtaThreads);
+      stage_group_shifted<T, kTpr, kCtaThreads>(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, m, g, kSlots,
+                                           buf + kOperand, buf + kOperand + kCpt * kCtaThreads);
     } else {
-      stage_group<T, kTpr, kClustered, kBlock>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, g, kSlots, buf);
-      stage_group<T, kTpr, kClustered, kBlock>(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, m, g, kSlots,
+      stage_group<T, kTpr, kClustered, kCtaThreads>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, g, kSlots, buf);
+      stage_group<T, kTpr, kClustered, kCtaThreads>(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, m, g, kSlots,
                                                buf + kOperand);
     }
     cp_async_commit();
@@ -403,7 +451,7 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
     // from the stage where used, before and again after the reduction, so
     // that nothing is held in registers across it (held, the fp32 copies
     // spilled at bf16).
-    Pack<T> xr[kVec || kShifted ? 1 : kCpt], gyr[kVec || kShifted ? 1 : kCpt];
+    Chunk<T> xr[kVec || kShifted ? 1 : kCpt], gyr[kVec || kShifted ? 1 : kCpt];
     const uint4* cur = stage + st * kStage;
     int x_shift = 0, gy_shift = 0;
     if constexpr (kVec) {
@@ -433,17 +481,17 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
     }
     auto x_of = [&](int it) {
       if constexpr (kVec)
-        return pack_of<T>(cur[it * kBlock + threadIdx.x]);
+        return as_chunk<T>(cur[it * kCtaThreads + threadIdx.x]);
       else if constexpr (kShifted)
-        return shifted_chunk<T, kTpr, kBlock>(cur, cur + kCpt * kBlock, it, m.slot, m.pos, x_shift);
+        return shifted_chunk<T, kTpr, kCtaThreads>(cur, cur + kCpt * kCtaThreads, it, m.slot, m.pos, x_shift);
       else
         return xr[it];
     };
     auto gy_of = [&](int it) {
       if constexpr (kVec)
-        return pack_of<T>(cur[kOperand + it * kBlock + threadIdx.x]);
+        return as_chunk<T>(cur[kOperand + it * kCtaThreads + threadIdx.x]);
       else if constexpr (kShifted)
-        return shifted_chunk<T, kTpr, kBlock>(cur + kOperand, cur + kOperand + kCpt * kBlock, it, m.slot, m.pos,
+        return shifted_chunk<T, kTpr, kCtaThreads>(cur + kOperand, cur + kOperand + kCpt * kCtaThreads, it, m.slot, m.pos,
                                               gy_shift);
       else
         return gyr[it];
@@ -460,24 +508,24 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
     }
     sums = row_sum<kTpr, kSlots>(sums, scratch, parity);
     if constexpr (kClustered) sums = cluster_sum(sums, exchange, parity);
-    if constexpr (kShifted && !kTwoPass && kTpr <= 32) {
+    if constexpr (kShifted && kTpr <= 32) {
       // gx in gx's aligned blocks (store_gx_block) where a row slot lies in
       // one warp (threads per row <= 32). Every thread takes part in the
       // shuffles, whether its row is valid or not. With more threads per row
       // the blocks at warp boundaries needed their halves written by element,
       // and the A/B lost there (f32 base + 1 element 0.87x, odd row length
-      // 0.95x; bench/results/2026-11-30_h200_be36ca4_ab_gx_exchange.md).
+      // 0.95x; docs/performance.md, "Misaligned backward: gx exchange").
       const RowScalars s = row_scalars(p, given_r, sums);
       T* gxr = p.gx + row * p.gx_stride;
       const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(gxr) & 15);
       const int lead = shift / static_cast<int>(sizeof(T));  // columns of block v before chunk v
       const int lane = static_cast<int>(threadIdx.x) & 31;
       const int last = lane | (kTpr - 1);  // the slot's last lane
-      Pack<T> before;                      // this thread's gx of the previous step
+      Chunk<T> before;                      // this thread's gx of the previous step
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
-        Pack<T> g;
+        Chunk<T> g;
 #pragma unroll
         for (int k = 0; k < 4; ++k) g.w[k] = 0;
         if (valid && c < p.chunks) {
@@ -487,8 +535,8 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
         }
         // Chunk c - 1: the lane before's chunk, or for the slot's first lane
         // the slot's last lane's chunk of the step before.
-        Pack<T> prev = shfl_up_pack(g);
-        const Pack<T> wrap = shfl_pack(it > 0 ? before : g, last);
+        Chunk<T> prev = shfl_up_chunk(g);
+        const Chunk<T> wrap = shfl_chunk(it > 0 ? before : g, last);
         if (m.pos == 0) prev = wrap;
         before = g;
         if (!valid || c >= p.chunks) continue;
@@ -507,12 +555,10 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
         if (c < p.chunks) {
-          const Pack<T> x = x_of(it), gy = gy_of(it);
+          const Chunk<T> x = x_of(it), gy = gy_of(it);
           float w[kN];
           wv.get(it, w);
           store_chunk(gxr, c, p.cols, kVec, grad_chunk(x, gy, w, s, acc[it]));
-          if constexpr (kTwoPass)
-            store_chunk(p.temp + row * p.cols, c, p.cols, p.temp_vector_io, xhat_gy_chunk(x, gy, s.r));
         }
       }
     }
@@ -521,67 +567,21 @@ __global__ void __launch_bounds__(plan::backward_block(kTpr), plan::kBackwardBlo
   if constexpr (kClustered) cluster_sync();          // keep `exchange` alive until every CTA has read it
   if (!with_gw) return;
 
-  if constexpr (kSlots == 1) {
-    // One slot: this thread's sums are the CTA's (cluster's) partial for its columns.
-    emit_thread_gw<T>(p, m, acc);
-  } else {
-    // Add the row slots in slot order through the table of
-    // plan::combine_index (written by consecutive threads, read without bank
-    // conflicts), then write each column once.
-    constexpr int kEs = static_cast<int>(sizeof(T));
-    float* sums = reinterpret_cast<float*>(stage);
-    __syncthreads();  // every thread is done with its stages
-#pragma unroll
-    for (int it = 0; it < kCpt; ++it)
-#pragma unroll
-      for (int j = 0; j < kN; ++j) sums[plan::combine_index(it, j, threadIdx.x, kBlock, kEs)] = acc[it][j];
-    __syncthreads();
-    if constexpr (kCpt * kTpr >= kBlock) {
-      // At least one chunk per thread (kTpr >= 128): a thread adds one
-      // chunk's kN columns and writes them together (16-byte stores).
-      for (int e = threadIdx.x; e < kCpt * kTpr; e += kBlock) {
-        const int it = e / kTpr, l = e % kTpr;
-        const int c = it * kTpr + l;  // m.chunk(it) of the threads at lane l
-        if (c >= p.chunks) continue;
-        float v[kN];
-#pragma unroll
-        for (int j = 0; j < kN; ++j) {
-          const float* a = sums + plan::combine_index(it, j, l, kBlock, kEs);
-          v[j] = a[0];
-#pragma unroll
-          for (int s = 1; s < kSlots; ++s) v[j] += a[s * kTpr];
-        }
-        emit_gw_chunk<T>(p.gw, m.unit, p.cols, c, v);
-      }
-    } else {
-      // Fewer chunks than threads: one thread per column, so that more
-      // threads share the slot additions (kSlots of them per column).
-      for (int e = threadIdx.x; e < kCpt * kTpr * kN; e += kBlock) {
-        const int it = e / (kTpr * kN), l = (e / kN) % kTpr, j = e % kN;
-        const int col = (it * kTpr + l) * kN + j;
-        if (col >= p.cols) continue;
-        const float* a = sums + plan::combine_index(it, j, l, kBlock, kEs);
-        float v = a[0];
-#pragma unroll
-        for (int s = 1; s < kSlots; ++s) v += a[s * kTpr];
-        emit_gw<T>(p.gw, m.unit, p.cols, col, v);
-      }
-    }
-  }
+  emit_cta_gw<T, kTpr, kClustered, kSlots>(p, m, acc, reinterpret_cast<float*>(stage));
 }
 
 // ---- kLooped: any D; x and gy read twice; gw partial kept in this CTA's workspace row ----------
 template <typename T>
 __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(const BackwardParams<T> p) {
-  constexpr int kBlock = plan::kLoopedThreads;
-  constexpr int kN = Pack<T>::kN;
-  __shared__ RowScratch<float2, kBlock, 1> scratch;
+  constexpr int kCtaThreads = plan::kLoopedThreads;
+  constexpr int kN = Chunk<T>::kN;
+  __shared__ RowScratch<float2, kCtaThreads, 1> scratch;
   pdl_enter();
   // Each thread touches only the workspace columns of its own chunks, in the
   // same mapping below, so no barrier is needed around these updates.
   float* part = p.with_gw ? p.gw.partials + blockIdx.x * static_cast<int64_t>(p.cols) : nullptr;
   if (part != nullptr)
-    for (int c = threadIdx.x; c < p.chunks; c += kBlock)
+    for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads)
       for (int j = 0; j < kN; ++j)
         if (c * kN + j < p.cols) part[c * kN + j] = 0.0f;
 
@@ -591,14 +591,14 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
     const T* gyr = p.gy + row * p.gy_stride;
     const float given_r = p.rstd != nullptr ? p.rstd[row] : 0.0f;
     float2 sums = make_float2(0.0f, 0.0f);
-    for (int c = threadIdx.x; c < p.chunks; c += kBlock) {
+    for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
       float w[kN];
       weights_of(p.w, c, p.cols, p.vector_io, p.w_offset, w);
       sums = add_chunk_sums(sums, load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io), w);
     }
-    const RowScalars s = row_scalars(p, given_r, cta_sum<kBlock>(sums, scratch, parity));
+    const RowScalars s = row_scalars(p, given_r, cta_sum<kCtaThreads>(sums, scratch, parity));
     T* gxr = p.gx + row * p.gx_stride;
-    for (int c = threadIdx.x; c < p.chunks; c += kBlock) {
+    for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
       float w[kN], a[kN];
 #pragma unroll
       for (int j = 0; j < kN; ++j) a[j] = 0.0f;
@@ -661,15 +661,15 @@ __global__ void __launch_bounds__(plan::kFinalizeCols * plan::kFinalizeMaxLanes)
 // stream: the main kernel (its launch overlaps that kernel's tail), or for
 // rows == 0 whatever the caller ran before.
 template <typename T>
-rmsnorm_status_t launch_finalize(const float* partials, int64_t count, int64_t cols, const GwOut& out, bool pdl,
-                                 cudaStream_t stream) {
-  const int64_t grid = (cols + plan::kFinalizeCols - 1) / plan::kFinalizeCols;
-  const dim3 block(plan::kFinalizeCols, static_cast<unsigned>(plan::finalize_lanes(count)));
-  return launch_kernel(finalize_gw_kernel<T>, grid, block, 1, 0, pdl, stream, partials, count, cols, out);
+rmsnorm_status_t launch_finalize(const plan::Launch& l, const float* partials, int64_t cols, const GwOut& out,
+                                 bool pdl, cudaStream_t stream) {
+  const dim3 threads(plan::kFinalizeCols, static_cast<unsigned>(l.finalize_lanes));
+  return launch_kernel(finalize_gw_kernel<T>, l.finalize_grid, threads, 1, 0, pdl, stream, partials, l.partials, cols,
+                       out);
 }
 
 template <typename T>
-BackwardParams<T> backward_params(const BackwardArgs& a, const plan::BackwardLaunch& l) {
+BackwardParams<T> backward_params(const BackwardArgs& a, const plan::Launch& l) {
   BackwardParams<T> p;
   p.x = static_cast<const T*>(a.x);
   p.w = static_cast<const T*>(a.weight);
@@ -684,67 +684,65 @@ BackwardParams<T> backward_params(const BackwardArgs& a, const plan::BackwardLau
   p.gx_stride = a.gx_stride;
   p.eps = a.eps;
   p.w_offset = a.weight_offset ? 1.0f : 0.0f;
-  const int es = static_cast<int>(sizeof(T));
-  p.vector_io = plan::rows_aligned16(a.x, a.x_stride, es) && plan::rows_aligned16(a.gy, a.gy_stride, es) &&
-                plan::rows_aligned16(a.gx, a.gx_stride, es) && plan::rows_aligned16(a.weight, 0, es);
-  p.with_gw = a.gw_mode != GwMode::kNone;
+  p.vector_io = l.io == plan::Io::kVector;
+  p.with_gw = l.with_gw;
   p.gw.gw = a.gw;
   p.gw.mode = static_cast<int>(a.gw_mode);
   p.gw.partials = static_cast<float*>(a.workspace);
   p.gw.direct = l.direct_gw;
-  p.temp = nullptr;
-  p.temp_vector_io = false;
-  p.stages = p.vector_io ? l.stages : l.stages_elementwise;
+  p.stages = l.stages;
   return p;
 }
 
 template <typename T>
 rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev, cudaStream_t stream) {
-  const bool with_gw = a.gw_mode != GwMode::kNone;
-  const plan::BackwardLaunch l = plan::backward_launch(a.rows, a.cols, static_cast<int>(sizeof(T)), with_gw, dev);
+  constexpr int kEs = static_cast<int>(sizeof(T));
+  const plan::Io io = plan::io_of(
+      {{a.x, a.x_stride}, {a.gy, a.gy_stride}, {a.gx, a.gx_stride}, {a.weight, 0}}, kEs);
+  const plan::Launch l = plan::backward_launch(a.rows, a.cols, kEs, io, a.gw_mode != GwMode::kNone, dev);
   const BackwardParams<T> p = backward_params<T>(a, l);
   const bool pdl = a.pdl && dev.sm90_code;
-  if (a.rows == 0) {
+  if (l.grid == 0) {
     // No rows: gw is the empty sum (0). The store modes write zeros; the
     // accumulate modes leave gw as it is, bit for bit (adding 0 would turn
     // -0 into +0 and change NaN payloads), as the CPU backend does.
     const bool store = a.gw_mode == GwMode::kStore || a.gw_mode == GwMode::kStoreF32;
-    return store ? launch_finalize<T>(nullptr, 0, a.cols, p.gw, pdl, stream) : RMSNORM_STATUS_SUCCESS;
+    return store && l.finalize ? launch_finalize<T>(l, nullptr, a.cols, p.gw, pdl, stream) : RMSNORM_STATUS_SUCCESS;
   }
+  auto launch = [&](auto kernel, int cta_threads) -> rmsnorm_status_t {
+    if (cta_threads != l.row.cta_threads)
+      return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "backward CTA size disagrees with the kernel");
+    // Function attributes belong to a context: set on every call (host-side only).
+    RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, l.smem));
+    return launch_kernel(kernel, l.grid, cta_threads, l.row.cluster, l.smem, pdl, stream, p);
+  };
+  using plan::Kernel;
   rmsnorm_status_t st = RMSNORM_STATUS_SUCCESS;
-  switch (l.row.band) {
-    case plan::Band::kRows:
+  switch (l.kernel) {
+    case Kernel::kBackwardRows:
+    case Kernel::kBackwardRowsShifted:
       st = dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
         constexpr int kTpr = decltype(tpr)::value;
-        const auto kernel = p.vector_io ? backward_kernel<T, kTpr, false, false, true>
-                                        : backward_kernel<T, kTpr, false, false, false>;
-        if (plan::backward_block(kTpr) != l.row.block)
-          return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "backward block disagrees with the kernel");
-        const size_t smem = p.vector_io ? l.smem : l.smem_elementwise;
-        // Function attributes belong to a context: set on every call (host-side only).
-        RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
-        return launch_kernel(kernel, l.grid, plan::backward_block(kTpr), 1, smem, pdl, stream, p);
+        constexpr int kCta = plan::backward_cta_threads(kTpr);
+        return l.kernel == Kernel::kBackwardRows ? launch(backward_kernel<T, kTpr, false, true>, kCta)
+                                                 : launch(backward_kernel<T, kTpr, false, false>, kCta);
       });
       break;
-    case plan::Band::kCluster: {
-      const auto kernel = p.vector_io ? backward_kernel<T, plan::kClusterTpr, true, false, true>
-                                      : backward_kernel<T, plan::kClusterTpr, true, false, false>;
-      if (l.row.block != plan::kClusterTpr)
-        return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "cluster geometry disagrees with the kernel");
-      const size_t smem = p.vector_io ? l.smem : l.smem_elementwise;
-      RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, smem));
-      st = launch_kernel(kernel, l.grid, plan::kClusterTpr, l.row.cluster, smem, pdl, stream, p);
+    case Kernel::kBackwardCluster:
+      st = launch(backward_kernel<T, plan::kClusterTpr, true, true>, plan::kClusterTpr);
       break;
-    }
-    case plan::Band::kLooped:
-      st = launch_kernel(backward_looped_kernel<T>, l.grid, plan::kLoopedThreads, 1, 0, pdl, stream, p);
+    case Kernel::kBackwardClusterElement:
+      st = launch(backward_kernel<T, plan::kClusterTpr, true, false>, plan::kClusterTpr);
       break;
+    case Kernel::kBackwardLooped: st = launch(backward_looped_kernel<T>, plan::kLoopedThreads); break;
+    default:
+      return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan",
+                  std::string("no backward launch for ") + plan::kernel_name(l.kernel));
   }
   if (st != RMSNORM_STATUS_SUCCESS) return st;
   // The finalize always overlaps the main kernel's tail where sm_90 code exists.
-  if (with_gw && !l.direct_gw)
-    return launch_finalize<T>(p.gw.partials, l.partials, a.cols, p.gw, dev.sm90_code, stream);
-  return RMSNORM_STATUS_SUCCESS;
+  return l.finalize ? launch_finalize<T>(l, p.gw.partials, a.cols, p.gw, dev.sm90_code, stream)
+                    : RMSNORM_STATUS_SUCCESS;
 }
 
 }  // namespace rmsnorm::cuda

@@ -1,6 +1,5 @@
 // Backward kernels for float.
 #include "cuda/backward.cuh"
-#include "cuda/launch.hpp"
 
 namespace rmsnorm::cuda {
 template rmsnorm_status_t launch_backward<float>(const BackwardArgs&, const plan::Device&, cudaStream_t);

@@ -1,11 +1,11 @@
-// CUDA backend entry points: device selection, pointer checks, dispatch.
+// CUDA backend entry points: device selection, pointer checks, the device
+// properties the plan reads, dispatch.
 #include <cuda_runtime.h>
 
 #include <atomic>
 #include <map>
 #include <mutex>
 
-#include "cuda/common.cuh"
 #include "cuda/cuda_backend.hpp"
 #include "cuda/launch.hpp"
 
@@ -71,6 +71,69 @@ MemorySpace memory_space(const void* p, int* owner) {
 }
 
 namespace {
+
+// Whether the library's kernels were compiled for compute_90 or later (a
+// build for older targets runs on Hopper through PTX with the sm_90 paths
+// compiled out).
+bool kernels_have_sm90_code() {
+  cudaFuncAttributes fattr;
+  if (cudaFuncGetAttributes(&fattr, finalize_kernel_handle()) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return fattr.ptxVersion >= 90;
+}
+
+// Clusters of `cs` CTAs of `kernel` (kClusterTpr threads, `smem` bytes of
+// dynamic shared memory) the current device runs at once
+// (cudaOccupancyMaxActiveClusters); 0 when the query fails.
+int active_clusters(const void* kernel, int cs, size_t smem) {
+  if (cs > plan::kMaxPortableCluster &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (smem > 48 * 1024 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem)) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(cs);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(static_cast<unsigned>(cs));
+  cfg.blockDim = dim3(static_cast<unsigned>(plan::kClusterTpr));
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return clusters;
+}
+
+// Largest cluster of cluster-band CTAs the current device can run: 1 when
+// the kernels were not compiled for compute_90+, else 8, or 16 where
+// non-portable clusters fit. Asked of the backward kernel, the heavier of the
+// two cluster kernels (one CTA per SM): what fits for it fits for the forward.
+int query_max_cluster() {
+  const void* kernel = backward_cluster_kernel_handle();
+  // Clusters need the kernels compiled for compute_90 or later: a build for
+  // older targets runs on Hopper through its PTX with the cluster code
+  // compiled out (__CUDA_ARCH__ < 900), so the plan must not use clusters.
+  cudaFuncAttributes fattr;
+  if (cudaFuncGetAttributes(&fattr, kernel) != cudaSuccess || fattr.ptxVersion < 90) {
+    cudaGetLastError();
+    return 1;
+  }
+  return active_clusters(kernel, plan::kMaxCluster, 0) > 0 ? plan::kMaxCluster : plan::kMaxPortableCluster;
+}
+
 std::atomic<size_t> g_smem_limit_per_sm{0};
 std::atomic<size_t> g_smem_limit_per_block{0};
 
@@ -124,9 +187,10 @@ rmsnorm_status_t device_properties(int device, plan::Device* out) {
     for (int cs = 2; cs <= d.max_cluster; cs *= 2) {
       const int k = plan::cluster_index(cs);
       const int64_t cols = int64_t{cs} * plan::kClusterTpr * plan::kChunksPerThread * 8;  // a 16-bit row of that band
-      d.forward_active_clusters[k] = query_forward_active_clusters(cs, plan::forward_launch(1, cols, 2, d).smem);
-      d.backward_active_clusters[k] =
-          query_backward_active_clusters(cs, plan::backward_launch(2, cols, 2, true, d).smem);
+      d.forward_active_clusters[k] =
+          active_clusters(forward_cluster_kernel_handle(), cs, plan::forward_launch(1, cols, 2, plan::Io::kVector, d).smem);
+      d.backward_active_clusters[k] = active_clusters(
+          backward_cluster_kernel_handle(), cs, plan::backward_launch(2, cols, 2, plan::Io::kVector, true, d).smem);
     }
     if (current != device) RMSNORM_CUDA_TRY(cudaSetDevice(current));
   }
@@ -144,7 +208,8 @@ rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtyp
   const rmsnorm_status_t st = check_device(device, &dev);
   if (st != RMSNORM_STATUS_SUCCESS) return st;
   const int esize = dtype == DType::kF32 ? 4 : 2;
-  *bytes = plan::backward_launch(rows, cols, esize, mode != GwMode::kNone, dev).workspace;
+  // The workspace does not depend on the I/O path (plan::backward_launch).
+  *bytes = plan::backward_launch(rows, cols, esize, plan::Io::kVector, mode != GwMode::kNone, dev).workspace;
   return RMSNORM_STATUS_SUCCESS;
 }
 

@@ -1,6 +1,5 @@
 // Forward kernels for float.
 #include "cuda/forward.cuh"
-#include "cuda/launch.hpp"
 
 namespace rmsnorm::cuda {
 template rmsnorm_status_t launch_forward<float>(const ForwardArgs&, const plan::Device&, cudaStream_t);

@@ -1,67 +1,62 @@
-// Typed launchers, instantiated once per dtype in forward_*.cu / backward_*.cu
-// so that the kernels of each dtype compile in parallel.
+// Host side of the CUDA backend: error handling, the one launch function
+// every kernel goes through, and compile-time dispatch of the plan's
+// run-time values. Nothing here decides geometry: that is plan.hpp.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <string>
+#include <type_traits>
+
 #include "args.hpp"
+#include "error.hpp"
 #include "plan.hpp"
 
 namespace rmsnorm::cuda {
 
+inline rmsnorm_status_t cuda_fail(cudaError_t e, const char* what) {
+  return fail(RMSNORM_STATUS_CUDA_ERROR, what, std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
+}
+
+#define RMSNORM_CUDA_TRY(call)                                              \
+  do {                                                                      \
+    const cudaError_t rmsnorm_err_ = (call);                                \
+    if (rmsnorm_err_ != cudaSuccess) return ::rmsnorm::cuda::cuda_fail(rmsnorm_err_, #call); \
+  } while (0)
+
+// After a launch: configuration errors surface here, not at the next call.
+#define RMSNORM_CUDA_LAUNCHED(name) RMSNORM_CUDA_TRY(cudaGetLastError())
+
+// Raises a kernel's dynamic shared-memory limit when a launch needs more than
+// the default 48 KiB less the kernel's static shared memory (scratch); a
+// function attribute belongs to a context, so this runs on every call.
+template <typename Kernel>
+cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
+  if (bytes <= 32 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+}
+
+// The device's properties as the plan sees them, read once per device
+// (device.cu).
+rmsnorm_status_t device_properties(int device, plan::Device* out);
+
+// Typed launchers, instantiated once per dtype in forward_*.cu / backward_*.cu
+// so that the kernels of each dtype compile in parallel.
 template <typename T>
 rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, cudaStream_t stream);
 template <typename T>
 rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev, cudaStream_t stream);
 
-// Largest cluster of cluster-band CTAs the current device can run: 1 when
-// the kernels were not compiled for compute_90+, else 8, or 16 where
-// non-portable clusters fit; defined in backward_bf16.cu.
-int query_max_cluster();
-
-// Whether the library's kernels were compiled for compute_90 or later (a
-// build for older targets runs on Hopper through PTX with the sm_90 paths
-// compiled out); defined in backward_bf16.cu.
-bool kernels_have_sm90_code();
-
-// Clusters of `cs` CTAs of the bf16 forward / backward cluster kernel (16-byte
-// I/O, `smem` bytes of dynamic shared memory) the current device runs at
-// once; 0 when the query fails. Defined in forward_bf16.cu / backward_bf16.cu.
-int query_forward_active_clusters(int cs, size_t smem);
-int query_backward_active_clusters(int cs, size_t smem);
-
-// cudaOccupancyMaxActiveClusters for a cluster launch of `kernel`.
-template <typename Kernel>
-int active_clusters(Kernel kernel, int cs, int block, size_t smem) {
-  if (cs > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  if (smem > 48 * 1024 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem)) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cs);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.gridDim = dim3(static_cast<unsigned>(cs));
-  cfg.blockDim = dim3(static_cast<unsigned>(block));
-  cfg.dynamicSmemBytes = smem;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return clusters;
-}
+// Kernels whose attributes device.cu queries: the bf16 cluster kernels with
+// 16-byte I/O (the heaviest of their kind; what fits for them fits for the
+// other dtypes) and the bf16 finalize kernel (its PTX version tells whether
+// the library carries compute_90 code). Defined in forward_bf16.cu and
+// backward_bf16.cu, where those kernels are instantiated.
+const void* forward_cluster_kernel_handle();
+const void* backward_cluster_kernel_handle();
+const void* finalize_kernel_handle();
 
 // Calls fn(T{}) with the CUDA element type of dtype.
 template <typename Fn>
@@ -72,6 +67,57 @@ rmsnorm_status_t dispatch_dtype(DType dtype, Fn&& fn) {
     case DType::kBF16: return fn(__nv_bfloat16{});
   }
   return RMSNORM_STATUS_INVALID_DTYPE;
+}
+
+// Calls fn(std::integral_constant<int, tpr>) for the plan's threads per row.
+template <typename Fn>
+rmsnorm_status_t dispatch_tpr(int tpr, Fn&& fn) {
+  switch (tpr) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    case 8: return fn(std::integral_constant<int, 8>{});
+    case 16: return fn(std::integral_constant<int, 16>{});
+    case 32: return fn(std::integral_constant<int, 32>{});
+    case 64: return fn(std::integral_constant<int, 64>{});
+    case 128: return fn(std::integral_constant<int, 128>{});
+    case 256: return fn(std::integral_constant<int, 256>{});
+    case 512: return fn(std::integral_constant<int, 512>{});
+  }
+  return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "threads_per_row " + std::to_string(tpr) + " has no kernel");
+}
+
+// Every kernel launch of the library: with a cluster dimension when cs > 1,
+// as a programmatic dependent of the previous kernel in the stream when pdl
+// (both sm_90; the kernel starts with pdl_enter).
+template <typename Kernel, typename... Args>
+rmsnorm_status_t launch_kernel(Kernel kernel, int64_t grid, dim3 block, int cs, size_t smem, bool pdl,
+                               cudaStream_t stream, const Args&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cs > plan::kMaxPortableCluster)
+    RMSNORM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  if (cs > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = static_cast<unsigned>(cs);
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = n > 0 ? attr : nullptr;
+  cfg.numAttrs = n;
+  RMSNORM_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, args...));
+  return RMSNORM_STATUS_SUCCESS;
 }
 
 }  // namespace rmsnorm::cuda

@@ -1,0 +1,134 @@
+// Loads and stores of one chunk of a row at any alignment: whole 16-byte
+// accesses where aligned, two aligned loads and a funnel shift where not,
+// element accesses at the row's ends. No access leaves the row's bytes
+// (stores never leave the chunk's own).
+#pragma once
+
+#include "cuda/element.cuh"
+
+namespace rmsnorm::cuda {
+
+// Words k .. k + 4 of w[0..7] for a run-time k in 0..3, without indexing a
+// register array at run time (which would put it in local memory).
+__device__ __forceinline__ void window5(const uint32_t (&w)[8], int k, uint32_t (&out)[5]) {
+#pragma unroll
+  for (int i = 0; i < 5; ++i) out[i] = k == 0 ? w[i] : k == 1 ? w[i + 1] : k == 2 ? w[i + 2] : w[i + 3];
+}
+
+// The 16 bytes that start `offset` (0..15) bytes into two consecutive
+// aligned 16-byte blocks lo, hi.
+template <typename T>
+__device__ __forceinline__ Chunk<T> shift_pair(const uint4& lo, const uint4& hi, int offset) {
+  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  uint32_t win[5];
+  window5(w, offset >> 2, win);
+  const unsigned sh = static_cast<unsigned>(offset & 3) * 8;
+  Chunk<T> r;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) r.w[i] = __funnelshift_r(win[i], win[i + 1], sh);
+  return r;
+}
+
+// A full chunk at a misaligned address: the two aligned 16-byte blocks that
+// hold it, funnel-shifted into place. The caller guarantees that both blocks
+// lie inside the row: not the row's first chunk (the lower block starts
+// after the row's first byte) and `avail` bytes from the chunk's start to
+// the row's end >= 32 - offset (the upper block ends inside the row).
+template <typename T>
+__device__ __forceinline__ Chunk<T> load_shifted(const T* p, int offset) {
+  const uint4* a = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(p) - offset);
+  return shift_pair<T>(a[0], a[1], offset);
+}
+
+// Columns [first, first + kN) of a row at any alignment (elements past
+// `cols` read as 0): one 16-byte load where the window is aligned, two
+// aligned 16-byte loads and a funnel shift where both blocks lie inside the
+// row (the lower one starts at or after the row's first byte, the upper one
+// ends at or before its last), element loads otherwise.
+template <typename T>
+__device__ __forceinline__ Chunk<T> load_window(const T* __restrict__ row, int first, int cols) {
+  constexpr int kN = Chunk<T>::kN;
+  Chunk<T> p;
+  if (first + kN <= cols) {
+    const int offset = static_cast<int>(reinterpret_cast<uintptr_t>(row + first) & 15);
+    if (offset == 0) return as_chunk<T>(*reinterpret_cast<const uint4*>(row + first));
+    const int64_t before = static_cast<int64_t>(first) * static_cast<int64_t>(sizeof(T));
+    const int64_t avail = static_cast<int64_t>(cols - first) * static_cast<int64_t>(sizeof(T));
+    if (before >= offset && avail >= 32 - offset) return load_shifted(row + first, offset);
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) p.w[k] = 0;
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+    if (first + j < cols) p.set_elem(j, row[first + j]);
+  return p;
+}
+
+// In-row indices are 32-bit (api.cpp limits cols to plan::kMaxCols); row
+// offsets are 64-bit. Loads chunk `chunk` of a row; elements past `cols`
+// read as 0 (they add nothing to any sum). vector_io: every row start is
+// 16-byte aligned, so a full chunk is one 16-byte load (kernels pass it as a
+// template constant). Otherwise the chunk's window (load_window): for the
+// row's first chunk the lower block would start before the row, so it is
+// loaded by element where misaligned.
+template <typename T>
+__device__ __forceinline__ Chunk<T> load_chunk(const T* __restrict__ row, int chunk, int cols, bool vector_io) {
+  constexpr int kN = Chunk<T>::kN;
+  const int base = chunk * kN;
+  if (!vector_io) return load_window(row, base, cols);
+  if (base + kN <= cols) return as_chunk<T>(*reinterpret_cast<const uint4*>(row + base));
+  return load_window(row, base, cols);  // the partial last chunk: by element
+}
+
+// One 16-byte store to an address that is 16-byte aligned by construction.
+// Written as PTX: from plain C++ here nvcc emitted four 4-byte stores.
+template <typename T>
+__device__ __forceinline__ void store16(T* dst, const Chunk<T>& v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
+               "r"(v.w[3])
+               : "memory");
+}
+
+// Stores chunk `chunk` of a row (elements past `cols` are not written).
+// vector_io: one 16-byte store per full chunk. Otherwise a full chunk goes
+// out in the widest stores its address allows: 16, 8 or 4 bytes; at a 2-byte
+// offset (16-bit T) one 2-byte store, three funnel-shifted 4-byte stores and
+// one 2-byte store. Stores never touch bytes outside the chunk (neighbouring
+// chunks belong to other threads).
+template <typename T>
+__device__ __forceinline__ void store_chunk(T* __restrict__ row, int chunk, int cols, bool vector_io,
+                                            const Chunk<T>& p) {
+  constexpr int kN = Chunk<T>::kN;
+  const int base = chunk * kN;
+  if (base + kN <= cols) {
+    char* a = reinterpret_cast<char*>(row + base);
+    const unsigned offset = static_cast<unsigned>(reinterpret_cast<uintptr_t>(a) & 15);
+    if (vector_io || offset == 0) {
+      *reinterpret_cast<uint4*>(a) = make_uint4(p.w[0], p.w[1], p.w[2], p.w[3]);
+      return;
+    }
+    if ((offset & 7) == 0) {
+      reinterpret_cast<uint2*>(a)[0] = make_uint2(p.w[0], p.w[1]);
+      reinterpret_cast<uint2*>(a)[1] = make_uint2(p.w[2], p.w[3]);
+      return;
+    }
+    if ((offset & 3) == 0) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) reinterpret_cast<uint32_t*>(a)[i] = p.w[i];
+      return;
+    }
+    if constexpr (sizeof(T) == 2) {  // offset % 4 == 2
+      *reinterpret_cast<unsigned short*>(a) = static_cast<unsigned short>(p.w[0] & 0xffffu);
+#pragma unroll
+      for (int i = 0; i < 3; ++i)
+        *reinterpret_cast<uint32_t*>(a + 2 + 4 * i) = __funnelshift_r(p.w[i], p.w[i + 1], 16);
+      *reinterpret_cast<unsigned short*>(a + 14) = static_cast<unsigned short>(p.w[3] >> 16);
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+    if (base + j < cols) row[base + j] = p.elem(j);
+}
+
+}  // namespace rmsnorm::cuda

@@ -1,0 +1,247 @@
+// Row reductions: lanes (xor butterfly), a row slot's warps (shared
+// scratch, one barrier per row), a cluster's CTAs (distributed shared
+// memory). The order of every sum depends on the row geometry alone.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include "plan.hpp"
+
+namespace rmsnorm::cuda {
+
+__device__ __forceinline__ float add(float a, float b) { return a + b; }
+__device__ __forceinline__ float2 add(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
+// Lane `src`'s value, whole warp.
+__device__ __forceinline__ float shfl_lane(float v, int src) { return __shfl_sync(0xffffffffu, v, src); }
+__device__ __forceinline__ float2 shfl_lane(float2 v, int src) {
+  return make_float2(__shfl_sync(0xffffffffu, v.x, src), __shfl_sync(0xffffffffu, v.y, src));
+}
+__device__ __forceinline__ float shfl_xor(float v, int off) { return __shfl_xor_sync(0xffffffffu, v, off); }
+__device__ __forceinline__ float2 shfl_xor(float2 v, int off) {
+  return make_float2(__shfl_xor_sync(0xffffffffu, v.x, off), __shfl_xor_sync(0xffffffffu, v.y, off));
+}
+
+// Sum over the kGroup (power of two <= 32) aligned lanes that own one row.
+// An xor butterfly rather than cub::WarpReduce: every lane needs the total
+// (no broadcast step), and the order is fixed, so every lane holds the same
+// bits. All 32 lanes of the warp execute it (rows past the end contribute 0),
+// so the full mask is always right. V is float (forward) or float2
+// (backward); .x follows the same order in both, so the sums of x^2 agree.
+template <int kGroup, typename V>
+__device__ __forceinline__ V group_sum(V v) {
+  static_assert(kGroup >= 1 && kGroup <= 32 && (kGroup & (kGroup - 1)) == 0, "group must be a power of two <= 32");
+#pragma unroll
+  for (int off = 1; off < kGroup; off <<= 1) v = add(v, shfl_xor(v, off));
+  return v;
+}
+
+// Barrier over the threads of one row slot: the whole CTA when it holds
+// one slot, else the slot's own named barrier (so slots never wait for each
+// other). Orders shared-memory accesses like __syncthreads.
+template <int kTpr, int kSlots>
+__device__ __forceinline__ void slot_sync(int slot) {
+  if constexpr (kSlots == 1) {
+    __syncthreads();
+  } else {
+    static_assert(kTpr % 32 == 0 && plan::slot_barrier_id(kSlots - 1, kSlots) < 16, "named barriers: 1..15");
+    asm volatile("bar.sync %0, %1;" ::"r"(plan::slot_barrier_id(slot, kSlots)), "r"(kTpr) : "memory");
+  }
+}
+
+// The same for any kTpr: slots of kTpr <= 32 threads lie inside one warp,
+// whose threads then synchronize (and order shared memory) together.
+template <int kTpr, int kSlots>
+__device__ __forceinline__ void slot_sync_any(int slot) {
+  if constexpr (kTpr <= 32) {
+    (void)slot;
+    __syncwarp();
+  } else {
+    slot_sync<kTpr, kSlots>(slot);
+  }
+}
+
+// Per-row scratch of a CTA: one entry per warp of each row slot, twice (by
+// row parity). A slot writes buffer `parity`, syncs, reads it; the next
+// write of that buffer comes two rows later, after the next row's barrier,
+// which no thread passes before every thread has finished reading: one
+// barrier per row, no write-after-read race.
+template <typename V, int kTpr, int kSlots>
+struct RowScratch {
+  static constexpr int kEntries = kTpr > 32 ? 2 * kSlots * plan::warps_per_row(kTpr) : 1;
+  alignas(16) V v[kEntries];
+};
+
+// Sum over the kTpr threads of each row slot; every thread of the CTA calls
+// it (uniform control flow). tpr <= 32: lanes only. tpr > 32: each warp's
+// sum to scratch, then every thread adds its slot's warp sums in warp order.
+template <int kTpr, int kSlots, typename V>
+__device__ __forceinline__ V row_sum(V v, RowScratch<V, kTpr, kSlots>& scratch, int parity) {
+  static_assert(kTpr <= 32 ? 32 % kTpr == 0 : kTpr % 32 == 0, "threads per row must tile warps");
+  constexpr int kLanes = kTpr < 32 ? kTpr : 32;
+  v = group_sum<kLanes>(v);
+  if constexpr (kTpr > 32) {
+    constexpr int kWarps = plan::warps_per_row(kTpr);
+    const int slot = plan::row_slot(threadIdx.x, kTpr);
+    const int warp_in_row = (threadIdx.x % kTpr) / 32;
+    if (threadIdx.x % 32 == 0) scratch.v[plan::scratch_index(parity, slot, warp_in_row, kTpr, kSlots)] = v;
+    slot_sync<kTpr, kSlots>(slot);
+    const V* s = &scratch.v[plan::scratch_index(parity, slot, 0, kTpr, kSlots)];
+    V total = s[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) total = add(total, s[w]);
+    v = total;
+  }
+  return v;
+}
+
+__device__ __forceinline__ unsigned cluster_size() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().num_blocks();
+#else
+  return 1;
+#endif
+}
+
+__device__ __forceinline__ unsigned cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().block_rank();
+#else
+  return 0;
+#endif
+}
+
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();
+#endif
+}
+
+// Sum of one value per CTA over the cluster, in rank order (the same bits in
+// every CTA). exchange[parity] is this CTA's slot; double-buffered like
+// RowScratch, so one cluster barrier per row. Callers end with cluster_sync()
+// so that no CTA exits while another may still read its slot.
+template <typename V>
+__device__ __forceinline__ V cluster_sum(V v, V* exchange, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const unsigned n = cluster.num_blocks();
+  if (threadIdx.x == 0) exchange[parity] = v;
+  cluster.sync();
+  V total = *cluster.map_shared_rank(&exchange[parity], 0);
+  for (unsigned k = 1; k < n; ++k) total = add(total, *cluster.map_shared_rank(&exchange[parity], k));
+  return total;
+#else
+  (void)exchange;
+  (void)parity;
+  return v;  // pre-Hopper plans use clusters of one CTA
+#endif
+}
+
+// Sum over a CTA of kCtaThreads threads (one row slot), result in every thread.
+template <int kCtaThreads>
+__device__ __forceinline__ float2 cta_sum(float2 v, RowScratch<float2, kCtaThreads, 1>& scratch, int parity) {
+  return row_sum<kCtaThreads, 1>(v, scratch, parity);
+}
+
+// ---- the cluster exchange of the 16-byte-I/O cluster kernels --------------------------------
+// A CTA's share of row k's sums is pushed into every CTA of the cluster
+// (st.async over distributed shared memory, into slot [k % kDepth][rank]),
+// and each push completes the transaction count of the receiving CTA's
+// mbarrier for that slot, which its thread 0 armed with expect_tx(n * bytes).
+// A CTA waits on its own mbarrier and adds the slots in rank order (the same
+// order, so the same bits, in every CTA and as cluster_sum). Why a push
+// (docs/performance.md, "Cluster exchange"): with barrier.cluster.arrive.release per row, every thread executed
+// MEMBAR.ALL.GPU, which waits for its earlier y stores to complete GPU-wide
+// (ncu: 2.1 of 14 cycles between a warp's instructions stalled on membar),
+// and the wait.acquire invalidated L1; a push needs neither.
+//
+// Slot reuse: a CTA pushes row k + 1 only after its wait for row k, which
+// needs every CTA's push of row k, which each issues after its barrier of
+// row k (row_sum) that its threads pass only after reading row k - 2's
+// slots. So when row k + 1's values land in slot (k + 1) % kDepth, the row
+// that last used it (k + 1 - kDepth <= k - 2 for kDepth >= 3) has been read,
+// and that slot's mbarrier phase has completed and been waited on.
+template <typename V>
+struct ClusterExchange {
+  static constexpr int kDepth = 4;
+  alignas(8) unsigned long long bar[kDepth];
+  V slot[kDepth][plan::kMaxCluster];
+
+  // Thread 0 initializes; the caller then passes a cluster barrier before any push.
+  __device__ __forceinline__ void init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bar[d])) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+#endif
+  }
+  // This CTA's value of row k to every CTA (warp 0; lane r writes to rank r,
+  // its own CTA included: st.async may target any CTA of a cluster of > 1).
+  __device__ __forceinline__ void push(int64_t k, V v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int d = static_cast<int>(k % kDepth);
+    const unsigned n = cluster_size();
+    const unsigned lane = threadIdx.x % 32;
+    if (threadIdx.x < 32) {
+      if (lane == 0)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&bar[d])),
+                     "r"(static_cast<unsigned>(n * sizeof(V)))
+                     : "memory");
+      if (lane < n) {
+        const unsigned dst = map_rank(smem_u32(&slot[d][cluster_rank()]), lane);
+        const unsigned dst_bar = map_rank(smem_u32(&bar[d]), lane);
+        store_async(dst, v, dst_bar);
+      }
+    }
+#else
+    slot[k % kDepth][0] = v;
+#endif
+  }
+  // Row k's total over the cluster, in rank order (every thread).
+  __device__ __forceinline__ V wait_sum(int64_t k) {
+    const int d = static_cast<int>(k % kDepth);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned phase = static_cast<unsigned>((k / kDepth) & 1);
+    unsigned done = 0;
+    do {
+      asm volatile(
+          "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+          : "=r"(done)
+          : "r"(smem_u32(&bar[d])), "r"(phase)
+          : "memory");
+    } while (done == 0);
+    const unsigned n = cluster_size();
+    V total = slot[d][0];
+    for (unsigned r = 1; r < n; ++r) total = add(total, slot[d][r]);
+    return total;
+#else
+    return slot[d][0];
+#endif
+  }
+
+ private:
+  static __device__ __forceinline__ unsigned smem_u32(const void* ptr) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
+  }
+  static __device__ __forceinline__ unsigned map_rank(unsigned addr, unsigned rank) {
+    unsigned out;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(rank));
+    return out;
+  }
+  static __device__ __forceinline__ void store_async(unsigned dst, float v, unsigned bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(dst), "f"(v),
+                 "r"(bar)
+                 : "memory");
+  }
+  static __device__ __forceinline__ void store_async(unsigned dst, float2 v, unsigned bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(dst),
+                 "f"(v.x), "f"(v.y), "r"(bar)
+                 : "memory");
+  }
+};
+
+}  // namespace rmsnorm::cuda

@@ -1,0 +1,75 @@
+// w' (w, 1 + w, or 1 without a weight) of a thread's columns, in fp32.
+#pragma once
+
+#include "cuda/chunk_io.cuh"
+
+namespace rmsnorm::cuda {
+
+// w' of a chunk's elements in fp32: w, 1 + w (added in fp32), or 1 without
+// weight. The persistent kernels compute it once per thread: a thread owns
+// the same columns in every row.
+// weights_at: the same for the columns [first, first + kN) at any alignment
+// (first a multiple of kN where vector_io).
+template <typename T>
+__device__ __forceinline__ void weights_at(const T* __restrict__ w, int first, int cols, bool vector_io, float offset,
+                                           float (&out)[Chunk<T>::kN]) {
+  constexpr int kN = Chunk<T>::kN;
+  if (w == nullptr) {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) out[j] = 1.0f;
+    return;
+  }
+  const Chunk<T> p = vector_io ? load_chunk(w, first / kN, cols, true) : load_window(w, first, cols);
+#pragma unroll
+  for (int j = 0; j < kN; ++j) out[j] = p.get(j) + offset;
+}
+template <typename T>
+__device__ __forceinline__ void weights_of(const T* __restrict__ w, int chunk, int cols, bool vector_io, float offset,
+                                           float (&out)[Chunk<T>::kN]) {
+  weights_at(w, chunk * Chunk<T>::kN, cols, vector_io, offset, out);
+}
+
+// w' of the kChunksPerThread chunks a thread owns (the same columns in every
+// row). kFloat: loaded once per kernel and held as fp32, no per-row
+// conversion (the 16-byte-I/O kernels). Otherwise reloaded (an L1 hit) and
+// converted at each use: the element-I/O kernels need the registers for
+// their loads (held packed, the misaligned forward was 1.5x slower).
+template <typename T, bool kFloat>
+struct ThreadWeights {
+  static constexpr int kN = Chunk<T>::kN;
+  static constexpr int kCpt = plan::kChunksPerThread;
+  float f[kFloat ? kCpt : 1][kN];
+  const T* w = nullptr;
+  int cols = 0;
+  bool vector_io = false;
+  float offset = 0.0f;
+  int chunk[kFloat ? 1 : kCpt];
+
+  // chunk(it) < chunks for the chunks to load (others are never used).
+  template <typename Map>
+  __device__ __forceinline__ void load(const T* __restrict__ wp, int chunks, int ncols, bool vec, float off,
+                                       const Map& m) {
+    w = wp;
+    cols = ncols;
+    vector_io = vec;
+    offset = off;
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) {
+      if constexpr (kFloat) {
+        if (m.chunk(it) < chunks) weights_of(wp, m.chunk(it), ncols, vec, off, f[it]);
+      } else {
+        chunk[it] = m.chunk(it);
+      }
+    }
+  }
+  __device__ __forceinline__ void get(int it, float (&out)[kN]) const {
+    if constexpr (kFloat) {
+#pragma unroll
+      for (int j = 0; j < kN; ++j) out[j] = f[it][j];
+    } else {
+      weights_of(w, chunk[it], cols, vector_io, offset, out);
+    }
+  }
+};
+
+}  // namespace rmsnorm::cuda
