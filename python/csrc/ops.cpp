@@ -1,0 +1,281 @@
+// PyTorch operators over the library's C ABI (include/rmsnorm/rmsnorm.h), built on the LibTorch stable ABI so that
+// one build runs on every PyTorch release from TORCH_TARGET_VERSION on.
+//
+//   rmsnorm::forward(Tensor x, Tensor? weight, float eps, int flags) -> (Tensor y, Tensor rstd)
+//   rmsnorm::backward(Tensor gy, Tensor x, Tensor? weight, Tensor rstd, int flags, ScalarType? gw_dtype)
+//       -> (Tensor gx, Tensor? gw)
+//
+// The last dim is the normalized one (the Python layer flattens several normalized dims into one). Both schemas are
+// functional: outputs are new tensors, so compiled graphs need no auto-functionalization. y and gx are contiguous;
+// rstd is fp32 with x's leading shape. gw is computed only when gw_dtype is given (x's dtype, or float32 for an fp32
+// gradient of a 16-bit weight), with fp32 accumulation over all rows and one rounding.
+//
+// Operands whose leading dims form rows of one stride (a contiguous tensor, the q or k slice of a packed qkv) are
+// passed to the library as they are, with that row stride; anything else (a transposed view, a last dim that is not
+// contiguous, an expanded gradient) is copied once into a contiguous tensor first.
+//
+// Everything here is in the stable ABI: the current CUDA stream comes from the stable C shim
+// (aoti_torch_get_current_cuda_stream; the C++ wrapper Stream::nativeHandle() needs PyTorch 2.13), the device guard
+// is torch::stable::accelerator::DeviceGuard, and the workspace is a uint8 tensor from torch::stable::empty, i.e.
+// from PyTorch's caching allocator on the current stream.
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+
+#include <rmsnorm/rmsnorm.h>
+
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+using torch::stable::Tensor;
+using torch::headeronly::ScalarType;
+
+// Errors become RuntimeError in Python. A plain throw keeps the message to what the user needs (STD_TORCH_CHECK
+// prefixes the C++ function, file and line).
+template <typename... Args>
+[[noreturn]] void fail(const Args&... args) {
+  std::ostringstream os;
+  ((os << args), ...);
+  throw std::runtime_error(os.str());
+}
+
+const char* dtype_name(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float: return "float32";
+    case ScalarType::Half: return "float16";
+    case ScalarType::BFloat16: return "bfloat16";
+    case ScalarType::Double: return "float64";
+    default: return "an unsupported dtype";
+  }
+}
+
+int32_t library_dtype(ScalarType t, const char* op, const char* arg) {
+  switch (t) {
+    case ScalarType::Float: return RMSNORM_DTYPE_F32;
+    case ScalarType::Half: return RMSNORM_DTYPE_F16;
+    case ScalarType::BFloat16: return RMSNORM_DTYPE_BF16;
+    default: fail(op, ": ", arg, " has dtype ", dtype_name(t), "; supported: float32, float16, bfloat16");
+  }
+}
+
+void check_status(rmsnorm_status_t s, const char* op) {
+  if (s != RMSNORM_STATUS_SUCCESS) fail(op, ": ", rmsnorm_status_string(s), ": ", rmsnorm_last_error());
+}
+
+std::string shape_string(const Tensor& t) {
+  std::ostringstream os;
+  os << "[";
+  for (int64_t i = 0; i < t.dim(); ++i) os << (i ? ", " : "") << t.size(i);
+  os << "]";
+  return os.str();
+}
+
+std::vector<int64_t> leading_shape(const Tensor& t) {
+  std::vector<int64_t> s;
+  for (int64_t i = 0; i + 1 < t.dim(); ++i) s.push_back(t.size(i));
+  return s;
+}
+
+std::vector<int64_t> full_shape(const Tensor& t) {
+  std::vector<int64_t> s;
+  for (int64_t i = 0; i < t.dim(); ++i) s.push_back(t.size(i));
+  return s;
+}
+
+// t as a rows x cols matrix (cols = the last dim) with one row stride, copied once when its layout has none.
+struct Rows {
+  Tensor t;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t stride = 0;
+};
+
+Rows as_rows(const Tensor& t) {
+  Rows r{t, 1, t.size(t.dim() - 1), 0};
+  const int64_t nd = t.dim();
+  for (int64_t i = 0; i + 1 < nd; ++i) r.rows *= t.size(i);
+  r.stride = r.cols;  // any stride >= cols is valid for a single row
+  bool ok = r.cols == 1 || t.stride(nd - 1) == 1;
+  int64_t next = -1;  // the stride the next outer non-trivial dim must have
+  for (int64_t i = nd - 2; i >= 0 && ok; --i) {
+    if (t.size(i) == 1) continue;
+    if (next < 0) {
+      r.stride = t.stride(i);
+    } else if (t.stride(i) != next) {
+      ok = false;
+    }
+    next = t.stride(i) * t.size(i);
+  }
+  // Rows that overlap (stride < cols, as in an expanded tensor) are not a matrix the library accepts.
+  if (!ok || r.stride < r.cols) {
+    r.t = torch::stable::contiguous(t);
+    r.stride = r.cols;
+  }
+  return r;
+}
+
+// A weight as a contiguous vector of cols elements of x's dtype on x's device.
+Tensor checked_weight(const Tensor& w, const Tensor& x, int64_t cols, const char* op) {
+  if (w.dim() != 1 || w.size(0) != cols) {
+    fail(op, ": weight has shape ", shape_string(w), ", expected [", cols, "] (the last dim of x)");
+  }
+  if (w.scalar_type() != x.scalar_type()) {
+    fail(op, ": weight has dtype ", dtype_name(w.scalar_type()), " but x has ", dtype_name(x.scalar_type()),
+         "; they must match");
+  }
+  if (w.is_cuda() != x.is_cuda() || w.get_device_index() != x.get_device_index()) {
+    fail(op, ": weight is on another device than x");
+  }
+  return w.stride(0) == 1 ? w : torch::stable::contiguous(w);
+}
+
+void check_same_device(const Tensor& t, const Tensor& x, const char* op, const char* arg) {
+  if (t.is_cuda() != x.is_cuda() || t.get_device_index() != x.get_device_index()) {
+    fail(op, ": ", arg, " is on another device than x");
+  }
+}
+
+// The library backend for x's device: the CPU backend with PyTorch's intra-op thread count, or the CUDA backend on
+// the current stream of x's device. Construct after a DeviceGuard for that device.
+rmsnorm_backend_t backend_for(const Tensor& x, const char* op) {
+  if (x.is_cpu()) return rmsnorm_backend_cpu(static_cast<int32_t>(torch::stable::get_num_threads()));
+  if (!x.is_cuda()) fail(op, ": x is on a device that is neither CPU nor CUDA");
+#ifdef RMSNORM_TORCH_CUDA
+  void* stream = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(x.get_device_index(), &stream));
+  return rmsnorm_backend_cuda(x.get_device_index(), stream);
+#else
+  fail(op, ": x is a CUDA tensor, but this build of rmsnorm has no CUDA backend (it was built without nvcc, with "
+           "a PyTorch without CUDA, or with RMSNORM_ENABLE_CUDA=OFF)");
+#endif
+}
+
+void check_floating_input(const Tensor& x, const char* op) {
+  if (x.dim() < 1) fail(op, ": x must have at least one dimension");
+  if (x.size(x.dim() - 1) < 1) fail(op, ": the last dim of x has size 0");
+}
+
+std::tuple<Tensor, Tensor> forward(Tensor x, std::optional<Tensor> weight, double eps, int64_t flags) {
+  const char* op = "rmsnorm.forward";
+  check_floating_input(x, op);
+  const int32_t dtype = library_dtype(x.scalar_type(), op, "x");
+  if (flags < 0 || flags > UINT32_MAX) fail(op, ": flags ", flags, " is not a set of RMSNORM_FLAG_* bits");
+  const Rows xr = as_rows(x);
+  std::optional<Tensor> w;
+  if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op);
+
+  std::optional<torch::stable::accelerator::DeviceGuard> guard;
+  if (x.is_cuda()) guard.emplace(x.get_device_index());
+  Tensor y = torch::stable::empty(full_shape(x), x.scalar_type(), std::nullopt, x.device());
+  Tensor rstd = torch::stable::empty(leading_shape(x), ScalarType::Float, std::nullopt, x.device());
+  if (xr.rows == 0) return {y, rstd};
+
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = xr.rows;
+  p.cols = xr.cols;
+  p.dtype = dtype;
+  p.flags = static_cast<uint32_t>(flags);
+  p.eps = static_cast<float>(eps);
+  const rmsnorm_backend_t be = backend_for(x, op);
+  check_status(rmsnorm_forward(&p, xr.t.data_ptr(), xr.stride, w ? w->data_ptr() : nullptr, y.data_ptr(), xr.cols,
+                               static_cast<float*>(rstd.data_ptr()), &be),
+               op);
+  return {y, rstd};
+}
+
+std::tuple<Tensor, std::optional<Tensor>> backward(Tensor gy, Tensor x, std::optional<Tensor> weight, Tensor rstd,
+                                                   int64_t flags, std::optional<ScalarType> gw_dtype) {
+  const char* op = "rmsnorm.backward";
+  check_floating_input(x, op);
+  const int32_t dtype = library_dtype(x.scalar_type(), op, "x");
+  if (gy.scalar_type() != x.scalar_type()) {
+    fail(op, ": gy has dtype ", dtype_name(gy.scalar_type()), " but x has ", dtype_name(x.scalar_type()));
+  }
+  if (full_shape(gy) != full_shape(x)) {
+    fail(op, ": gy has shape ", shape_string(gy), " but x has ", shape_string(x));
+  }
+  check_same_device(gy, x, op, "gy");
+  if (rstd.scalar_type() != ScalarType::Float) fail(op, ": rstd must be float32, got ", dtype_name(rstd.scalar_type()));
+  if (full_shape(rstd) != leading_shape(x)) {
+    fail(op, ": rstd has shape ", shape_string(rstd), ", expected x's shape without its last dim");
+  }
+  check_same_device(rstd, x, op, "rstd");
+  const Rows xr = as_rows(x);
+  const Rows gyr = as_rows(gy);
+  const Tensor r = rstd.is_contiguous() ? rstd : torch::stable::contiguous(rstd);
+  std::optional<Tensor> w;
+  if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op);
+
+  int32_t gw_mode = RMSNORM_GW_NONE;
+  if (gw_dtype.has_value()) {
+    if (!w) fail(op, ": gw_dtype is given but there is no weight");
+    if (*gw_dtype == x.scalar_type()) {
+      gw_mode = RMSNORM_GW_STORE;
+    } else if (*gw_dtype == ScalarType::Float) {
+      gw_mode = RMSNORM_GW_STORE_F32;
+    } else {
+      fail(op, ": gw_dtype must be x's dtype or float32, got ", dtype_name(*gw_dtype));
+    }
+  }
+  if (flags < 0 || flags > UINT32_MAX) fail(op, ": flags ", flags, " is not a set of RMSNORM_FLAG_* bits");
+
+  std::optional<torch::stable::accelerator::DeviceGuard> guard;
+  if (x.is_cuda()) guard.emplace(x.get_device_index());
+  Tensor gx = torch::stable::empty(full_shape(x), x.scalar_type(), std::nullopt, x.device());
+  std::optional<Tensor> gw;
+  if (gw_mode != RMSNORM_GW_NONE) gw = torch::stable::empty({xr.cols}, *gw_dtype, std::nullopt, x.device());
+  if (xr.rows == 0) {
+    if (gw) torch::stable::zero_(*gw);  // the empty sum
+    return {gx, gw};
+  }
+
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = xr.rows;
+  p.cols = xr.cols;
+  p.dtype = dtype;
+  p.flags = static_cast<uint32_t>(flags);
+  const rmsnorm_backend_t be = backend_for(x, op);
+  size_t ws_bytes = 0;
+  check_status(rmsnorm_backward_workspace_size(&p, gw_mode, &be, &ws_bytes), op);
+  // Released when this call returns; the caching allocator keeps the block for later work on this stream, so the
+  // kernel that is still running may use it.
+  std::optional<Tensor> ws;
+  if (ws_bytes > 0) {
+    ws = torch::stable::empty({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, std::nullopt, x.device());
+  }
+  check_status(rmsnorm_backward(&p, xr.t.data_ptr(), xr.stride, w ? w->data_ptr() : nullptr, gyr.t.data_ptr(),
+                                gyr.stride, static_cast<const float*>(r.data_ptr()), gx.data_ptr(), xr.cols,
+                                gw ? gw->data_ptr() : nullptr, gw_mode, ws ? ws->data_ptr() : nullptr, ws_bytes, &be),
+               op);
+  return {gx, gw};
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY(rmsnorm, m) {
+  m.def("forward(Tensor x, Tensor? weight, float eps, int flags) -> (Tensor y, Tensor rstd)");
+  m.def(
+      "backward(Tensor gy, Tensor x, Tensor? weight, Tensor rstd, int flags, ScalarType? gw_dtype) -> "
+      "(Tensor gx, Tensor? gw)");
+}
+
+// CUDA is registered in every build so that a CUDA tensor gets this build's own error (no CUDA backend) rather
+// than the dispatcher's "no kernel".
+STABLE_TORCH_LIBRARY_IMPL(rmsnorm, CPU, m) {
+  m.impl("forward", TORCH_BOX(&forward));
+  m.impl("backward", TORCH_BOX(&backward));
+}
+
+STABLE_TORCH_LIBRARY_IMPL(rmsnorm, CUDA, m) {
+  m.impl("forward", TORCH_BOX(&forward));
+  m.impl("backward", TORCH_BOX(&backward));
+}

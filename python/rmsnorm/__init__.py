@@ -1,0 +1,185 @@
+"""RMSNorm for PyTorch on the rmsnorm library: ``rms_norm`` (as ``torch.nn.functional.rms_norm``), ``RMSNorm`` (a
+drop-in ``torch.nn.RMSNorm``) and ``swap_rmsnorm`` (for Hugging Face transformers models).
+
+The operators ``torch.ops.rmsnorm.forward`` and ``torch.ops.rmsnorm.backward`` are registered in C++ (the compiled
+``_ops.so``, on PyTorch's stable ABI) with functional schemas; this module adds their fake (meta) kernels and the
+autograd formula, so they trace under ``torch.compile(fullgraph=True)`` and capture in CUDA graphs.
+
+Tensors may have any leading dims. When they form rows of one stride (a contiguous tensor, or a column slice such as
+the q part of a packed qkv projection) the kernels read them in place; any other layout (a transposed view, a last
+dim that is not contiguous) is copied once into a contiguous tensor first. Outputs are contiguous.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["rms_norm", "RMSNorm", "swap_rmsnorm", "FLAG_WEIGHT_OFFSET", "FLAG_ROUND_XHAT", "cuda_built"]
+__version__ = "0.1.0"
+
+# The library's RMSNORM_FLAG_* bits (include/rmsnorm/rmsnorm.h).
+FLAG_WEIGHT_OFFSET = 1
+FLAG_ROUND_XHAT = 2
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _load_extension() -> None:
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ops.so")
+    if not os.path.exists(path):
+        raise ImportError(
+            f"rmsnorm: the compiled extension {path} is missing; install the package with `pip install .` from the "
+            "repository root rather than importing python/rmsnorm from the source tree"
+        )
+    torch.ops.load_library(path)
+
+
+_load_extension()
+
+
+def cuda_built() -> bool:
+    """Whether this build has the CUDA backend (the extension's CUDA kernel raises an error otherwise)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        torch.ops.rmsnorm.forward(torch.ones(1, 1, device="cuda"), None, 1e-6, 0)
+    except RuntimeError as e:
+        if "no CUDA backend" in str(e):
+            return False
+        raise
+    return True
+
+
+@torch.library.register_fake("rmsnorm::forward")
+def _forward_fake(x, weight, eps, flags):
+    return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.register_fake("rmsnorm::backward")
+def _backward_fake(gy, x, weight, rstd, flags, gw_dtype):
+    gw = None if gw_dtype is None else x.new_empty(x.shape[-1:], dtype=gw_dtype)
+    return x.new_empty(x.shape), gw
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, _eps, flags = inputs
+    _y, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.save_for_backward(x, weight, rstd)
+    ctx.flags = flags
+
+
+def _backward(ctx, gy, _grstd):
+    x, weight, rstd = ctx.saved_tensors
+    need_gw = weight is not None and ctx.needs_input_grad[1]
+    # round_xhat only changes the forward's rounding; the gradient is that of the exact formula, as the HF Llama
+    # norm's autograd gives in fp32.
+    gx, gw = torch.ops.rmsnorm.backward(gy, x, weight, rstd, ctx.flags, weight.dtype if need_gw else None)
+    return (gx if ctx.needs_input_grad[0] else None), gw, None, None
+
+
+torch.library.register_autograd("rmsnorm::forward", _backward, setup_context=_setup_context)
+
+
+def _flags(weight_offset: bool, round_xhat: bool) -> int:
+    return (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)
+
+
+def rms_norm(
+    input: torch.Tensor,
+    normalized_shape: int | Sequence[int] | torch.Size,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    *,
+    weight_offset: bool = False,
+    round_xhat: bool = False,
+) -> torch.Tensor:
+    """``torch.nn.functional.rms_norm`` on the rmsnorm library.
+
+    ``y = x * rsqrt(mean(x^2) + eps) * w'`` over the last ``len(normalized_shape)`` dims, in fp32, rounded once to
+    ``input.dtype``. ``w' = weight``, or ``1 + weight`` (the 1 added in fp32) with ``weight_offset`` (Gemma), or 1
+    without a weight. ``round_xhat`` rounds ``x * rsqrt(...)`` to the input dtype before the weight, as Hugging Face's
+    Llama norm does. ``eps=None`` is ``torch.finfo(input.dtype).eps``, as in PyTorch.
+
+    Supports float32, float16 and bfloat16; the weight must have the input's dtype and device.
+    """
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    normalized_shape = tuple(normalized_shape)
+    k = len(normalized_shape)
+    if input.dtype not in _DTYPES:
+        raise TypeError(f"rmsnorm.rms_norm: input has dtype {input.dtype}; supported: float32, float16, bfloat16")
+    if k == 0 or input.dim() < k or tuple(input.shape[-k:]) != normalized_shape:
+        raise RuntimeError(
+            f"rmsnorm.rms_norm: normalized_shape={list(normalized_shape)} must be the last dims of input, "
+            f"whose shape is {list(input.shape)}"
+        )
+    if weight is not None:
+        if tuple(weight.shape) != normalized_shape:
+            raise RuntimeError(
+                f"rmsnorm.rms_norm: weight has shape {list(weight.shape)}, expected normalized_shape="
+                f"{list(normalized_shape)}"
+            )
+        if weight.dtype != input.dtype:
+            raise TypeError(
+                f"rmsnorm.rms_norm: weight has dtype {weight.dtype} but input has {input.dtype}; mixed dtypes are "
+                "not supported yet (cast one of them)"
+            )
+        if weight.device != input.device:
+            raise RuntimeError(f"rmsnorm.rms_norm: weight is on {weight.device} but input is on {input.device}")
+    if eps is None:
+        eps = torch.finfo(input.dtype).eps
+    x = input.flatten(-k) if k > 1 else input
+    w = weight.flatten() if weight is not None and k > 1 else weight
+    y, _ = torch.ops.rmsnorm.forward(x, w, float(eps), _flags(weight_offset, round_xhat))
+    return y.view(input.shape) if k > 1 else y
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """``torch.nn.RMSNorm`` on the rmsnorm library: the same constructor, parameter and state dict (an
+    ``nn.RMSNorm`` state dict loads into it and back), plus the library's ``weight_offset`` and ``round_xhat``
+    (see ``rms_norm``). With ``weight_offset`` the weight starts at zeros, so that ``w' = 1 + w`` starts at one."""
+
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int] | torch.Size,
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        weight_offset: bool = False,
+        round_xhat: bool = False,
+    ) -> None:
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
+        self.weight_offset = weight_offset
+        self.round_xhat = round_xhat
+        if weight_offset:
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.elementwise_affine:
+            if getattr(self, "weight_offset", False):
+                torch.nn.init.zeros_(self.weight)
+            else:
+                torch.nn.init.ones_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(
+            x, self.normalized_shape, self.weight, self.eps, weight_offset=self.weight_offset,
+            round_xhat=self.round_xhat,
+        )
+
+    def extra_repr(self) -> str:
+        s = super().extra_repr()
+        if self.weight_offset:
+            s += ", weight_offset=True"
+        if self.round_xhat:
+            s += ", round_xhat=True"
+        return s
+
+
+from .hf import swap_rmsnorm  # noqa: E402  (needs RMSNorm)
