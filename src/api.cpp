@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <thread>
@@ -50,21 +51,42 @@ struct Extent {
   bool present() const { return end > begin; }
 };
 
-Extent matrix_extent(const char* name, const void* p, int64_t rows, int64_t cols, int64_t stride, size_t esize) {
-  Extent e;
-  e.name = name;
-  if (p == nullptr || rows <= 0) return e;
-  e.begin = reinterpret_cast<uintptr_t>(p);
-  e.rows = rows;
-  e.row_bytes = cols * static_cast<int64_t>(esize);
+// The byte extent of a rows x cols operand with a row stride (vectors: one
+// row), or an empty Extent for a null pointer or no rows. Rejects, as
+// INVALID_SHAPE naming the operand, a size that overflows int64 and an
+// extent that runs past the top of the address space: p + bytes must be
+// representable (as C requires of a one-past-the-end pointer), so no check
+// or kernel below ever computes a wrapped address.
+rmsnorm_status_t extent_of(const char* name, const void* p, int64_t rows, int64_t cols, int64_t stride, size_t esize,
+                           Extent* e) {
+  *e = Extent{};
+  e->name = name;
+  if (p == nullptr || rows <= 0) return RMSNORM_STATUS_SUCCESS;
+  // cols >= 1 and stride >= cols were checked; bytes = ((rows - 1) * stride + cols) * esize.
+  const int64_t es = static_cast<int64_t>(esize);
+  const int64_t max_elems = std::numeric_limits<int64_t>::max() / es;
+  if (cols > max_elems || (rows > 1 && stride > (max_elems - cols) / (rows - 1)))
+    return fail(RMSNORM_STATUS_INVALID_SHAPE, name,
+                num(rows) + " rows of stride " + num(stride) + " elements of " + num(es) + " bytes overflow int64");
+  const int64_t bytes = ((rows - 1) * stride + cols) * es;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p);
+  if (static_cast<uint64_t>(bytes) > static_cast<uint64_t>(std::numeric_limits<uintptr_t>::max() - begin)) {
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "%lld bytes from address 0x%llx wrap past the top of the address space",
+                  static_cast<long long>(bytes), static_cast<unsigned long long>(begin));
+    return fail(RMSNORM_STATUS_INVALID_SHAPE, name, buf);
+  }
+  e->begin = begin;
+  e->end = begin + static_cast<uintptr_t>(bytes);
+  e->rows = rows;
+  e->row_bytes = cols * es;
   // A single row has no stride to speak of: y == x with rows == 1 is the same view whatever the strides.
-  e.stride_bytes = rows > 1 ? stride * static_cast<int64_t>(esize) : e.row_bytes;
-  e.end = e.begin + static_cast<uintptr_t>((rows - 1) * e.stride_bytes + e.row_bytes);
-  return e;
+  e->stride_bytes = rows > 1 ? stride * es : e->row_bytes;
+  return RMSNORM_STATUS_SUCCESS;
 }
 
-Extent vector_extent(const char* name, const void* p, int64_t n, size_t esize) {
-  return matrix_extent(name, p, 1, n, n, esize);
+rmsnorm_status_t vector_extent(const char* name, const void* p, int64_t n, size_t esize, Extent* e) {
+  return extent_of(name, p, 1, n, n, esize, e);
 }
 
 // True when some byte belongs to both. Equal-stride matrices (interleaved
@@ -103,7 +125,7 @@ bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % 
 
 struct Common {
   DType dtype = DType::kF32;
-  size_t esize = 4;
+  size_t esize = 4;  // dtype_size(dtype)
   bool cuda = false;
   int device = -1;
   void* stream = nullptr;
@@ -119,7 +141,7 @@ struct Common {
 rmsnorm_status_t check_problem_and_backend(const rmsnorm_problem_t* p, const rmsnorm_backend_t* b, Common* c) {
   if (p == nullptr) return fail(RMSNORM_STATUS_NULL_POINTER, "problem", "must not be NULL");
   if (b == nullptr) return fail(RMSNORM_STATUS_NULL_POINTER, "backend", "must not be NULL");
-  if (p->dtype != RMSNORM_DTYPE_F32 && p->dtype != RMSNORM_DTYPE_F16 && p->dtype != RMSNORM_DTYPE_BF16)
+  if (!known_dtype(p->dtype))
     return fail(RMSNORM_STATUS_INVALID_DTYPE, "dtype", "unknown dtype " + num(p->dtype));
   if ((p->flags & ~kKnownFlags) != 0)
     return fail(RMSNORM_STATUS_INVALID_OPTION, "flags", "unknown flag bits " + num(p->flags & ~kKnownFlags));
@@ -133,7 +155,7 @@ rmsnorm_status_t check_problem_and_backend(const rmsnorm_problem_t* p, const rms
     return fail(RMSNORM_STATUS_INVALID_EPS, "eps", buf);
   }
   c->dtype = static_cast<DType>(p->dtype);
-  c->esize = rmsnorm_dtype_size(p->dtype);
+  c->esize = dtype_size(c->dtype);
   if (b->kind == RMSNORM_BACKEND_CPU) {
     if (b->num_threads < 0)
       return fail(RMSNORM_STATUS_INVALID_OPTION, "backend.num_threads", "must be >= 0 (got " + num(b->num_threads) + ")");
@@ -156,38 +178,58 @@ rmsnorm_status_t check_problem_and_backend(const rmsnorm_problem_t* p, const rms
 #endif
 }
 
-// Row stride >= cols, and the operand's extent in bytes fits in int64.
-rmsnorm_status_t check_stride(const char* name, int64_t stride, int64_t rows, int64_t cols, size_t esize) {
+rmsnorm_status_t check_stride(const char* name, int64_t stride, int64_t cols) {
   if (stride < cols)
     return fail(RMSNORM_STATUS_INVALID_STRIDE, name, num(stride) + " is less than cols (" + num(cols) + ")");
-  const int64_t max = std::numeric_limits<int64_t>::max() / static_cast<int64_t>(esize);
-  if (rows > 1 && (stride > (max - cols) / (rows - 1)))
-    return fail(RMSNORM_STATUS_INVALID_SHAPE, name, "rows * stride overflows the address space");
   return RMSNORM_STATUS_SUCCESS;
 }
 
-rmsnorm_status_t check_pointer(const char* name, const void* p, size_t align, const Common& c) {
+rmsnorm_status_t check_pointer(const char* name, const void* p, size_t align) {
   if (p == nullptr) return fail(RMSNORM_STATUS_NULL_POINTER, name, "must not be NULL");
   if (!aligned(p, align))
     return fail(RMSNORM_STATUS_MISALIGNED, name, "must be aligned to " + num(static_cast<int64_t>(align)) + " bytes");
+  return RMSNORM_STATUS_SUCCESS;
+}
+
+// The only check that asks the CUDA runtime anything, so it runs after every
+// arithmetic check: a bad shape, stride or extent gets the same status on
+// either backend.
+rmsnorm_status_t check_memory_space(std::initializer_list<const Extent*> operands, const Common& c) {
 #if defined(RMSNORM_WITH_CUDA)
-  int owner = -1;
-  const cuda::MemorySpace space = cuda::memory_space(p, &owner);
-  if (!c.cuda && space == cuda::MemorySpace::kDevice)
-    return fail(RMSNORM_STATUS_WRONG_MEMORY_SPACE, name, "is device memory, but the backend is CPU");
-  if (c.cuda && space == cuda::MemorySpace::kDevice && owner != c.device)
-    return fail(RMSNORM_STATUS_WRONG_MEMORY_SPACE, name,
-                "is memory of device " + num(owner) + ", but the backend runs on device " + num(c.device));
-  if (c.cuda && space == cuda::MemorySpace::kHost)
-    return fail(RMSNORM_STATUS_WRONG_MEMORY_SPACE, name, "is pageable host memory, but the backend is CUDA");
+  for (const Extent* e : operands) {
+    if (!e->present()) continue;
+    const char* name = e->name;
+    int owner = -1;
+    const cuda::MemorySpace space = cuda::memory_space(reinterpret_cast<const void*>(e->begin), &owner);
+    if (!c.cuda && space == cuda::MemorySpace::kDevice)
+      return fail(RMSNORM_STATUS_WRONG_MEMORY_SPACE, name, "is device memory, but the backend is CPU");
+    if (c.cuda && space == cuda::MemorySpace::kDevice && owner != c.device)
+      return fail(RMSNORM_STATUS_WRONG_MEMORY_SPACE, name,
+                  "is memory of device " + num(owner) + ", but the backend runs on device " + num(c.device));
+    if (c.cuda && space == cuda::MemorySpace::kHost)
+      return fail(RMSNORM_STATUS_WRONG_MEMORY_SPACE, name, "is pageable host memory, but the backend is CUDA");
+  }
 #else
+  (void)operands;
   (void)c;
 #endif
   return RMSNORM_STATUS_SUCCESS;
 }
 
-rmsnorm_status_t check_optional_pointer(const char* name, const void* p, size_t align, const Common& c) {
-  return p == nullptr ? RMSNORM_STATUS_SUCCESS : check_pointer(name, p, align, c);
+rmsnorm_status_t check_optional_pointer(const char* name, const void* p, size_t align) {
+  return p == nullptr ? RMSNORM_STATUS_SUCCESS : check_pointer(name, p, align);
+}
+
+// The fields forward and backward share, from a problem that passed
+// check_problem_and_backend.
+template <typename Args>
+void set_problem_fields(const rmsnorm_problem_t& p, const Common& c, Args* a) {
+  a->rows = p.rows;
+  a->cols = p.cols;
+  a->dtype = c.dtype;
+  a->eps = p.eps;
+  a->weight_offset = (p.flags & RMSNORM_FLAG_WEIGHT_OFFSET) != 0;
+  a->pdl = (p.flags & RMSNORM_FLAG_NO_PDL) == 0;
 }
 
 int cpu_threads(int requested) {
@@ -225,14 +267,7 @@ const char* rmsnorm_status_string(rmsnorm_status_t status) {
 
 const char* rmsnorm_last_error(void) { return g_last_error.c_str(); }
 
-size_t rmsnorm_dtype_size(int32_t dtype) {
-  switch (dtype) {
-    case RMSNORM_DTYPE_F32: return 4;
-    case RMSNORM_DTYPE_F16:
-    case RMSNORM_DTYPE_BF16: return 2;
-  }
-  return 0;
-}
+size_t rmsnorm_dtype_size(int32_t dtype) { return known_dtype(dtype) ? dtype_size(static_cast<DType>(dtype)) : 0; }
 
 int rmsnorm_cuda_available(void) {
 #if defined(RMSNORM_WITH_CUDA)
@@ -276,19 +311,32 @@ rmsnorm_status_t rmsnorm_forward(const rmsnorm_problem_t* problem, const void* x
   clear_last_error();
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
-  const int64_t rows = problem->rows, cols = problem->cols;
-  if (rows == 0) return RMSNORM_STATUS_SUCCESS;
-  RMSNORM_TRY(check_pointer("x", x, c.esize, c));
-  RMSNORM_TRY(check_pointer("y", y, c.esize, c));
-  RMSNORM_TRY(check_optional_pointer("weight", weight, c.esize, c));
-  RMSNORM_TRY(check_optional_pointer("rstd", rstd, sizeof(float), c));
-  RMSNORM_TRY(check_stride("x_row_stride", x_row_stride, rows, cols, c.esize));
-  RMSNORM_TRY(check_stride("y_row_stride", y_row_stride, rows, cols, c.esize));
+  if (problem->rows == 0) return RMSNORM_STATUS_SUCCESS;
 
-  const Extent ex = matrix_extent("x", x, rows, cols, x_row_stride, c.esize);
-  const Extent ey = matrix_extent("y", y, rows, cols, y_row_stride, c.esize);
-  const Extent ew = vector_extent("weight", weight, cols, c.esize);
-  const Extent er = vector_extent("rstd", rstd, rows, sizeof(float));
+  // Built once; everything below validates these fields, then hands them over.
+  ForwardArgs a;
+  set_problem_fields(*problem, c, &a);
+  a.round_xhat = (problem->flags & RMSNORM_FLAG_ROUND_XHAT) != 0;
+  a.x = x;
+  a.x_stride = x_row_stride;
+  a.weight = weight;
+  a.y = y;
+  a.y_stride = y_row_stride;
+  a.rstd = rstd;
+
+  RMSNORM_TRY(check_pointer("x", a.x, c.esize));
+  RMSNORM_TRY(check_pointer("y", a.y, c.esize));
+  RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.esize));
+  RMSNORM_TRY(check_optional_pointer("rstd", a.rstd, sizeof(float)));
+  RMSNORM_TRY(check_stride("x_row_stride", a.x_stride, a.cols));
+  RMSNORM_TRY(check_stride("y_row_stride", a.y_stride, a.cols));
+
+  Extent ex, ey, ew, er;
+  RMSNORM_TRY(extent_of("x", a.x, a.rows, a.cols, a.x_stride, c.esize, &ex));
+  RMSNORM_TRY(extent_of("y", a.y, a.rows, a.cols, a.y_stride, c.esize, &ey));
+  RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.esize, &ew));
+  RMSNORM_TRY(vector_extent("rstd", a.rstd, a.rows, sizeof(float), &er));
+  RMSNORM_TRY(check_memory_space({&ex, &ey, &ew, &er}, c));
   // y may alias x exactly (in place); any other overlap is rejected.
   if (!same_view(ey, ex) && overlaps(ey, ex))
     return fail(RMSNORM_STATUS_OVERLAP, "y", "overlaps x (only y == x with equal row strides is allowed)");
@@ -297,20 +345,6 @@ rmsnorm_status_t rmsnorm_forward(const rmsnorm_problem_t* problem, const void* x
   RMSNORM_TRY(check_overlap(er, ew));
   RMSNORM_TRY(check_overlap(er, ey));
 
-  ForwardArgs a;
-  a.rows = rows;
-  a.cols = cols;
-  a.dtype = c.dtype;
-  a.eps = problem->eps;
-  a.weight_offset = (problem->flags & RMSNORM_FLAG_WEIGHT_OFFSET) != 0;
-  a.round_xhat = (problem->flags & RMSNORM_FLAG_ROUND_XHAT) != 0;
-  a.pdl = (problem->flags & RMSNORM_FLAG_NO_PDL) == 0;
-  a.x = x;
-  a.x_stride = x_row_stride;
-  a.weight = weight;
-  a.y = y;
-  a.y_stride = y_row_stride;
-  a.rstd = rstd;
   if (!c.cuda) return cpu::forward(a, cpu_threads(c.threads));
 #if defined(RMSNORM_WITH_CUDA)
   return cuda::forward(a, c.device, c.stream);
@@ -353,60 +387,10 @@ rmsnorm_status_t rmsnorm_backward(const rmsnorm_problem_t* problem, const void* 
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
   if (!valid_gw_mode(gw_mode)) return fail(RMSNORM_STATUS_INVALID_OPTION, "gw_mode", "unknown mode " + num(gw_mode));
-  const GwMode mode = static_cast<GwMode>(gw_mode);
-  const int64_t rows = problem->rows, cols = problem->cols;
-  const size_t gw_esize = gw_is_f32(mode) ? sizeof(float) : c.esize;
 
-  if (mode != GwMode::kNone) {
-    if (weight == nullptr)
-      return fail(RMSNORM_STATUS_NULL_POINTER, "weight", "must not be NULL when gw_mode is not RMSNORM_GW_NONE");
-    RMSNORM_TRY(check_pointer("gw", gw, gw_esize, c));
-  }
-  const bool rows_present = rows > 0;
-  if (rows_present) {
-    RMSNORM_TRY(check_pointer("x", x, c.esize, c));
-    RMSNORM_TRY(check_pointer("gy", gy, c.esize, c));
-    RMSNORM_TRY(check_pointer("gx", gx, c.esize, c));
-    RMSNORM_TRY(check_optional_pointer("rstd", rstd, sizeof(float), c));
-    RMSNORM_TRY(check_stride("x_row_stride", x_row_stride, rows, cols, c.esize));
-    RMSNORM_TRY(check_stride("gy_row_stride", gy_row_stride, rows, cols, c.esize));
-    RMSNORM_TRY(check_stride("gx_row_stride", gx_row_stride, rows, cols, c.esize));
-  }
-  RMSNORM_TRY(check_optional_pointer("weight", weight, c.esize, c));
-
-  size_t needed = 0;
-  RMSNORM_TRY(workspace_size_impl(problem, gw_mode, c, &needed));
-  if (needed > 0) {
-    if (workspace == nullptr)
-      return fail(RMSNORM_STATUS_NULL_POINTER, "workspace", "must not be NULL (" + std::to_string(needed) +
-                                                                 " bytes needed)");
-    if (workspace_bytes < needed)
-      return fail(RMSNORM_STATUS_WORKSPACE_TOO_SMALL, "workspace",
-                  std::to_string(workspace_bytes) + " bytes given, " + std::to_string(needed) + " needed");
-    RMSNORM_TRY(check_pointer("workspace", workspace, 16, c));
-  }
-
-  const Extent ex = matrix_extent("x", rows_present ? x : nullptr, rows, cols, x_row_stride, c.esize);
-  const Extent egy = matrix_extent("gy", rows_present ? gy : nullptr, rows, cols, gy_row_stride, c.esize);
-  const Extent egx = matrix_extent("gx", rows_present ? gx : nullptr, rows, cols, gx_row_stride, c.esize);
-  const Extent ew = vector_extent("weight", weight, cols, c.esize);
-  const Extent er = vector_extent("rstd", rows_present ? rstd : nullptr, rows, sizeof(float));
-  const Extent egw = vector_extent("gw", mode != GwMode::kNone ? gw : nullptr, cols, gw_esize);
-  const Extent ews = vector_extent("workspace", needed > 0 ? workspace : nullptr, static_cast<int64_t>(needed), 1);
-  // gx may alias gy exactly (in place); every other output must be disjoint.
-  if (!same_view(egx, egy) && overlaps(egx, egy))
-    return fail(RMSNORM_STATUS_OVERLAP, "gx", "overlaps gy (only gx == gy with equal row strides is allowed)");
-  for (const Extent* in : {&ex, &ew, &er}) RMSNORM_TRY(check_overlap(egx, *in));
-  for (const Extent* other : {&ex, &ew, &er, &egy, &egx}) RMSNORM_TRY(check_overlap(egw, *other));
-  for (const Extent* other : {&ex, &ew, &er, &egy, &egx, &egw}) RMSNORM_TRY(check_overlap(ews, *other));
-
+  // Built once; everything below validates these fields, then hands them over.
   BackwardArgs a;
-  a.rows = rows;
-  a.cols = cols;
-  a.dtype = c.dtype;
-  a.eps = problem->eps;
-  a.weight_offset = (problem->flags & RMSNORM_FLAG_WEIGHT_OFFSET) != 0;
-  a.pdl = (problem->flags & RMSNORM_FLAG_NO_PDL) == 0;
+  set_problem_fields(*problem, c, &a);
   a.x = x;
   a.x_stride = x_row_stride;
   a.weight = weight;
@@ -415,10 +399,61 @@ rmsnorm_status_t rmsnorm_backward(const rmsnorm_problem_t* problem, const void* 
   a.rstd = rstd;
   a.gx = gx;
   a.gx_stride = gx_row_stride;
-  a.gw = mode == GwMode::kNone ? nullptr : gw;
-  a.gw_mode = mode;
+  a.gw_mode = static_cast<GwMode>(gw_mode);
+  a.gw = a.gw_mode == GwMode::kNone ? nullptr : gw;
   a.workspace = workspace;
   a.workspace_bytes = workspace_bytes;
+  const size_t gw_esize = gw_elem_size(a.gw_mode, c.dtype);
+
+  if (a.gw_mode != GwMode::kNone) {
+    if (a.weight == nullptr)
+      return fail(RMSNORM_STATUS_NULL_POINTER, "weight", "must not be NULL when gw_mode is not RMSNORM_GW_NONE");
+    RMSNORM_TRY(check_pointer("gw", a.gw, gw_esize));
+  }
+  // With no rows, x, gy, rstd and gx are never read or written, so they are not checked.
+  const bool rows_present = a.rows > 0;
+  if (rows_present) {
+    RMSNORM_TRY(check_pointer("x", a.x, c.esize));
+    RMSNORM_TRY(check_pointer("gy", a.gy, c.esize));
+    RMSNORM_TRY(check_pointer("gx", a.gx, c.esize));
+    RMSNORM_TRY(check_optional_pointer("rstd", a.rstd, sizeof(float)));
+    RMSNORM_TRY(check_stride("x_row_stride", a.x_stride, a.cols));
+    RMSNORM_TRY(check_stride("gy_row_stride", a.gy_stride, a.cols));
+    RMSNORM_TRY(check_stride("gx_row_stride", a.gx_stride, a.cols));
+  }
+  RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.esize));
+
+  size_t needed = 0;
+  RMSNORM_TRY(workspace_size_impl(problem, gw_mode, c, &needed));
+  if (needed > 0) {
+    if (a.workspace == nullptr)
+      return fail(RMSNORM_STATUS_NULL_POINTER, "workspace", "must not be NULL (" + std::to_string(needed) +
+                                                                 " bytes needed)");
+    if (a.workspace_bytes < needed)
+      return fail(RMSNORM_STATUS_WORKSPACE_TOO_SMALL, "workspace",
+                  std::to_string(a.workspace_bytes) + " bytes given, " + std::to_string(needed) + " needed");
+    RMSNORM_TRY(check_pointer("workspace", a.workspace, 16));
+  }
+
+  Extent ex, egy, egx, ew, er, egw, ews;
+  RMSNORM_TRY(extent_of("x", rows_present ? a.x : nullptr, a.rows, a.cols, a.x_stride, c.esize, &ex));
+  RMSNORM_TRY(extent_of("gy", rows_present ? a.gy : nullptr, a.rows, a.cols, a.gy_stride, c.esize, &egy));
+  RMSNORM_TRY(extent_of("gx", rows_present ? a.gx : nullptr, a.rows, a.cols, a.gx_stride, c.esize, &egx));
+  RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.esize, &ew));
+  RMSNORM_TRY(vector_extent("rstd", rows_present ? a.rstd : nullptr, a.rows, sizeof(float), &er));
+  RMSNORM_TRY(vector_extent("gw", a.gw, a.cols, gw_esize, &egw));
+  // The backends touch the first `needed` bytes only, so a larger capacity is not held against the caller.
+  if (needed > static_cast<size_t>(std::numeric_limits<int64_t>::max()))
+    return fail(RMSNORM_STATUS_INVALID_SHAPE, "workspace", std::to_string(needed) + " bytes overflow int64");
+  RMSNORM_TRY(vector_extent("workspace", needed > 0 ? a.workspace : nullptr, static_cast<int64_t>(needed), 1, &ews));
+  RMSNORM_TRY(check_memory_space({&ex, &egy, &egx, &ew, &er, &egw, &ews}, c));
+  // gx may alias gy exactly (in place); every other output must be disjoint.
+  if (!same_view(egx, egy) && overlaps(egx, egy))
+    return fail(RMSNORM_STATUS_OVERLAP, "gx", "overlaps gy (only gx == gy with equal row strides is allowed)");
+  for (const Extent* in : {&ex, &ew, &er}) RMSNORM_TRY(check_overlap(egx, *in));
+  for (const Extent* other : {&ex, &ew, &er, &egy, &egx}) RMSNORM_TRY(check_overlap(egw, *other));
+  for (const Extent* other : {&ex, &ew, &er, &egy, &egx, &egw}) RMSNORM_TRY(check_overlap(ews, *other));
+
   if (!c.cuda) return cpu::backward(a, cpu_threads(c.threads));
 #if defined(RMSNORM_WITH_CUDA)
   return cuda::backward(a, c.device, c.stream);

@@ -13,10 +13,20 @@ namespace rmsnorm {
 
 enum class DType : int32_t { kF32 = RMSNORM_DTYPE_F32, kF16 = RMSNORM_DTYPE_F16, kBF16 = RMSNORM_DTYPE_BF16 };
 
+inline constexpr bool known_dtype(int32_t dt) {
+  return dt == RMSNORM_DTYPE_F32 || dt == RMSNORM_DTYPE_F16 || dt == RMSNORM_DTYPE_BF16;
+}
+
+// Bytes of one element: the single definition behind rmsnorm_dtype_size, the
+// validation in api.cpp and the backends.
+inline constexpr size_t dtype_size(DType dt) { return dt == DType::kF32 ? 4 : 2; }
+
 // rmsnorm::GwMode comes from the public C++ header (one definition).
 
 inline bool gw_is_f32(GwMode m) { return m == GwMode::kStoreF32 || m == GwMode::kAccumulateF32; }
 inline bool gw_accumulates(GwMode m) { return m == GwMode::kAccumulate || m == GwMode::kAccumulateF32; }
+// Bytes of one gw element: fp32 in the _F32 modes, else the problem's dtype.
+inline size_t gw_elem_size(GwMode m, DType dt) { return gw_is_f32(m) ? sizeof(float) : dtype_size(dt); }
 
 struct ForwardArgs {
   int64_t rows = 0;

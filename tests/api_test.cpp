@@ -571,6 +571,147 @@ TEST(ApiAlign, ElementAlignedAccepted) {
   EXPECT_EQ(f.backward(), RMSNORM_STATUS_SUCCESS) << rmsnorm_last_error();
 }
 
+// ---- extents past the top of the address space, and extents that overflow int64 ------------------
+
+// The address `below` bytes under the top of the address space: an operand
+// placed there with more than `below - 1` bytes would wrap to address 0
+// (one past its end must be representable, as in C).
+void* near_top(size_t below) { return reinterpret_cast<void*>(std::numeric_limits<uintptr_t>::max() - (below - 1)); }
+
+// Validation is arithmetic up to this point, so the CUDA backend (when a
+// device is present) must give the same answer as the CPU backend: the
+// memory-space query comes after it.
+std::vector<rmsnorm_backend_t> backends_to_check() {
+  std::vector<rmsnorm_backend_t> b = {rmsnorm_backend_cpu(2)};
+  if (rmsnorm_cuda_available()) b.push_back(rmsnorm_backend_cuda(-1, nullptr));
+  return b;
+}
+
+// 5 rows x 16 cols: every matrix is at least 160 bytes, weight and gw 32 or
+// 64, rstd 20; each operand is placed so that its extent passes the top.
+TEST(ApiWrap, ForwardOperands) {
+  for (const rmsnorm_backend_t& be : backends_to_check())
+    for (int32_t dt : {RMSNORM_DTYPE_F32, RMSNORM_DTYPE_BF16}) {
+      SCOPED_TRACE(testing::Message() << "backend " << be.kind << " dtype " << dt);
+      const size_t w_bytes = 16 * dtype_bytes(dt);
+      {
+        Call c(dt, 5, 16);
+        c.be = be;
+        c.x = near_top(64);
+        expect_rejected(c, FWD, RMSNORM_STATUS_INVALID_SHAPE, {"x"});
+        expect_rejected(c, BWD, RMSNORM_STATUS_INVALID_SHAPE, {"x"});
+      }
+      {
+        Call c(dt, 5, 16);
+        c.be = be;
+        c.y = near_top(32);  // the brief's example: UINTPTR_MAX - 31
+        expect_rejected(c, FWD, RMSNORM_STATUS_INVALID_SHAPE, {"y"});
+      }
+      {
+        Call c(dt, 5, 16);
+        c.be = be;
+        c.w = near_top(w_bytes);  // ends exactly at the top: one past the end would be address 0
+        expect_rejected(c, FWD, RMSNORM_STATUS_INVALID_SHAPE, {"weight"});
+        expect_rejected(c, BWD, RMSNORM_STATUS_INVALID_SHAPE, {"weight"});
+      }
+      {
+        Call c(dt, 5, 16);
+        c.be = be;
+        c.rstd_out = static_cast<float*>(near_top(16));
+        expect_rejected(c, FWD, RMSNORM_STATUS_INVALID_SHAPE, {"rstd"});
+      }
+    }
+}
+
+TEST(ApiWrap, BackwardOperands) {
+  for (const rmsnorm_backend_t& be : backends_to_check())
+    for (int32_t dt : {RMSNORM_DTYPE_F32, RMSNORM_DTYPE_F16}) {
+      SCOPED_TRACE(testing::Message() << "backend " << be.kind << " dtype " << dt);
+      {
+        Call c(dt, 5, 16);
+        c.be = be;
+        c.gy = near_top(128);
+        expect_rejected(c, BWD, RMSNORM_STATUS_INVALID_SHAPE, {"gy"});
+      }
+      {
+        Call c(dt, 5, 16);
+        c.be = be;
+        c.gx = near_top(32);
+        expect_rejected(c, BWD, RMSNORM_STATUS_INVALID_SHAPE, {"gx"});
+      }
+      {
+        Call c(dt, 5, 16);
+        c.be = be;
+        c.rstd_in = static_cast<const float*>(near_top(16));
+        expect_rejected(c, BWD, RMSNORM_STATUS_INVALID_SHAPE, {"rstd"});
+      }
+      for (int32_t mode : {RMSNORM_GW_STORE, RMSNORM_GW_STORE_F32, RMSNORM_GW_ACCUMULATE_F32}) {
+        SCOPED_TRACE(mode);
+        Call c(dt, 5, 16);
+        c.be = be;
+        c.gw_mode = mode;
+        c.set_workspace_to_query();
+        c.gw = near_top(32);  // gw is 32 bytes at 16-bit, 64 in fp32
+        expect_rejected(c, BWD, RMSNORM_STATUS_INVALID_SHAPE, {"gw"});
+      }
+    }
+  // The workspace, with rows enough for the CPU backend to need one (192 bytes).
+  Call c = call_needing_workspace();
+  ASSERT_GT(c.ws_bytes, 64u);
+  c.ws = near_top(64);
+  expect_rejected(c, BWD, RMSNORM_STATUS_INVALID_SHAPE, {"workspace"});
+  // rows == 0 still writes gw (the store modes): its extent is checked too.
+  Call empty;
+  empty.p.rows = 0;
+  empty.gw = near_top(16);
+  expect_rejected(empty, BWD, RMSNORM_STATUS_INVALID_SHAPE, {"gw"});
+}
+
+// rows * stride * element size beyond int64: the byte count itself must not
+// wrap before it is compared with anything. Each operand on its own.
+TEST(ApiWrap, ExtentsOverflowingInt64) {
+  const int64_t huge_rows = int64_t{1} << 62;
+  for (const rmsnorm_backend_t& be : backends_to_check()) {
+    SCOPED_TRACE(testing::Message() << "backend " << be.kind);
+    {
+      Call c(RMSNORM_DTYPE_F32, 5, 8);
+      c.be = be;
+      c.p.rows = huge_rows;  // (2^62 - 1) * 8 + 8 elements of 4 bytes = 2^67 bytes
+      c.set_workspace_to_query();  // 256 gw partials
+      expect_rejected(c, FWD, RMSNORM_STATUS_INVALID_SHAPE, {"x"});
+      expect_rejected(c, BWD, RMSNORM_STATUS_INVALID_SHAPE, {"x"});
+    }
+    {
+      Call c(RMSNORM_DTYPE_F16, 5, 8);
+      c.be = be;
+      c.y_stride = int64_t{1} << 61;
+      expect_rejected(c, FWD, RMSNORM_STATUS_INVALID_SHAPE, {"y"});
+    }
+    {
+      Call c(RMSNORM_DTYPE_BF16, 5, 8);
+      c.be = be;
+      c.gy_stride = std::numeric_limits<int64_t>::max();
+      expect_rejected(c, BWD, RMSNORM_STATUS_INVALID_SHAPE, {"gy"});
+    }
+    {
+      Call c(RMSNORM_DTYPE_F32, 5, 8);
+      c.be = be;
+      c.gx_stride = (std::numeric_limits<int64_t>::max() / 4 - 8) / 4 + 1;  // the first stride that overflows
+      expect_rejected(c, BWD, RMSNORM_STATUS_INVALID_SHAPE, {"gx"});
+    }
+    {
+      // x fits (2^62 + 2 bytes of f16, cols 1), but rstd's rows * 4 bytes do not.
+      Call c(RMSNORM_DTYPE_F16, 5, 1);
+      c.be = be;
+      c.p.rows = (int64_t{1} << 61) + 1;
+      expect_rejected(c, FWD, RMSNORM_STATUS_INVALID_SHAPE, {"rstd"});
+      c.gw_mode = RMSNORM_GW_NONE;
+      c.ws_bytes = 0;
+      expect_rejected(c, BWD, RMSNORM_STATUS_INVALID_SHAPE, {"rstd"});
+    }
+  }
+}
+
 // ---- overlap -----------------------------------------------------------------------------------
 
 TEST(ApiOverlap, YPartiallyOverlapsX) {

@@ -50,8 +50,9 @@ extern "C" {
 typedef enum rmsnorm_status {
   RMSNORM_STATUS_SUCCESS = 0,
   RMSNORM_STATUS_NULL_POINTER = 1,        /* a required pointer is NULL */
-  RMSNORM_STATUS_INVALID_SHAPE = 2,       /* rows < 0, cols <= 0 or cols >= 2^31 - 64, extents that
-                                             overflow the address space, or shapes that disagree */
+  RMSNORM_STATUS_INVALID_SHAPE = 2,       /* rows < 0, cols <= 0 or cols > 2^31 - 64; an operand
+                                             whose byte extent overflows int64 or runs past the
+                                             top of the address space; shapes that disagree */
   RMSNORM_STATUS_INVALID_STRIDE = 3,      /* a row stride < cols */
   RMSNORM_STATUS_INVALID_EPS = 4,         /* eps negative, NaN or infinite */
   RMSNORM_STATUS_INVALID_DTYPE = 5,       /* unknown dtype */

@@ -319,8 +319,7 @@ rmsnorm_status_t backward(const BackwardArgs& a, int num_threads) {
     if (a.gw_mode == GwMode::kStoreF32) {
       std::fill_n(static_cast<float*>(a.gw), a.cols, 0.0f);
     } else if (a.gw_mode == GwMode::kStore) {
-      const size_t esize = a.dtype == DType::kF32 ? 4 : 2;
-      std::memset(a.gw, 0, static_cast<size_t>(a.cols) * esize);  // +0 is all-zero bits in every dtype
+      std::memset(a.gw, 0, static_cast<size_t>(a.cols) * dtype_size(a.dtype));  // +0 is all-zero bits in every dtype
     }
     return RMSNORM_STATUS_SUCCESS;
   }
