@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "args.hpp"
+#include "common/scaled_rms.hpp"
 #include "cpu/cpu_backend.hpp"
 #include "rmsnorm_reference.hpp"
 #include "test_util.hpp"
@@ -531,6 +532,172 @@ TEST(CpuSemantics, ForwardIsExactGivenRstd) {
         // the results, so the check above did separate the modes.
         if (c.dtype != RMSNORM_DTYPE_F32 && wk != WeightKind::kNone) {
           EXPECT_GT(differ_from_other_mode, 50);
+        }
+      }
+}
+
+// ---- range: rows whose squares leave fp32 ------------------------------------------------------
+
+TEST(CpuRange, RescalePredicateAndFactors) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float flt_max = std::numeric_limits<float>::max();
+  EXPECT_TRUE(rms_needs_rescale(inf, 0.0f));
+  EXPECT_TRUE(rms_needs_rescale(inf, 1.0f));
+  EXPECT_FALSE(rms_needs_rescale(flt_max, 0.0f));
+  EXPECT_FALSE(rms_needs_rescale(nan, 0.0f));
+  EXPECT_FALSE(rms_needs_rescale(0x1p-64f, 0.0f));
+  EXPECT_TRUE(rms_needs_rescale(std::nextafter(0x1p-64f, 0.0f), 0.0f));
+  EXPECT_TRUE(rms_needs_rescale(0.0f, std::nextafter(0x1p-40f, 0.0f)));
+  EXPECT_FALSE(rms_needs_rescale(0.0f, 0x1p-40f));
+  EXPECT_FALSE(rms_needs_rescale(1.0f, 0.0f));
+  EXPECT_EQ(rms_rescale_factor(inf), 0x1p-80f);
+  EXPECT_EQ(rms_rescale_factor(0.0f), 0x1p80f);
+  EXPECT_EQ(rms_dot_scale(1.0f), 1.0f);
+  EXPECT_EQ(rms_dot_scale(0x1p-64f), 1.0f);
+  EXPECT_EQ(rms_dot_scale(0x1p64f), 1.0f);
+  EXPECT_EQ(rms_dot_scale(std::nextafter(0x1p-64f, 0.0f)), 0x1p-80f);
+  EXPECT_EQ(rms_dot_scale(std::nextafter(0x1p64f, inf)), 0x1p80f);
+  // Where nothing under- or overflows, the rescaled formula is the plain one,
+  // bit for bit: scaling by powers of two is exact.
+  struct Exact {
+    float ss, eps, s;
+  };
+  for (Exact e : {Exact{1e-30f, 0.0f, 0x1p80f}, Exact{1e-25f, 1e-20f, 0x1p80f}, Exact{3e-20f, 1e-12f, 0x1p80f},
+                  Exact{1e30f, 0.0f, 0x1p-80f}, Exact{1e25f, 1e12f, 0x1p-80f}})
+    for (int cols : {1, 7, 4096})
+      EXPECT_EQ(float_bits(rms_from_scaled(e.ss * e.s * e.s, e.s, cols, e.eps)),
+                float_bits(rms_from_sum(e.ss, cols, e.eps)))
+          << e.ss << " " << e.eps << " " << cols;
+}
+
+// Rows of |x| in [lo, hi] with random signs: the plain fp32 sum of squares
+// overflows (huge) or underflows (tiny). The reference computes in double,
+// which holds both. Extreme rows alternate with ordinary rows scaled 1e-3
+// and 1e3, so a row normalised with a neighbour's statistics, or an
+// ordinary row pushed through the rescaled path wrongly, fails too.
+struct RangeKind {
+  int32_t dtype;
+  double lo, hi;
+  float eps;
+  const char* what;
+};
+
+void set_extreme_rows(const Case& c, const RangeKind& k, std::mt19937_64& rng, Inputs* in) {
+  std::uniform_real_distribution<double> mag(k.lo, k.hi);
+  for (int64_t r = 0; r < c.rows; r += 3)
+    for (int64_t j = 0; j < c.cols; ++j) in->x.set(r, j, (rng() & 1 ? 1.0 : -1.0) * mag(rng));
+}
+
+double range_row_scale(int64_t r) { return r % 3 == 1 ? 1e-3 : 1e3; }
+
+const RangeKind kRangeKinds[] = {
+    {RMSNORM_DTYPE_BF16, 5e19, 2e20, 1e-5f, "bf16 ~1e20"},
+    {RMSNORM_DTYPE_F32, 5e19, 2e20, 1e-5f, "f32 ~1e20"},
+    {RMSNORM_DTYPE_F32, 1e38, 3.4e38, 1e-5f, "f32 ~3e38"},
+    {RMSNORM_DTYPE_BF16, 1e38, 3.3e38, 1e-6f, "bf16 ~3e38"},
+    {RMSNORM_DTYPE_F32, 5e-26, 2e-25, 0.0f, "f32 ~1e-25, eps 0"},
+    {RMSNORM_DTYPE_BF16, 5e-26, 2e-25, 0.0f, "bf16 ~1e-25, eps 0"},
+    {RMSNORM_DTYPE_F32, 0x1p-100, 0x1p-99, 0.0f, "f32 ~2^-100, eps 0"},
+    {RMSNORM_DTYPE_F32, 5e-26, 2e-25, 1e-30f, "f32 ~1e-25, eps 1e-30"},
+};
+
+TEST(CpuRange, HugeAndTinyRowsForwardAndBackward) {
+  std::mt19937_64 rng(60);
+  for (const RangeKind& k : kRangeKinds)
+    for (int64_t cols : {1, 7, 64, 1000, 4099})
+      for (int64_t rows : {1, 7}) {
+        Case c;
+        c.rows = rows;
+        c.cols = cols;
+        c.dtype = k.dtype;
+        c.eps = k.eps;
+        c.threads = 2;
+        c.weight = cols % 2 ? WeightKind::kOffset : WeightKind::kPlain;
+        c.strided = rows == 7;
+        c.gw = cols % 2 ? GwMode::kStoreF32 : GwMode::kStore;
+        for (bool use_rstd : {true, false}) {  // backward with the forward's rstd, and recomputing it
+          c.use_rstd = use_rstd;
+          SCOPED_TRACE(std::string(k.what) + ": " + describe(c));
+          Inputs in = make_inputs(c, rng, range_row_scale);
+          set_extreme_rows(c, k, rng, &in);
+          HostMatrix y;
+          const std::vector<float> rstd = run_forward(c, in, y);
+          expect_forward(c, in.x, in.w, y, rstd);
+          const BackwardOut out = run_backward(c, in, rstd.data());
+          expect_backward(c, in.x, in.gy, in.w, in.gw_init, out.gx, out.gw);
+          if (HasFailure()) return;
+        }
+      }
+}
+
+// The rstd of rows on both paths is what backward recomputes, bit for bit.
+TEST(CpuRange, RecomputedRstdMatchesForwardBitwise) {
+  std::mt19937_64 rng(61);
+  for (const RangeKind& k : kRangeKinds) {
+    Case c;
+    c.rows = 9;
+    c.cols = 333;
+    c.dtype = k.dtype;
+    c.eps = k.eps;
+    c.gw = GwMode::kStoreF32;
+    c.use_rstd = true;
+    SCOPED_TRACE(k.what);
+    Inputs in = make_inputs(c, rng, range_row_scale);
+    set_extreme_rows(c, k, rng, &in);
+    HostMatrix y;
+    const std::vector<float> rstd = run_forward(c, in, y);
+    const BackwardOut with = run_backward(c, in, rstd.data());
+    c.use_rstd = false;
+    const BackwardOut without = run_backward(c, in, nullptr);
+    EXPECT_TRUE(with.gx.storage == without.gx.storage);
+    EXPECT_TRUE(with.gw.storage == without.gw.storage);
+  }
+}
+
+// On ordinary rows (every fp32 sum of squares normal) r, and backward's c,
+// are the plain expressions in the documented sum8 order (top of
+// cpu_backend.cpp), bit for bit: rstd = 1 / sqrt(ss / D + eps) and
+// gx = T(r * (w'gy - (x * r) * c)) with c = (r * sum(x * w'gy)) / D.
+TEST(CpuRange, OrdinaryRowsKeepThePlainFormulaBitwise) {
+  auto sum8_order = [](int64_t n, auto term) {
+    float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int64_t j = 0; j < n; ++j) a[j % 8] += term(j);
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  };
+  std::mt19937_64 rng(62);
+  const double scales[] = {1e-3, 1e3, 1.0, 1e-2, 1e2, 3e-3, 3e2};
+  auto scale = [&](int64_t r) { return scales[r % 7]; };
+  for (int d = 0; d < 3; ++d)
+    for (int64_t cols : {1, 7, 8, 9, 64, 1000, 4099})
+      for (float eps : {1e-5f, 0.0f, 1e-12f}) {
+        Case c;
+        c.rows = 7;
+        c.cols = cols;
+        c.dtype = kDtypes[d];
+        c.eps = eps;
+        c.use_rstd = true;
+        c.weight = WeightKind::kOffset;
+        SCOPED_TRACE(describe(c));
+        const Inputs in = make_inputs(c, rng, scale);
+        HostMatrix y;
+        const std::vector<float> rstd = run_forward(c, in, y);
+        Case recompute = c;
+        recompute.use_rstd = false;
+        const BackwardOut out = run_backward(recompute, in, nullptr);
+        for (int64_t r = 0; r < c.rows; ++r) {
+          auto x = [&](int64_t j) { return static_cast<float>(in.x.get(r, j)); };
+          auto wg = [&](int64_t j) {
+            return (1.0f + static_cast<float>(in.w.get(0, j))) * static_cast<float>(in.gy.get(r, j));
+          };
+          const float ss = sum8_order(cols, [&](int64_t j) { return x(j) * x(j); });
+          ASSERT_TRUE(std::isnormal(ss)) << "row " << r << ": not an ordinary row";
+          const float want_r = 1.0f / std::sqrt(ss / static_cast<float>(cols) + eps);
+          ASSERT_EQ(float_bits(rstd[static_cast<size_t>(r)]), float_bits(want_r)) << "rstd of row " << r;
+          const float s = sum8_order(cols, [&](int64_t j) { return x(j) * wg(j); });
+          const float cc = (want_r * s) / static_cast<float>(cols);
+          for (int64_t j = 0; j < cols; ++j)
+            ASSERT_EQ(out.gx.get(r, j), round_to(c.dtype, want_r * (wg(j) - (x(j) * want_r) * cc)))
+                << "gx row " << r << " col " << j;
         }
       }
 }

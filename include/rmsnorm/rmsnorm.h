@@ -14,6 +14,15 @@
  *   gx = r * (w' * gy - x_hat * mean(x_hat * w' * gy))
  *   gw = sum over rows of gy * x_hat     fp32 accumulation, one rounding
  *
+ * Range: squares are summed in fp32. A row whose sum of squares overflows
+ * fp32 (bf16 or f32 values beyond about 1e19), or underflows it while
+ * eps < 2^-40, is summed again scaled by an exact power of two (2^-80 or
+ * 2^80), and backward's sum of x * w' * gy likewise where r is below 2^-64 or
+ * above 2^64. So every finite row whose largest |x| lies in [2^-100,
+ * FLT_MAX] gets r (and y, gx, gw) to fp32 accuracy, for any eps up to 2^100
+ * (r is itself a subnormal float where the row's rms exceeds 2^126). Ordinary
+ * rows never take these paths, and f16 rows never need them.
+ *
  * Operands are row-major matrices of `rows` x `cols` elements with a row
  * stride in elements (>= cols). Vectors (weight, gw) have `cols` elements,
  * rstd has `rows` floats. All pointers are host pointers for the CPU backend

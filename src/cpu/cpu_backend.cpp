@@ -5,8 +5,11 @@
 //           call as a float vector, so the no-weight case multiplies by an
 //           exact 1 and shares the code path
 //   ss    = sum(x^2)                        r = 1 / sqrt(ss / D + eps)
+//           (rows whose ss overflows, or underflows with a tiny eps, are
+//           summed again scaled by a power of two: common/scaled_rms.hpp)
 //   y     = T((x * r) * w')                 or T(T(x * r) * w') with round_xhat
 //   s     = sum(x * (w' * gy))              c = (r * s) / D  (= mean(x_hat w' gy))
+//           (x scaled by rms_dot_scale(r) where r is far from 1)
 //   gx    = T(r * ((w' * gy) - (x * r) * c))
 //   gw[j] = sum over rows of gy * (x * r)
 //
@@ -41,6 +44,7 @@
 #include <vector>
 
 #include "common/half.hpp"
+#include "common/scaled_rms.hpp"
 #include "common/parallel.hpp"
 #include "error.hpp"
 
@@ -103,9 +107,16 @@ inline float sum8(int64_t n, Term term) {
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
+// cols <= plan::kMaxCols, so the int conversions below are exact.
 inline float row_rstd(const float* x, int64_t cols, float eps) {
   const float ss = sum8(cols, [x](int64_t j) { return x[j] * x[j]; });
-  return 1.0f / std::sqrt(ss / static_cast<float>(cols) + eps);
+  if (!rms_needs_rescale(ss, eps)) return rms_from_sum(ss, static_cast<int>(cols), eps);
+  const float s = rms_rescale_factor(ss);
+  const float ss2 = sum8(cols, [x, s](int64_t j) {
+    const float v = x[j] * s;
+    return v * v;
+  });
+  return rms_from_scaled(ss2, s, static_cast<int>(cols), eps);
 }
 
 // One expression shared by both backward paths, so they agree bitwise.
@@ -170,8 +181,13 @@ struct RowStats {
 
 inline RowStats row_stats(const BackwardArgs& a, const float* x, const float* gy, const float* wp, int64_t i) {
   const float r = a.rstd != nullptr ? a.rstd[i] : row_rstd(x, a.cols, a.eps);
-  const float s = sum8(a.cols, [=](int64_t j) { return x[j] * (wp[j] * gy[j]); });
-  return {r, (r * s) / static_cast<float>(a.cols)};
+  const float t = rms_dot_scale(r);
+  if (t == 1.0f) {
+    const float s = sum8(a.cols, [=](int64_t j) { return x[j] * (wp[j] * gy[j]); });
+    return {r, (r * s) / static_cast<float>(a.cols)};
+  }
+  const float s = sum8(a.cols, [=](int64_t j) { return (x[j] * t) * (wp[j] * gy[j]); });
+  return {r, ((r / t) * s) / static_cast<float>(a.cols)};
 }
 
 // Backward rows [i0, i1) without gw; with stats != nullptr only the row
