@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr))
     }
     sums = row_sum<kTpr, kSlots>(sums, scratch, parity);
     if (!valid) continue;
-    const float r = p.rstd != nullptr ? p.rstd[row] : inv_rms<T>(sums.x, p.cols, p.eps);
+    const float r = p.rstd != nullptr ? p.rstd[row] : rms_from_sum(sums.x, p.cols, p.eps);
     const float c = r * (sums.y / static_cast<float>(p.cols));
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
