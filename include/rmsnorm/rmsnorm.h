@@ -42,10 +42,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#if defined(_WIN32)
+/* RMSNORM_API marks the entry points: the only symbols a shared build exports
+ * (the library is compiled with hidden visibility). On Windows the library's
+ * own sources define RMSNORM_BUILDING (dllexport) and the static library's
+ * users RMSNORM_STATIC_DEFINE (neither; CMake sets both); other users of the
+ * DLL get dllimport. */
+#ifndef RMSNORM_API
+#if defined(_WIN32) || defined(__CYGWIN__)
+#if defined(RMSNORM_STATIC_DEFINE)
+#define RMSNORM_API
+#elif defined(RMSNORM_BUILDING)
 #define RMSNORM_API __declspec(dllexport)
 #else
+#define RMSNORM_API __declspec(dllimport)
+#endif
+#elif defined(__GNUC__) || defined(__clang__)
 #define RMSNORM_API __attribute__((visibility("default")))
+#else
+#define RMSNORM_API
+#endif
 #endif
 
 #ifdef __cplusplus
