@@ -86,7 +86,7 @@ def test_errors_name_the_argument(device):
         assert text in str(info.value), f"{text!r} not in {str(info.value)!r}"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device for a second device")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (needs a second device type)")
 def test_mixed_devices_are_an_error():
     x = randn(4, 16)
     w = randn(16, device="cuda")
