@@ -83,8 +83,20 @@ JsonWriter& JsonWriter::value(const std::string& s) { return raw(json_quote(s));
 JsonWriter& JsonWriter::value(double v) {
   if (!std::isfinite(v)) return null();
   char buf[40];
-  std::snprintf(buf, sizeof buf, "%.15g", v);
-  if (std::strtod(buf, nullptr) != v) std::snprintf(buf, sizeof buf, "%.17g", v);
+  if (v == std::floor(v) && std::fabs(v) < 0x1p53)
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  else
+    std::snprintf(buf, sizeof buf, "%.10g", v);
+  return raw(buf);
+}
+
+JsonWriter& JsonWriter::value(float v) {
+  if (!std::isfinite(v)) return null();
+  char buf[40];
+  for (int digits = 6; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(v));
+    if (std::strtof(buf, nullptr) == v) break;
+  }
   return raw(buf);
 }
 

@@ -23,10 +23,11 @@ class JsonWriter {
   JsonWriter& value(const std::string& s);
   JsonWriter& value(const char* s) { return value(std::string(s)); }
   JsonWriter& value(bool b) { return raw(b ? "true" : "false"); }
-  // Non-finite numbers become null; the shortest of %.15g / %.17g that reads
-  // back as the same double.
+  // Non-finite numbers become null. Doubles: integers exactly (byte counts),
+  // others to 10 significant digits (measurements); floats: the fewest digits
+  // that read back as the same float (1e-05, not 9.99999975e-06).
   JsonWriter& value(double v);
-  JsonWriter& value(float v) { return value(static_cast<double>(v)); }
+  JsonWriter& value(float v);
   template <typename T, typename = std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>>>
   JsonWriter& value(T v) {
     return raw(std::to_string(v));

@@ -5,8 +5,8 @@
 // row normalized with a neighbour's statistics cannot pass).
 //   1. Correctness guard: y, and gx and gw of L = sum(rms_norm(x, w) * gy),
 //      from the library against the float64 reference (reference/), every
-//      element, with tolerances of the same form as the tests
-//      (tests/test_util.hpp). A failure prints the worst element and exits 1.
+//      element, with the tests' tolerance model (harness/tolerance.hpp). A
+//      failure prints the worst element and exits 1.
 //   2. Median times after warm-up: forward, grad (forward with rstd +
 //      backward) and VJP (backward with rstd given), with effective GB/s over
 //      the minimal bytes:
@@ -14,9 +14,10 @@
 //        VJP:     read x, gy, write gx; w, gw       = 3 n D + 2 D elements
 //        grad:    the sum of both                   = 5 n D + 3 D elements
 //      On CUDA also the device-to-device copy (the bandwidth ceiling, read +
-//      write) and the two-pass backward (src/cuda/two_pass.hpp), the design
-//      the fused backward replaces, as a grad call and as a VJP, with the
-//      extra memory each needs.
+//      write) and the two-pass backward (bench/two_pass.hpp), the design the
+//      fused backward replaces, as a grad call and as a VJP, with the extra
+//      memory each needs. With rows == 0 there is nothing to time: the calls
+//      run and gw (the empty sum) is checked.
 //
 // GPU timing: one stream, a CUDA event before and after every call, the
 // median over the calls. Input sets are rotated so that the data touched
@@ -24,9 +25,9 @@
 // numbers would measure L2, not HBM.
 //
 // The CLI may exit on an error (the library never does): every CUDA call and
-// every library status is checked, printed and turned into exit code 1.
+// every library status is checked, printed and turned into exit code 1, and
+// so is running out of host or device memory.
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -35,31 +36,46 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <ctime>
+#include <exception>
 #include <functional>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "common/half.hpp"
+#include <unistd.h>
+
+#include "common/parallel.hpp"
+#include "harness/check.hpp"
+#include "harness/host_matrix.hpp"
+#include "harness/json.hpp"
+#include "harness/random.hpp"
+#include "harness/tolerance.hpp"
 #include "rmsnorm/rmsnorm.h"
-#include "rmsnorm_reference.hpp"
 
 #if defined(RMSNORM_WITH_CUDA)
 #include <cuda_runtime.h>
 
 #include "args.hpp"
+#include "harness/cuda.hpp"
 #include "two_pass.hpp"
 #endif
 
 namespace {
 
+using rmsnorm::harness::CheckResult;
+using rmsnorm::harness::dtype_name;
+using rmsnorm::harness::HostMatrix;
+using rmsnorm::harness::JsonWriter;
+using rmsnorm::harness::Outputs;
+
 // ---- errors -----------------------------------------------------------------------------------
 
 [[noreturn]] void die(const std::string& msg) {
+  std::fflush(stdout);
   std::fprintf(stderr, "rmsnorm: error: %s\n", msg.c_str());
   std::exit(1);
 }
@@ -70,12 +86,7 @@ void lib_check(rmsnorm_status_t s, const char* what) {
 }
 
 #if defined(RMSNORM_WITH_CUDA)
-void cuda_check(cudaError_t e, const char* expr, const char* file, int line) {
-  if (e != cudaSuccess)
-    die(std::string("CUDA error at ") + file + ":" + std::to_string(line) + ": " + expr + ": " + cudaGetErrorName(e) +
-        " (" + cudaGetErrorString(e) + ")");
-}
-#define CUDA_CHECK(expr) cuda_check((expr), #expr, __FILE__, __LINE__)
+#define CUDA_CHECK(expr) RMSNORM_HARNESS_CUDA(expr)
 #endif
 
 // ---- progress on stderr for steps that take a while ---------------------------------------------
@@ -137,7 +148,7 @@ const char* kUsage =
     "Checks RMSNorm forward/backward against a float64 reference, then times them.\n"
     "Default: 8192 x 4096 f16, eps 1e-5, on the GPU when one is usable, else on the CPU.\n"
     "\n"
-    "  --rows N            rows (default 8192)\n"
+    "  --rows N            rows, 0 allowed (default 8192)\n"
     "  --cols N            columns, D (default 4096)\n"
     "  --dtype T           f32 | f16 | bf16 (default f16)\n"
     "  --backend B         auto | cpu | cuda (default auto: cuda when available)\n"
@@ -184,7 +195,7 @@ Config parse_args(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       std::exit(0);
     } else if (a == "--rows") {
-      c.rows = parse_int(a, value(), 1, int64_t{1} << 40);
+      c.rows = parse_int(a, value(), 0, int64_t{1} << 40);
     } else if (a == "--cols") {
       c.cols = parse_int(a, value(), 1, int64_t{1} << 30);
     } else if (a == "--dtype") {
@@ -222,275 +233,27 @@ Config parse_args(int argc, char** argv) {
   return c;
 }
 
-const char* dtype_name(int32_t dt) {
-  return dt == RMSNORM_DTYPE_F32 ? "f32" : dt == RMSNORM_DTYPE_F16 ? "f16" : "bf16";
-}
-
-// ---- host tensors -----------------------------------------------------------------------------------
-
-// Contiguous elements of one dtype, read and written as float.
-struct HostTensor {
-  int32_t dtype = RMSNORM_DTYPE_F32;
-  size_t n = 0;
-  std::vector<unsigned char> bytes;
-
-  HostTensor() = default;
-  HostTensor(int32_t dt, size_t count) : dtype(dt), n(count), bytes(count * rmsnorm_dtype_size(dt)) {}
-  size_t esize() const { return rmsnorm_dtype_size(dtype); }
-  void* data() { return bytes.data(); }
-  const void* data() const { return bytes.data(); }
-  double get(size_t i) const {
-    if (dtype == RMSNORM_DTYPE_F32) {
-      float f;
-      std::memcpy(&f, bytes.data() + 4 * i, 4);
-      return f;
-    }
-    uint16_t h;
-    std::memcpy(&h, bytes.data() + 2 * i, 2);
-    return dtype == RMSNORM_DTYPE_F16 ? rmsnorm::half_to_float(h) : rmsnorm::bf16_to_float(h);
-  }
-  void set(size_t i, float v) {
-    if (dtype == RMSNORM_DTYPE_F32) {
-      std::memcpy(bytes.data() + 4 * i, &v, 4);
-      return;
-    }
-    const uint16_t h = dtype == RMSNORM_DTYPE_F16 ? rmsnorm::float_to_half(v) : rmsnorm::float_to_bf16(v);
-    std::memcpy(bytes.data() + 2 * i, &h, 2);
-  }
-  // 0xFF bytes are NaN in every dtype: an element the library fails to write shows.
-  void poison() { std::fill(bytes.begin(), bytes.end(), static_cast<unsigned char>(0xFF)); }
-};
-
-int hardware_threads() {
-  const unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 ? 1 : static_cast<int>(hw);
-}
-
-// Runs f(begin, end) over [0, n) split into contiguous ranges, one per thread.
-void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& f) {
-  const int64_t t = std::max<int64_t>(1, std::min<int64_t>(hardware_threads(), n));
-  std::vector<std::thread> pool;
-  for (int64_t k = 0; k < t; ++k) pool.emplace_back([&, k] { f(n * k / t, n * (k + 1) / t); });
-  for (auto& th : pool) th.join();
-}
-
-// splitmix64: each row has its own stream, so the data do not depend on the
-// number of threads that generate it.
-uint64_t splitmix(uint64_t& s) {
-  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-double uniform01(uint64_t& s) { return (static_cast<double>(splitmix(s) >> 11) + 0.5) * 0x1.0p-53; }
-double normal(uint64_t& s) {
-  const double u1 = uniform01(s);  // two statements: the order of draws must not depend on the compiler
-  const double u2 = uniform01(s);
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-}
-
-// N(0,1) * scale(row) rounded to the dtype; a value that would round to zero
-// becomes 0.5 * scale.
-void fill_random(HostTensor& t, int64_t rows, int64_t cols, uint64_t seed, double (*scale)(int64_t)) {
-  parallel_for(rows, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      uint64_t s = seed * 0x100000001B3ull + static_cast<uint64_t>(r);
-      const double k = scale(r);
-      for (int64_t c = 0; c < cols; ++c) {
-        const size_t i = static_cast<size_t>(r * cols + c);
-        t.set(i, static_cast<float>(normal(s) * k));
-        if (t.get(i) == 0.0) t.set(i, static_cast<float>(0.5 * k));
-      }
-    }
-  });
-}
-
-double row_scale(int64_t r) { return std::ldexp(1.0, static_cast<int>((r * 5) % 9) - 4); }
-double unit_scale(int64_t) { return 1.0; }
-
-// ---- tolerances (same form as tests/test_util.hpp) -----------------------------------------------
-
-int mantissa_bits(int32_t dt) { return dt == RMSNORM_DTYPE_F32 ? 23 : dt == RMSNORM_DTYPE_F16 ? 10 : 7; }
-
-// Spacing of dtype's numbers at |v|.
-double ulp(int32_t dt, double v) {
-  const int min_exp = dt == RMSNORM_DTYPE_F16 ? -14 : -126;
-  const double a = std::fabs(v);
-  int e = a > 0 ? static_cast<int>(std::floor(std::log2(a))) : min_exp;
-  e = std::max(e, min_exp);
-  return std::ldexp(1.0, e - mantissa_bits(dt));
-}
-
-// Relative error of an fp32 sum of n terms: a few units of 2^-24 plus a term
-// that grows like sqrt(n) (rounding errors of random sign).
-double acc_rel(int64_t n) { return std::ldexp(8.0 + 4.0 * std::sqrt(static_cast<double>(n)), -24); }
-
-// Worst element of one compared output.
-struct Check {
-  std::string name;
-  bool vector = false;  // gw: one row, report the column only
-  int64_t count = 0, bad = 0, row = -1, col = -1;
-  double ratio = -1.0, got = 0.0, expected = 0.0, tol = 0.0;
-
-  void add(int64_t r, int64_t c, double g, double e, double t) {
-    ++count;
-    double q = std::isfinite(g) ? (t > 0 ? std::fabs(g - e) / t : (g == e ? 0.0 : INFINITY)) : INFINITY;
-    if (std::isnan(q)) q = INFINITY;
-    if (!(q <= 1.0)) ++bad;
-    if (row < 0 || q > ratio) {
-      ratio = q;
-      row = r;
-      col = c;
-      got = g;
-      expected = e;
-      tol = t;
-    }
-  }
-  void merge(const Check& o) {
-    count += o.count;
-    bad += o.bad;
-    if (o.row >= 0 && (row < 0 || o.ratio > ratio || (o.ratio == ratio && o.row < row))) {
-      ratio = o.ratio;
-      row = o.row;
-      col = o.col;
-      got = o.got;
-      expected = o.expected;
-      tol = o.tol;
-    }
-  }
-  bool passed() const { return bad == 0; }
-  void print_failure() const {
-    const std::string where =
-        vector ? "col " + std::to_string(col) : "row " + std::to_string(row) + " col " + std::to_string(col);
-    std::fprintf(stderr,
-                 "rmsnorm: CHECK FAILED: %s: %" PRId64 " of %" PRId64
-                 " elements out of tolerance; worst at %s: got %.9g expected %.9g tol %.3g (err/tol %.3g)\n",
-                 name.c_str(), bad, count, where.c_str(), got, expected, tol, ratio);
-  }
-};
-
-// Library outputs to check against the reference. Rows of y and gx are
-// matrices; gw entries are vectors of cols with their own tolerance form.
-struct Outputs {
-  const HostTensor* y = nullptr;
-  std::vector<std::pair<std::string, const HostTensor*>> gx;  // name, values
-  struct Gw {
-    std::string name;
-    const HostTensor* values;
-    int32_t dtype;      // the dtype gw was stored in
-    double term_round;  // relative rounding of each row's term before the sum (two-pass temp), else 0
-  };
-  std::vector<Gw> gw;
-};
-
-// Compares every element of y, gx and gw with the float64 reference, in row
-// chunks (the reference of 8192 x 4096 in one piece would take > 1 GB).
-std::vector<Check> check_against_reference(const HostTensor& x, const HostTensor& w, const HostTensor& gy, int64_t rows,
-                                           int64_t cols, float eps, const Outputs& out) {
-  const int32_t dt = x.dtype;
-  std::vector<double> wd(static_cast<size_t>(cols));
-  for (int64_t c = 0; c < cols; ++c) wd[c] = w.get(static_cast<size_t>(c));
-  rmsnorm::reference::Options opt;
-  opt.eps = static_cast<double>(eps);
-
-  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 16) / cols);
-  const int64_t chunks = (rows + chunk - 1) / chunk;
-  const int nthreads = static_cast<int>(std::min<int64_t>(hardware_threads(), chunks));
-  const size_t ngx = out.gx.size();
-  struct Partial {
-    Check y;
-    std::vector<Check> gx;
-    std::vector<double> gw, gw_scale;
-  };
-  std::vector<Partial> parts(static_cast<size_t>(nthreads));
-  std::atomic<int64_t> next{0};
-  std::vector<std::thread> pool;
-  for (int t = 0; t < nthreads; ++t) {
-    pool.emplace_back([&, t] {
-      Partial& p = parts[static_cast<size_t>(t)];
-      p.gx.resize(ngx);
-      p.gw.assign(static_cast<size_t>(cols), 0.0);
-      p.gw_scale.assign(static_cast<size_t>(cols), 0.0);
-      const size_t cap = static_cast<size_t>(chunk * cols);
-      std::vector<double> xd(cap), gyd(cap), yr(cap), gxr(cap), gxs(cap), rr(static_cast<size_t>(chunk));
-      std::vector<double> gwc(static_cast<size_t>(cols)), gwsc(static_cast<size_t>(cols));
-      for (int64_t k = next++; k < chunks; k = next++) {
-        const int64_t r0 = k * chunk, n = std::min(chunk, rows - r0);
-        const size_t base = static_cast<size_t>(r0 * cols);
-        for (size_t i = 0; i < static_cast<size_t>(n * cols); ++i) {
-          xd[i] = x.get(base + i);
-          gyd[i] = gy.get(base + i);
-        }
-        rmsnorm::reference::forward(n, cols, xd.data(), wd.data(), opt, yr.data(), rr.data(), nullptr);
-        rmsnorm::reference::backward(n, cols, xd.data(), wd.data(), gyd.data(), opt, gxr.data(), gwc.data(),
-                                     gxs.data(), gwsc.data());
-        for (int64_t r = 0; r < n; ++r) {
-          for (int64_t c = 0; c < cols; ++c) {
-            const size_t i = static_cast<size_t>(r * cols + c);
-            if (out.y != nullptr) {
-              const double e = yr[i];
-              p.y.add(r0 + r, c, out.y->get(base + i), e, ulp(dt, e) + std::fabs(e) * acc_rel(cols));
-            }
-            const double e = gxr[i];
-            const double tol = ulp(dt, e) + 2.0 * gxs[i] * acc_rel(cols);
-            for (size_t g = 0; g < ngx; ++g) p.gx[g].add(r0 + r, c, out.gx[g].second->get(base + i), e, tol);
-          }
-        }
-        for (int64_t c = 0; c < cols; ++c) {
-          p.gw[c] += gwc[c];
-          p.gw_scale[c] += gwsc[c];
-        }
-      }
-    });
-  }
-  for (auto& th : pool) th.join();
-
-  std::vector<Check> result;
-  Check y;
-  y.name = "y (forward)";
-  std::vector<Check> gx(ngx);
-  std::vector<double> gw(static_cast<size_t>(cols), 0.0), gw_scale(static_cast<size_t>(cols), 0.0);
-  for (size_t g = 0; g < ngx; ++g) gx[g].name = out.gx[g].first;
-  for (const Partial& p : parts) {
-    y.merge(p.y);
-    for (size_t g = 0; g < ngx; ++g) gx[g].merge(p.gx[g]);
-    for (int64_t c = 0; c < cols; ++c) {
-      gw[c] += p.gw[c];
-      gw_scale[c] += p.gw_scale[c];
-    }
-  }
-  if (out.y != nullptr) result.push_back(y);
-  for (auto& g : gx) result.push_back(g);
-  // gw: each term gy * x_hat carries the relative error of the fp32 rstd
-  // (acc_rel(cols)), the column sum over rows adds acc_rel(rows), both
-  // relative to sum |term| (gw_scale) because the terms cancel.
-  for (const auto& g : out.gw) {
-    Check ch;
-    ch.name = g.name;
-    ch.vector = true;
-    for (int64_t c = 0; c < cols; ++c) {
-      const double e = gw[c];
-      const double t = ulp(g.dtype, e) + gw_scale[c] * (acc_rel(rows) + acc_rel(cols) + g.term_round);
-      ch.add(0, c, g.values->get(static_cast<size_t>(c)), e, t);
-    }
-    result.push_back(ch);
-  }
-  return result;
-}
-
 // ---- timing -----------------------------------------------------------------------------------------
 
 struct Timing {
   std::string name;
   double median_us = 0, min_us = 0;
   double bytes = 0;  // minimal bytes moved (see the header comment)
-  bool has = false;
 };
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+Timing make_timing(const std::string& name, double bytes, const std::vector<double>& us) {
+  Timing t;
+  t.name = name;
+  t.median_us = median(us);
+  t.min_us = *std::min_element(us.begin(), us.end());
+  t.bytes = bytes;
+  return t;
 }
 
 Timing time_cpu(const std::string& name, double bytes, int reps, const std::function<void()>& call) {
@@ -502,154 +265,127 @@ Timing time_cpu(const std::string& name, double bytes, int reps, const std::func
     call();
     us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
-  Timing t;
-  t.name = name;
-  t.median_us = median(us);
-  t.min_us = *std::min_element(us.begin(), us.end());
-  t.bytes = bytes;
-  t.has = true;
-  return t;
+  return make_timing(name, bytes, us);
 }
 
-double gbps(const Timing& t) { return t.has && t.median_us > 0 ? t.bytes / (t.median_us * 1e3) : 0.0; }
+double gbps(const Timing& t) { return t.median_us > 0 ? t.bytes / (t.median_us * 1e3) : 0.0; }
 
-// ---- JSON ---------------------------------------------------------------------------------------------
-
-std::string json_string(const std::string& s) {
-  std::string o = "\"";
-  for (const char ch : s) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') {
-      o += '\\';
-      o += ch;
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      o += buf;
-    } else {
-      o += ch;
-    }
-  }
-  return o + "\"";
-}
-
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.9g", v);
-  return buf;
-}
-
-// ---- the run ------------------------------------------------------------------------------------------
+// ---- the report ---------------------------------------------------------------------------------------
 
 struct Report {
   std::string backend, device;
-  int sms = 0, threads = 0, input_sets = 1, reps = 0;
+  int sms = 0, threads = 0, backward_threads = 0, input_sets = 1, reps = 0;
   int cuda_runtime = 0, cuda_driver = 0;
-  std::vector<Check> checks;
-  std::vector<Timing> timings;  // forward, grad, vjp, [copy, vjp_two_pass]
+  std::vector<CheckResult> checks;
+  std::vector<Timing> timings;  // [copy,] forward, grad, vjp, [grad_two_pass, vjp_two_pass]
   double fused_workspace_bytes = 0, two_pass_temp_bytes = 0;
   std::string two_pass_note;
 };
 
 const Timing* find(const Report& r, const std::string& name) {
   for (const Timing& t : r.timings)
-    if (t.name == name && t.has) return &t;
+    if (t.name == name) return &t;
   return nullptr;
 }
 
+// Percent of the copy's GB/s, or negative where there is no copy to compare with.
+double pct_of_copy(const Report& rep, const Timing& t) {
+  const Timing* copy = find(rep, "copy");
+  if (copy == nullptr || t.name == "copy" || gbps(*copy) <= 0) return -1;
+  return 100.0 * gbps(t) / gbps(*copy);
+}
+
+double ratio_of(const Report& rep, const char* num, const char* den) {
+  const Timing* a = find(rep, num);
+  const Timing* b = find(rep, den);
+  return a != nullptr && b != nullptr && b->median_us > 0 ? a->median_us / b->median_us : NAN;
+}
+
 void write_json(const Config& cfg, const Report& rep, bool passed) {
-  std::FILE* f = std::fopen(cfg.json.c_str(), "w");
-  if (f == nullptr) die("--json: cannot open '" + cfg.json + "' for writing: " + std::strerror(errno));
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
   gmtime_r(&now, &tm);
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  const Timing* copy = find(rep, "copy");
-  std::string s = "{\n";
-  s += "  \"tool\": \"rmsnorm\",\n";
-  s += "  \"version\": \"" + std::to_string(RMSNORM_VERSION_MAJOR) + "." + std::to_string(RMSNORM_VERSION_MINOR) + "." +
-       std::to_string(RMSNORM_VERSION_PATCH) + "\",\n";
-  s += "  \"date\": \"" + std::string(date) + "\",\n";
-  s += "  \"backend\": " + json_string(rep.backend) + ",\n";
-  s += "  \"device\": " + json_string(rep.device) + ",\n";
+  JsonWriter j;
+  j.begin_object();
+  j.field("tool", "rmsnorm");
+  j.field("version", std::to_string(RMSNORM_VERSION_MAJOR) + "." + std::to_string(RMSNORM_VERSION_MINOR) + "." +
+                         std::to_string(RMSNORM_VERSION_PATCH));
+  j.field("date", date).field("backend", rep.backend).field("device", rep.device);
   if (rep.backend == "cuda") {
-    s += "  \"sms\": " + std::to_string(rep.sms) + ",\n";
-    s += "  \"cuda_runtime\": " + std::to_string(rep.cuda_runtime) + ",\n";
-    s += "  \"cuda_driver\": " + std::to_string(rep.cuda_driver) + ",\n";
+    j.field("sms", rep.sms).field("cuda_runtime", rep.cuda_runtime).field("cuda_driver", rep.cuda_driver);
   } else {
-    s += "  \"threads\": " + std::to_string(rep.threads) + ",\n";
+    j.field("threads", rep.threads).field("backward_threads", rep.backward_threads);
+    j.field("threads_requested", cfg.threads);
   }
-  s += "  \"rows\": " + std::to_string(cfg.rows) + ",\n";
-  s += "  \"cols\": " + std::to_string(cfg.cols) + ",\n";
-  s += "  \"dtype\": \"" + std::string(dtype_name(cfg.dtype)) + "\",\n";
-  s += "  \"eps\": " + json_number(cfg.eps) + ",\n";
-  s += "  \"seed\": " + std::to_string(cfg.seed) + ",\n";
-  s += "  \"reps\": " + std::to_string(rep.reps) + ",\n";
-  s += "  \"input_sets\": " + std::to_string(rep.input_sets) + ",\n";
-  s += "  \"check\": {\"passed\": " + std::string(passed ? "true" : "false") + ", \"items\": [";
-  for (size_t i = 0; i < rep.checks.size(); ++i) {
-    const Check& c = rep.checks[i];
-    s += std::string(i ? ", " : "") + "\n    {\"name\": " + json_string(c.name) + ", \"elements\": " +
-         std::to_string(c.count) + ", \"bad\": " + std::to_string(c.bad) + ", \"worst_err_over_tol\": " +
-         json_number(c.ratio) + ", \"worst_row\": " + (c.vector ? std::string("null") : std::to_string(c.row)) +
-         ", \"worst_col\": " +
-         std::to_string(c.col) + "}";
+  j.field("rows", cfg.rows).field("cols", cfg.cols).field("dtype", dtype_name(cfg.dtype)).field("eps", cfg.eps);
+  j.field("seed", cfg.seed).field("reps", rep.reps).field("input_sets", rep.input_sets);
+  j.key("check").begin_object().field("passed", passed).key("items").begin_array();
+  for (const CheckResult& c : rep.checks) {
+    const bool any = c.worst.count > 0;
+    j.begin_object(true).field("name", c.name).field("elements", c.worst.count).field("bad", c.worst.bad);
+    if (any) j.field("worst_err_over_tol", c.worst.ratio);
+    else j.null_field("worst_err_over_tol");
+    if (any && !c.vector) j.field("worst_row", c.worst.row);
+    else j.null_field("worst_row");
+    if (any) j.field("worst_col", c.worst.col);
+    else j.null_field("worst_col");
+    j.end_object();
   }
-  s += "]},\n";
-  s += "  \"results\": [";
-  bool first = true;
+  j.end_array().end_object();
+  j.key("results").begin_array();
   for (const Timing& t : rep.timings) {
-    if (!t.has) continue;
-    s += std::string(first ? "" : ",") + "\n    {\"name\": " + json_string(t.name) + ", \"median_us\": " +
-         json_number(t.median_us) + ", \"min_us\": " + json_number(t.min_us) + ", \"bytes\": " + json_number(t.bytes) +
-         ", \"gb_per_s\": " + json_number(gbps(t)) + ", \"pct_of_copy\": " +
-         (copy != nullptr && t.name != "copy" ? json_number(100.0 * gbps(t) / gbps(*copy)) : std::string("null")) + "}";
-    first = false;
+    j.begin_object(true).field("name", t.name).field("median_us", t.median_us).field("min_us", t.min_us);
+    j.field("bytes", t.bytes).field("gb_per_s", gbps(t));
+    const double pct = pct_of_copy(rep, t);
+    if (pct >= 0) j.field("pct_of_copy", pct);
+    else j.null_field("pct_of_copy");
+    j.end_object();
   }
-  s += "\n  ]";
+  j.end_array();
   if (rep.backend == "cuda") {
-    const Timing* fused = find(rep, "vjp");
-    const Timing* two = find(rep, "vjp_two_pass");
-    s += ",\n  \"backward_extra_memory_bytes\": {\"fused_workspace\": " + json_number(rep.fused_workspace_bytes) +
-         ", \"two_pass_temp\": " + json_number(rep.two_pass_temp_bytes) + "}";
-    s += ",\n  \"two_pass_over_fused_time\": " +
-         (fused && two ? json_number(two->median_us / fused->median_us) : std::string("null"));
-    const Timing* grad = find(rep, "grad");
-    const Timing* grad_two = find(rep, "grad_two_pass");
-    s += ",\n  \"two_pass_over_fused_grad_time\": " +
-         (grad && grad_two ? json_number(grad_two->median_us / grad->median_us) : std::string("null"));
-    if (!rep.two_pass_note.empty()) s += ",\n  \"two_pass_note\": " + json_string(rep.two_pass_note);
+    j.key("backward_extra_memory_bytes").begin_object(true);
+    j.field("fused_workspace", rep.fused_workspace_bytes).field("two_pass_temp", rep.two_pass_temp_bytes).end_object();
+    j.field("two_pass_over_fused_time", ratio_of(rep, "vjp_two_pass", "vjp"));
+    j.field("two_pass_over_fused_grad_time", ratio_of(rep, "grad_two_pass", "grad"));
+    if (!rep.two_pass_note.empty()) j.field("two_pass_note", rep.two_pass_note);
   }
-  s += "\n}\n";
-  const bool ok = std::fwrite(s.data(), 1, s.size(), f) == s.size();
-  if (std::fclose(f) != 0 || !ok) die("--json: writing '" + cfg.json + "' failed");
+  j.end_object();
+  const std::string err = rmsnorm::harness::write_text_file(cfg.json, j.str());
+  if (!err.empty()) die("--json: " + err);
 }
 
-void print_checks(const std::vector<Check>& checks) {
+void print_checks(const std::vector<CheckResult>& checks) {
   std::printf("check vs float64 reference (every element, worst err/tol):");
-  for (const Check& c : checks) std::printf("\n  %-28s %.3f%s", c.name.c_str(), c.ratio, c.passed() ? "" : "  FAIL");
+  for (const CheckResult& c : checks) {
+    if (c.worst.count == 0)
+      std::printf("\n  %-28s (no elements)", c.name.c_str());
+    else
+      std::printf("\n  %-28s %.3f%s", c.name.c_str(), c.worst.ratio, c.worst.passed() ? "" : "  FAIL");
+  }
   std::printf("\n");
 }
 
 void print_timings(const Report& rep) {
-  const Timing* copy = find(rep, "copy");
+  const bool copy = find(rep, "copy") != nullptr;
   std::printf("\n%-24s %12s %12s %10s %8s\n", "", "median us", "min us", "GB/s", copy ? "% copy" : "");
   for (const Timing& t : rep.timings) {
-    if (!t.has) continue;
     std::printf("%-24s %12.2f %12.2f %10.1f", t.name.c_str(), t.median_us, t.min_us, gbps(t));
-    if (copy != nullptr && t.name != "copy") std::printf(" %7.1f%%", 100.0 * gbps(t) / gbps(*copy));
+    const double pct = pct_of_copy(rep, t);
+    if (pct >= 0) std::printf(" %7.1f%%", pct);
     std::printf("\n");
   }
 }
 
-// Everything both backends share: inputs, dimensions, gw buffers on the host.
+// ---- the problem --------------------------------------------------------------------------------------
+
+// Everything both backends share: inputs, dimensions, byte counts.
 struct Problem {
   Config cfg;
   rmsnorm_problem_t p{};
   size_t esize = 0, elems = 0;
-  HostTensor x, gy, w;
+  HostMatrix x, gy, w;
   double fwd_bytes = 0, vjp_bytes = 0;
 };
 
@@ -667,30 +403,51 @@ Problem make_problem(const Config& cfg) {
   pr.fwd_bytes = (2 * nd + d) * e;
   pr.vjp_bytes = (3 * nd + 2 * d) * e;
   Progress progress("generating random inputs");
-  pr.x = HostTensor(cfg.dtype, pr.elems);
-  pr.gy = HostTensor(cfg.dtype, pr.elems);
-  pr.w = HostTensor(cfg.dtype, static_cast<size_t>(cfg.cols));
-  fill_random(pr.x, cfg.rows, cfg.cols, cfg.seed, row_scale);
-  fill_random(pr.gy, cfg.rows, cfg.cols, cfg.seed + 1, unit_scale);
+  pr.x = HostMatrix(cfg.dtype, cfg.rows, cfg.cols);
+  pr.gy = HostMatrix(cfg.dtype, cfg.rows, cfg.cols);
+  pr.w = HostMatrix(cfg.dtype, 1, cfg.cols);
+  rmsnorm::harness::fill_normal(pr.x, cfg.seed, rmsnorm::harness::hetero_row_scale);
+  rmsnorm::harness::fill_normal(pr.gy, cfg.seed + 1);
   // w' near 1 as in a trained model, never 0.
-  uint64_t s = cfg.seed + 2;
-  for (size_t c = 0; c < pr.w.n; ++c) {
-    pr.w.set(c, static_cast<float>(1.0 + 0.25 * normal(s)));
-    if (pr.w.get(c) == 0.0) pr.w.set(c, 0.5f);
-  }
+  rmsnorm::harness::fill_normal(pr.w, cfg.seed + 2, [](int64_t) { return 0.25; }, 1.0);
   return pr;
 }
 
-bool run_checks(Problem& pr, const Outputs& out, Report& rep) {
+HostMatrix matrix_like(const Problem& pr) { return HostMatrix(pr.cfg.dtype, pr.cfg.rows, pr.cfg.cols); }
+HostMatrix gw_vector(const Problem& pr, int32_t dtype) { return HostMatrix(dtype, 1, pr.cfg.cols); }
+
+// The outputs both backends check: y, gx with rstd given and recomputed, gw
+// as fp32 and in the dtype. At f32 both gw are f32 and share one name, so
+// they are reported as one line.
+Outputs library_outputs(const Problem& pr, const HostMatrix& y, const HostMatrix& gx, const HostMatrix& gx2,
+                        const HostMatrix& gw32, const HostMatrix& gw) {
+  Outputs out;
+  out.y_name = "y (forward)";
+  out.y = &y;
+  out.gx.push_back({"gx", &gx});
+  out.gx.push_back({"gx (rstd recomputed)", &gx2});
+  out.gw.push_back({"gw (f32)", &gw32, 0.0});
+  out.gw.push_back({std::string("gw (") + dtype_name(pr.cfg.dtype) + ")", &gw, 0.0});
+  return out;
+}
+
+bool run_checks(const Problem& pr, const Outputs& out, Report& rep) {
   {
     Progress progress("computing the float64 reference and comparing");
-    rep.checks = check_against_reference(pr.x, pr.w, pr.gy, pr.cfg.rows, pr.cfg.cols, pr.cfg.eps, out);
+    rmsnorm::reference::Options opt;
+    opt.eps = static_cast<double>(pr.cfg.eps);
+    rep.checks.clear();
+    for (CheckResult& c : rmsnorm::harness::check_against_reference(pr.x, &pr.w, &pr.gy, opt, out)) {
+      auto same = std::find_if(rep.checks.begin(), rep.checks.end(), [&](const CheckResult& o) { return o.name == c.name; });
+      if (same != rep.checks.end()) same->worst.merge(c.worst);
+      else rep.checks.push_back(std::move(c));
+    }
   }
   print_checks(rep.checks);
   bool ok = true;
-  for (const Check& c : rep.checks) {
-    if (!c.passed()) {
-      c.print_failure();
+  for (const CheckResult& c : rep.checks) {
+    if (!c.worst.passed()) {
+      std::fprintf(stderr, "rmsnorm: CHECK FAILED: %s\n", c.worst.describe(c.name, c.vector).c_str());
       ok = false;
     }
   }
@@ -702,66 +459,70 @@ bool run_checks(Problem& pr, const Outputs& out, Report& rep) {
 int run_cpu(const Config& cfg) {
   Report rep;
   rep.backend = "cpu";
-  rep.threads = cfg.threads > 0 ? cfg.threads : hardware_threads();
   rep.device = "host";
   rep.reps = cfg.reps > 0 ? cfg.reps : 5;
-  std::printf("backend: cpu (%d threads)\n", rep.threads);
+  // The backend's own rule (src/common/parallel.hpp): the forward splits
+  // rows, the backward with gw tiles of rows and columns, each thread taking
+  // at least kMinElemsPerThread elements.
+  const int64_t elems = cfg.rows * cfg.cols;
+  rep.threads = rmsnorm::threads_for(cfg.threads, cfg.rows, elems);
+  rep.backward_threads = rmsnorm::threads_for(cfg.threads, elems, elems);
+  std::string threads = std::to_string(rep.threads) + (rep.threads == 1 ? " thread" : " threads");
+  if (rep.backward_threads != rep.threads) threads = "forward " + threads + ", backward up to " + std::to_string(rep.backward_threads);
+  if (cfg.threads > std::max(rep.threads, rep.backward_threads))
+    threads += "; " + std::to_string(cfg.threads) + " requested, but each thread takes at least " +
+               std::to_string(rmsnorm::kMinElemsPerThread) + " elements" + (cfg.rows < cfg.threads ? " and one row" : "");
+  std::printf("backend: cpu (%s)\n", threads.c_str());
+
   Problem pr = make_problem(cfg);
   const rmsnorm_backend_t be = rmsnorm_backend_cpu(cfg.threads);
   const int64_t rows = cfg.rows, cols = cfg.cols;
-
   size_t ws_bytes = 0, ws_f32 = 0;
   lib_check(rmsnorm_backward_workspace_size(&pr.p, RMSNORM_GW_STORE, &be, &ws_bytes), "workspace query");
   lib_check(rmsnorm_backward_workspace_size(&pr.p, RMSNORM_GW_STORE_F32, &be, &ws_f32), "workspace query");
   std::vector<double> ws(std::max(ws_bytes, ws_f32) / sizeof(double) + 2);  // 16-byte aligned
+  const size_t wsb = ws.size() * sizeof(double);
 
-  HostTensor y(cfg.dtype, pr.elems), gx(cfg.dtype, pr.elems), gx2(cfg.dtype, pr.elems);
-  HostTensor gw32(RMSNORM_DTYPE_F32, static_cast<size_t>(cols)), gw(cfg.dtype, static_cast<size_t>(cols));
-  std::vector<float> rstd(static_cast<size_t>(rows));
-  y.poison();
-  gx.poison();
-  gx2.poison();
-  gw32.poison();
-  gw.poison();
+  // Outputs start as NaN (HostMatrix's poison): anything left unwritten fails the check.
+  HostMatrix y = matrix_like(pr), gx = matrix_like(pr), gx2 = matrix_like(pr);
+  HostMatrix gw32 = gw_vector(pr, RMSNORM_DTYPE_F32), gw = gw_vector(pr, cfg.dtype);
+  std::vector<float> rstd(static_cast<size_t>(rows) + 1);
   {
     Progress progress("running the library on the CPU");
     lib_check(rmsnorm_forward(&pr.p, pr.x.data(), cols, pr.w.data(), y.data(), cols, rstd.data(), &be), "forward");
     lib_check(rmsnorm_backward(&pr.p, pr.x.data(), cols, pr.w.data(), pr.gy.data(), cols, rstd.data(), gx.data(), cols,
-                               gw32.data(), RMSNORM_GW_STORE_F32, ws.data(), ws.size() * sizeof(double), &be),
+                               gw32.data(), RMSNORM_GW_STORE_F32, ws.data(), wsb, &be),
               "backward (gw f32)");
     lib_check(rmsnorm_backward(&pr.p, pr.x.data(), cols, pr.w.data(), pr.gy.data(), cols, nullptr, gx2.data(), cols,
-                               gw.data(), RMSNORM_GW_STORE, ws.data(), ws.size() * sizeof(double), &be),
+                               gw.data(), RMSNORM_GW_STORE, ws.data(), wsb, &be),
               "backward (gw in dtype, rstd recomputed)");
   }
-  Outputs out;
-  out.y = &y;
-  out.gx.push_back({"gx", &gx});
-  out.gx.push_back({"gx (rstd recomputed)", &gx2});
-  out.gw.push_back({"gw (f32)", &gw32, RMSNORM_DTYPE_F32, 0.0});
-  out.gw.push_back({std::string("gw (") + dtype_name(cfg.dtype) + ")", &gw, cfg.dtype, 0.0});
-  if (!run_checks(pr, out, rep)) {
+  if (!run_checks(pr, library_outputs(pr, y, gx, gx2, gw32, gw), rep)) {
     if (!cfg.json.empty()) write_json(cfg, rep, false);
     return 1;
   }
 
-  const size_t wsb = ws.size() * sizeof(double);
-  auto fwd = [&] {
-    lib_check(rmsnorm_forward(&pr.p, pr.x.data(), cols, pr.w.data(), y.data(), cols, nullptr, &be), "forward");
-  };
-  auto vjp = [&] {
-    lib_check(rmsnorm_backward(&pr.p, pr.x.data(), cols, pr.w.data(), pr.gy.data(), cols, rstd.data(), gx.data(), cols,
-                               gw.data(), RMSNORM_GW_STORE, ws.data(), wsb, &be),
-              "backward");
-  };
-  auto grad = [&] {
-    lib_check(rmsnorm_forward(&pr.p, pr.x.data(), cols, pr.w.data(), y.data(), cols, rstd.data(), &be), "forward");
-    vjp();
-  };
-  std::printf("timing: median of %d after 1 warm-up, steady_clock per call\n", rep.reps);
-  rep.timings.push_back(time_cpu("forward", pr.fwd_bytes, rep.reps, fwd));
-  rep.timings.push_back(time_cpu("grad", pr.fwd_bytes + pr.vjp_bytes, rep.reps, grad));
-  rep.timings.push_back(time_cpu("vjp", pr.vjp_bytes, rep.reps, vjp));
-  print_timings(rep);
+  if (rows == 0) {
+    std::printf("timing: nothing to time (rows = 0)\n");
+  } else {
+    auto fwd = [&] {
+      lib_check(rmsnorm_forward(&pr.p, pr.x.data(), cols, pr.w.data(), y.data(), cols, nullptr, &be), "forward");
+    };
+    auto vjp = [&] {
+      lib_check(rmsnorm_backward(&pr.p, pr.x.data(), cols, pr.w.data(), pr.gy.data(), cols, rstd.data(), gx.data(),
+                                 cols, gw.data(), RMSNORM_GW_STORE, ws.data(), wsb, &be),
+                "backward");
+    };
+    auto grad = [&] {
+      lib_check(rmsnorm_forward(&pr.p, pr.x.data(), cols, pr.w.data(), y.data(), cols, rstd.data(), &be), "forward");
+      vjp();
+    };
+    std::printf("timing: median of %d after 1 warm-up, steady_clock per call\n", rep.reps);
+    rep.timings.push_back(time_cpu("forward", pr.fwd_bytes, rep.reps, fwd));
+    rep.timings.push_back(time_cpu("grad", pr.fwd_bytes + pr.vjp_bytes, rep.reps, grad));
+    rep.timings.push_back(time_cpu("vjp", pr.vjp_bytes, rep.reps, vjp));
+    print_timings(rep);
+  }
   if (!cfg.json.empty()) write_json(cfg, rep, true);
   return 0;
 }
@@ -770,37 +531,15 @@ int run_cpu(const Config& cfg) {
 
 #if defined(RMSNORM_WITH_CUDA)
 
-struct DeviceBuffer {
-  void* p = nullptr;
-  size_t bytes = 0;
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t n) : bytes(n) {
-    if (n > 0) CUDA_CHECK(cudaMalloc(&p, n));
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr; }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    std::swap(p, o.p);
-    std::swap(bytes, o.bytes);
-    return *this;
-  }
-  ~DeviceBuffer() {
-    if (p != nullptr) cudaFree(p);  // teardown: an error here has nothing left to corrupt
-  }
-  template <class T = void>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
+using rmsnorm::harness::DeviceBuffer;
 
 // One rotated copy of the row-sized operands.
 struct DeviceSet {
   DeviceBuffer x, gy, y, gx, rstd;
 };
 
-void to_host(HostTensor& h, const DeviceBuffer& d) {
-  CUDA_CHECK(cudaMemcpy(h.data(), d.p, h.bytes.size(), cudaMemcpyDeviceToHost));
+void to_host(HostMatrix& h, const DeviceBuffer& d) {
+  if (h.data_bytes() > 0) CUDA_CHECK(cudaMemcpy(h.data(), d.get(), h.data_bytes(), cudaMemcpyDeviceToHost));
 }
 
 // Times `call(set)` with an event before and after each call on `stream`.
@@ -824,13 +563,7 @@ Timing time_cuda(const std::string& name, double bytes, int reps, int sets, cuda
     us.push_back(1e3 * ms);
   }
   for (auto& e : ev) CUDA_CHECK(cudaEventDestroy(e));
-  Timing t;
-  t.name = name;
-  t.median_us = median(us);
-  t.min_us = *std::min_element(us.begin(), us.end());
-  t.bytes = bytes;
-  t.has = true;
-  return t;
+  return make_timing(name, bytes, us);
 }
 
 rmsnorm::BackwardArgs two_pass_args(const Problem& pr, const DeviceSet& s, const void* w, void* gw) {
@@ -839,13 +572,13 @@ rmsnorm::BackwardArgs two_pass_args(const Problem& pr, const DeviceSet& s, const
   a.cols = pr.cfg.cols;
   a.dtype = static_cast<rmsnorm::DType>(pr.cfg.dtype);
   a.eps = pr.cfg.eps;
-  a.x = s.x.p;
+  a.x = s.x.get();
   a.x_stride = pr.cfg.cols;
   a.weight = w;
-  a.gy = s.gy.p;
+  a.gy = s.gy.get();
   a.gy_stride = pr.cfg.cols;
   a.rstd = s.rstd.as<float>();
-  a.gx = s.gx.p;
+  a.gx = s.gx.get();
   a.gx_stride = pr.cfg.cols;
   a.gw = gw;
   a.gw_mode = rmsnorm::GwMode::kStore;
@@ -875,14 +608,16 @@ int run_cuda(const Config& cfg) {
   const rmsnorm_backend_t be = rmsnorm_backend_cuda(dev, stream);
 
   // Rotation: enough sets that one round touches >= 256 MiB, at most 64 sets
-  // and half of the free memory.
+  // and half of the free memory; one set when there are no rows.
   const size_t set_bytes = 4 * mat + static_cast<size_t>(rows) * sizeof(float);
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const size_t want = (size_t{256} << 20) / set_bytes + 1;
-  const size_t fit = std::max<size_t>(1, free_b / 2 / set_bytes);
-  rep.input_sets = static_cast<int>(std::min<size_t>({want, fit, 64}));
   if (set_bytes > free_b) die("not enough device memory for one input set");
+  if (set_bytes > 0) {
+    const size_t want = (size_t{256} << 20) / set_bytes + 1;
+    const size_t fit = std::max<size_t>(1, free_b / 2 / set_bytes);
+    rep.input_sets = static_cast<int>(std::min<size_t>({want, fit, 64}));
+  }
 
   size_t ws_store = 0, ws_f32 = 0;
   lib_check(rmsnorm_backward_workspace_size(&pr.p, RMSNORM_GW_STORE, &be, &ws_store), "workspace query");
@@ -894,6 +629,13 @@ int run_cuda(const Config& cfg) {
   std::vector<DeviceSet> sets;
   {
     Progress progress("allocating and filling " + std::to_string(rep.input_sets) + " input sets on the device");
+    auto copy = [&](void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+      if (n > 0) CUDA_CHECK(cudaMemcpy(dst, src, n, kind));
+    };
+    // NaN everywhere an output goes: anything left unwritten fails the check.
+    auto poison = [&](const DeviceBuffer& b) {
+      if (b.bytes() > 0) CUDA_CHECK(cudaMemset(b.get(), 0xFF, b.bytes()));
+    };
     for (int i = 0; i < rep.input_sets; ++i) {
       DeviceSet s;
       s.x = DeviceBuffer(mat);
@@ -901,22 +643,17 @@ int run_cuda(const Config& cfg) {
       s.y = DeviceBuffer(mat);
       s.gx = DeviceBuffer(mat);
       s.rstd = DeviceBuffer(static_cast<size_t>(rows) * sizeof(float));
-      if (i == 0) {
-        CUDA_CHECK(cudaMemcpy(s.x.p, pr.x.data(), mat, cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(s.gy.p, pr.gy.data(), mat, cudaMemcpyHostToDevice));
-      } else {
-        CUDA_CHECK(cudaMemcpy(s.x.p, sets[0].x.p, mat, cudaMemcpyDeviceToDevice));
-        CUDA_CHECK(cudaMemcpy(s.gy.p, sets[0].gy.p, mat, cudaMemcpyDeviceToDevice));
-      }
-      // NaN everywhere an output goes: anything left unwritten fails the check.
-      CUDA_CHECK(cudaMemset(s.y.p, 0xFF, mat));
-      CUDA_CHECK(cudaMemset(s.gx.p, 0xFF, mat));
-      CUDA_CHECK(cudaMemset(s.rstd.p, 0xFF, s.rstd.bytes));
+      const bool first = i == 0;
+      copy(s.x.get(), first ? pr.x.data() : sets[0].x.get(), mat, first ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice);
+      copy(s.gy.get(), first ? pr.gy.data() : sets[0].gy.get(), mat, first ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice);
+      poison(s.y);
+      poison(s.gx);
+      poison(s.rstd);
       sets.push_back(std::move(s));
     }
-    CUDA_CHECK(cudaMemcpy(w.p, pr.w.data(), vec, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(gw.p, 0xFF, vec));
-    CUDA_CHECK(cudaMemset(gw32.p, 0xFF, gw32.bytes));
+    copy(w.get(), pr.w.data(), vec, cudaMemcpyHostToDevice);
+    poison(gw);
+    poison(gw32);
     // The set-up above ran on the legacy default stream, which a non-blocking
     // stream does not wait for; everything below runs on `stream`.
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -924,44 +661,45 @@ int run_cuda(const Config& cfg) {
 
   // ---- correctness guard on set 0 ----
   const DeviceSet& s0 = sets[0];
-  HostTensor y(cfg.dtype, pr.elems), gx(cfg.dtype, pr.elems), gx2(cfg.dtype, pr.elems), gx_tp(cfg.dtype, pr.elems);
-  HostTensor gw32_h(RMSNORM_DTYPE_F32, static_cast<size_t>(cols)), gw_h(cfg.dtype, static_cast<size_t>(cols));
-  HostTensor gw_tp(cfg.dtype, static_cast<size_t>(cols));
+  HostMatrix y = matrix_like(pr), gx = matrix_like(pr), gx2 = matrix_like(pr), gx_tp = matrix_like(pr);
+  HostMatrix gw32_h = gw_vector(pr, RMSNORM_DTYPE_F32), gw_h = gw_vector(pr, cfg.dtype), gw_tp = gw_vector(pr, cfg.dtype);
   bool two_pass_ok = false;
-  size_t temp_bytes = rmsnorm::bench::two_pass_temp_bytes(rows, cols, static_cast<rmsnorm::DType>(cfg.dtype));
+  const size_t temp_bytes = rmsnorm::bench::two_pass_temp_bytes(rows, cols, static_cast<rmsnorm::DType>(cfg.dtype));
   rep.two_pass_temp_bytes = static_cast<double>(temp_bytes);
   DeviceBuffer temp;
   {
     Progress progress("running the library on the GPU");
-    lib_check(rmsnorm_forward(&pr.p, s0.x.p, cols, w.p, s0.y.p, cols, s0.rstd.as<float>(), &be), "forward");
-    lib_check(rmsnorm_backward(&pr.p, s0.x.p, cols, w.p, s0.gy.p, cols, s0.rstd.as<float>(), s0.gx.p, cols, gw32.p,
-                               RMSNORM_GW_STORE_F32, ws.p, ws.bytes, &be),
+    lib_check(rmsnorm_forward(&pr.p, s0.x.get(), cols, w.get(), s0.y.get(), cols, s0.rstd.as<float>(), &be), "forward");
+    lib_check(rmsnorm_backward(&pr.p, s0.x.get(), cols, w.get(), s0.gy.get(), cols, s0.rstd.as<float>(), s0.gx.get(),
+                               cols, gw32.get(), RMSNORM_GW_STORE_F32, ws.get(), ws.bytes(), &be),
               "backward (gw f32)");
     CUDA_CHECK(cudaStreamSynchronize(stream));
     to_host(y, s0.y);
     to_host(gx, s0.gx);
-    to_host(gw32_h, gw32);
-    CUDA_CHECK(cudaMemsetAsync(s0.gx.p, 0xFF, mat, stream));
-    lib_check(rmsnorm_backward(&pr.p, s0.x.p, cols, w.p, s0.gy.p, cols, nullptr, s0.gx.p, cols, gw.p, RMSNORM_GW_STORE,
-                               ws.p, ws.bytes, &be),
+    CUDA_CHECK(cudaMemcpy(gw32_h.data(), gw32.get(), gw32.bytes(), cudaMemcpyDeviceToHost));
+    if (mat > 0) CUDA_CHECK(cudaMemsetAsync(s0.gx.get(), 0xFF, mat, stream));
+    lib_check(rmsnorm_backward(&pr.p, s0.x.get(), cols, w.get(), s0.gy.get(), cols, nullptr, s0.gx.get(), cols, gw.get(),
+                               RMSNORM_GW_STORE, ws.get(), ws.bytes(), &be),
               "backward (gw in dtype, rstd recomputed)");
     CUDA_CHECK(cudaStreamSynchronize(stream));
     to_host(gx2, s0.gx);
-    to_host(gw_h, gw);
+    CUDA_CHECK(cudaMemcpy(gw_h.data(), gw.get(), vec, cudaMemcpyDeviceToHost));
 
     // The two-pass variant is checked too: a wrong baseline would make the
     // comparison meaningless.
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    if (temp_bytes + (size_t{64} << 20) < free_b) {
+    if (rows == 0) {
+      rep.two_pass_note = "not run: rows == 0";
+    } else if (temp_bytes + (size_t{64} << 20) < free_b) {
       temp = DeviceBuffer(temp_bytes);
-      CUDA_CHECK(cudaMemsetAsync(s0.gx.p, 0xFF, mat, stream));
-      CUDA_CHECK(cudaMemsetAsync(gw.p, 0xFF, vec, stream));
+      CUDA_CHECK(cudaMemsetAsync(s0.gx.get(), 0xFF, mat, stream));
+      CUDA_CHECK(cudaMemsetAsync(gw.get(), 0xFF, vec, stream));
       const rmsnorm_status_t st =
-          rmsnorm::bench::backward_two_pass(two_pass_args(pr, s0, w.p, gw.p), temp.p, stream);
+          rmsnorm::bench::backward_two_pass(two_pass_args(pr, s0, w.get(), gw.get()), temp.get(), stream);
       if (st == RMSNORM_STATUS_SUCCESS) {
         CUDA_CHECK(cudaStreamSynchronize(stream));
         to_host(gx_tp, s0.gx);
-        to_host(gw_tp, gw);
+        CUDA_CHECK(cudaMemcpy(gw_tp.data(), gw.get(), vec, cudaMemcpyDeviceToHost));
         two_pass_ok = true;
       } else {
         rep.two_pass_note = std::string("not run: ") + rmsnorm_status_string(st) + ": " + rmsnorm_last_error();
@@ -973,41 +711,43 @@ int run_cuda(const Config& cfg) {
   }
   if (!rep.two_pass_note.empty()) std::printf("two-pass backward %s\n", rep.two_pass_note.c_str());
 
-  Outputs out;
-  out.y = &y;
-  out.gx.push_back({"gx", &gx});
-  out.gx.push_back({"gx (rstd recomputed)", &gx2});
-  out.gw.push_back({"gw (f32)", &gw32_h, RMSNORM_DTYPE_F32, 0.0});
-  out.gw.push_back({std::string("gw (") + dtype_name(cfg.dtype) + ")", &gw_h, cfg.dtype, 0.0});
+  Outputs out = library_outputs(pr, y, gx, gx2, gw32_h, gw_h);
   if (two_pass_ok) {
     out.gx.push_back({"gx (two-pass)", &gx_tp});
     // Its temporary rounds every row's term to the dtype before the sum.
-    out.gw.push_back({std::string("gw (two-pass, ") + dtype_name(cfg.dtype) + ")", &gw_tp, cfg.dtype,
-                      std::ldexp(1.0, -mantissa_bits(cfg.dtype) - 1)});
+    out.gw.push_back({std::string("gw (two-pass, ") + dtype_name(cfg.dtype) + ")", &gw_tp,
+                      rmsnorm::harness::half_ulp_rel(cfg.dtype)});
   }
   if (!run_checks(pr, out, rep)) {
     if (!cfg.json.empty()) write_json(cfg, rep, false);
     return 1;
+  }
+  if (rows == 0) {
+    std::printf("timing: nothing to time (rows = 0)\n");
+    sets.clear();
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    if (!cfg.json.empty()) write_json(cfg, rep, true);
+    return 0;
   }
 
   // ---- timing ----
   const int nsets = rep.input_sets;
   std::printf("timing: median of %d per-call event timings after warm-up, %d input set(s) rotated (%.1f MiB each)\n",
               rep.reps, nsets, static_cast<double>(set_bytes) / (1 << 20));
-  const double copy_bytes = 2.0 * static_cast<double>(mat);
-  rep.timings.push_back(time_cuda("copy", copy_bytes, rep.reps, nsets, stream, [&](int i) {
-    CUDA_CHECK(cudaMemcpyAsync(sets[static_cast<size_t>(i)].y.p, sets[static_cast<size_t>(i)].x.p, mat,
-                               cudaMemcpyDeviceToDevice, stream));
+  auto set = [&](int i) -> const DeviceSet& { return sets[static_cast<size_t>(i)]; };
+  rep.timings.push_back(time_cuda("copy", 2.0 * static_cast<double>(mat), rep.reps, nsets, stream, [&](int i) {
+    CUDA_CHECK(cudaMemcpyAsync(set(i).y.get(), set(i).x.get(), mat, cudaMemcpyDeviceToDevice, stream));
   }));
   auto fwd = [&](int i, bool with_rstd) {
-    const DeviceSet& s = sets[static_cast<size_t>(i)];
-    lib_check(rmsnorm_forward(&pr.p, s.x.p, cols, w.p, s.y.p, cols, with_rstd ? s.rstd.as<float>() : nullptr, &be),
+    const DeviceSet& s = set(i);
+    lib_check(rmsnorm_forward(&pr.p, s.x.get(), cols, w.get(), s.y.get(), cols, with_rstd ? s.rstd.as<float>() : nullptr,
+                              &be),
               "forward");
   };
   auto vjp = [&](int i) {
-    const DeviceSet& s = sets[static_cast<size_t>(i)];
-    lib_check(rmsnorm_backward(&pr.p, s.x.p, cols, w.p, s.gy.p, cols, s.rstd.as<float>(), s.gx.p, cols, gw.p,
-                               RMSNORM_GW_STORE, ws.p, ws.bytes, &be),
+    const DeviceSet& s = set(i);
+    lib_check(rmsnorm_backward(&pr.p, s.x.get(), cols, w.get(), s.gy.get(), cols, s.rstd.as<float>(), s.gx.get(), cols,
+                               gw.get(), RMSNORM_GW_STORE, ws.get(), ws.bytes(), &be),
               "backward");
   };
   // rstd of every set, for the VJP-only runs.
@@ -1020,8 +760,7 @@ int run_cuda(const Config& cfg) {
   rep.timings.push_back(time_cuda("vjp", pr.vjp_bytes, rep.reps, nsets, stream, vjp));
   if (two_pass_ok) {
     auto vjp_two_pass = [&](int i) {
-      lib_check(rmsnorm::bench::backward_two_pass(two_pass_args(pr, sets[static_cast<size_t>(i)], w.p, gw.p), temp.p,
-                                                 stream),
+      lib_check(rmsnorm::bench::backward_two_pass(two_pass_args(pr, set(i), w.get(), gw.get()), temp.get(), stream),
                 "two-pass backward");
     };
     rep.timings.push_back(time_cuda("grad_two_pass", pr.fwd_bytes + pr.vjp_bytes, rep.reps, nsets, stream, [&](int i) {
@@ -1033,15 +772,11 @@ int run_cuda(const Config& cfg) {
   CUDA_CHECK(cudaGetLastError());
   CUDA_CHECK(cudaStreamSynchronize(stream));
   print_timings(rep);
-  const Timing* fused = find(rep, "vjp");
-  const Timing* two = find(rep, "vjp_two_pass");
   std::printf("\nbackward extra device memory: fused workspace %.2f MiB, two-pass temporary %.2f MiB\n",
               rep.fused_workspace_bytes / (1 << 20), rep.two_pass_temp_bytes / (1 << 20));
-  if (fused && two) std::printf("two-pass / fused VJP time: %.2fx\n", two->median_us / fused->median_us);
-  const Timing* grad = find(rep, "grad");
-  const Timing* grad_two = find(rep, "grad_two_pass");
-  if (grad && grad_two)
-    std::printf("two-pass / fused grad time: %.2fx\n", grad_two->median_us / grad->median_us);
+  const double vjp_ratio = ratio_of(rep, "vjp_two_pass", "vjp"), grad_ratio = ratio_of(rep, "grad_two_pass", "grad");
+  if (std::isfinite(vjp_ratio)) std::printf("two-pass / fused VJP time: %.2fx\n", vjp_ratio);
+  if (std::isfinite(grad_ratio)) std::printf("two-pass / fused grad time: %.2fx\n", grad_ratio);
   sets.clear();
   CUDA_CHECK(cudaStreamDestroy(stream));
   if (!cfg.json.empty()) write_json(cfg, rep, true);
@@ -1050,22 +785,89 @@ int run_cuda(const Config& cfg) {
 
 #endif  // RMSNORM_WITH_CUDA
 
+// Why a CUDA call is refused: the library's message ("this build has no CUDA
+// backend" or "no CUDA device is present"), with the runtime's own error
+// where this CLI was built with CUDA (no device, or a missing or too old
+// driver).
+std::string cuda_unavailable_reason() {
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = 1;
+  p.cols = 1;
+  const rmsnorm_backend_t be = rmsnorm_backend_cuda(-1, nullptr);
+  size_t bytes = 0;
+  const rmsnorm_status_t s = rmsnorm_backward_workspace_size(&p, RMSNORM_GW_NONE, &be, &bytes);
+  std::string why = s == RMSNORM_STATUS_SUCCESS ? "the library reports no usable GPU"
+                                                : std::string(rmsnorm_status_string(s)) + ": " + rmsnorm_last_error();
+#if defined(RMSNORM_WITH_CUDA)
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    why += std::string(" (no GPU or driver visible: cudaGetDeviceCount: ") + cudaGetErrorName(e) + ": " +
+           cudaGetErrorString(e) + ")";
+    cudaGetLastError();
+  }
+#else
+  why += " (this rmsnorm was configured without the CUDA toolkit)";
+#endif
+  return why;
+}
+
+// Host bytes the run keeps at its peak: the inputs and every downloaded output.
+double host_bytes(const Config& cfg, bool cuda) {
+  const double tensor = static_cast<double>(cfg.rows) * static_cast<double>(cfg.cols) * rmsnorm_dtype_size(cfg.dtype);
+  return tensor * (cuda ? 6 : 5);  // x, gy, y, gx, gx (rstd recomputed) [, gx (two-pass)]
+}
+
+// Physical memory, or 0 where unknown. A run that needs more is refused up
+// front: with overcommit the allocations succeed and the kernel kills the
+// process later, with no message.
+double physical_memory_bytes() {
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGE_SIZE)
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) return static_cast<double>(pages) * static_cast<double>(page);
+#endif
+  return 0;
+}
+
+[[noreturn]] void out_of_host_memory(const Config& cfg, bool cuda, const std::string& detail) {
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "out of host memory: %" PRId64 " x %" PRId64 " %s keeps about %.1f GiB on the host%s",
+                cfg.rows, cfg.cols, dtype_name(cfg.dtype), host_bytes(cfg, cuda) / (1u << 30), detail.c_str());
+  die(std::string(buf) + "; try fewer rows or columns");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const Config cfg = parse_args(argc, argv);
+  if (!cfg.json.empty()) {
+    const std::string err = rmsnorm::harness::json_file_error(cfg.json);
+    if (!err.empty()) die("--json: " + err);
+  }
   std::printf("rmsnorm %d.%d.%d: %" PRId64 " x %" PRId64 " %s, eps %g\n", RMSNORM_VERSION_MAJOR,
               RMSNORM_VERSION_MINOR, RMSNORM_VERSION_PATCH, cfg.rows, cfg.cols, dtype_name(cfg.dtype),
               static_cast<double>(cfg.eps));
   const bool cuda = rmsnorm_cuda_available() != 0;
-  if (cfg.backend == "cuda" && !cuda)
-    die("--backend cuda: the CUDA backend is not available (built without CUDA, or no usable GPU)");
-  if (cuda && cfg.backend != "cpu") {
-#if defined(RMSNORM_WITH_CUDA)
-    return run_cuda(cfg);
-#else
-    die("the library reports CUDA but this CLI was built without it; rebuild both together");
-#endif
+  if (cfg.backend == "cuda" && !cuda) die("--backend cuda: the CUDA backend is not available: " + cuda_unavailable_reason());
+  const bool on_gpu = cuda && cfg.backend != "cpu";
+  const double phys = physical_memory_bytes();
+  if (phys > 0 && host_bytes(cfg, on_gpu) > phys) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, ", this machine has %.1f GiB", phys / (1u << 30));
+    out_of_host_memory(cfg, on_gpu, buf);
   }
-  return run_cpu(cfg);
+  try {
+    if (on_gpu) {
+#if defined(RMSNORM_WITH_CUDA)
+      return run_cuda(cfg);
+#else
+      die("the library reports CUDA but this CLI was built without it; rebuild both together");
+#endif
+    }
+    return run_cpu(cfg);
+  } catch (const std::bad_alloc&) {
+    out_of_host_memory(cfg, on_gpu, ", and an allocation failed");
+  } catch (const std::exception& e) {
+    die(e.what());
+  }
 }
