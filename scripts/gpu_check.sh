@@ -14,11 +14,14 @@
 #   torch      python3 bench/torch_bench.py --json $OUT/torch.json
 #   summarize  python3 bench/summarize.py -> $OUT/summary.md
 #   cli        build-gpu/rmsnorm (the CLI's default run) --json $OUT/cli.json
+#   python     scripts/gpu_python.sh: pip install the PyTorch package with CUDA, pytest with the GPU
+#              tests -> $OUT/pytest.xml. Not in the default STEPS (it builds the kernels again, for
+#              the wheel): STEPS="env python" bash scripts/gpu_check.sh
 # then a table of steps (PASS/FAIL, seconds) and summary.md.
 #
 # $OUT holds at most these files, no sub-folders (the device tool returns 8
 # files): logs.txt (every step's output, one after another, with headers),
-# bench.json, torch.json, summary.md, ctest.xml, cli.json.
+# bench.json, torch.json, summary.md, ctest.xml, cli.json, pytest.xml.
 #
 # Time: the whole script keeps within GPU_CHECK_BUDGET_S seconds (default 530,
 # under the device tool's 10-minute command limit). Each step has a cap (CAP
@@ -29,7 +32,8 @@
 #   STEPS="build bench torch summarize cli" bash scripts/gpu_check.sh
 #
 # Exit code: 0 only if build, ctest and the sanitizers passed (those of them
-# that were selected); the benchmark's targets are reported, never part of it.
+# that were selected), and the python step's tests when it was selected; the
+# benchmark's targets are reported, never part of it.
 #
 # Knobs (environment): STEPS (all), BUILD_DIR (build-gpu), JOBS (16), CTEST_JOBS (8),
 # BENCH_ARGS (e.g. "--quick"), TORCH_ARGS, GTEST_SRC (a googletest source tree
@@ -77,16 +81,16 @@ for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer
 done
 export SANITIZER
 
-ALL_STEPS="env build ctest memcheck racecheck initcheck synccheck bench torch summarize cli"
-STEPS="${STEPS:-$ALL_STEPS}"
+ALL_STEPS="env build ctest memcheck racecheck initcheck synccheck bench torch summarize cli python"
+STEPS="${STEPS:-${ALL_STEPS% python}}"
 # Seconds: the most a step may take, and the least it is left when earlier
 # steps ran long. Caps are generous guesses (the build of every target on 16
 # cores, the GPU test matrix on 8 ctest jobs, a sanitizer pass over the
 # CudaSanitizer subset at its 10-100x slowdown); the minima add up to 320 s.
 declare -A CAP=([env]=20 [build]=240 [ctest]=300 [memcheck]=90 [racecheck]=140 [initcheck]=60 [synccheck]=60
-                [bench]=150 [torch]=100 [summarize]=15 [cli]=60)
+                [bench]=150 [torch]=100 [summarize]=15 [cli]=60 [python]=480)
 declare -A MIN=([env]=5 [build]=60 [ctest]=45 [memcheck]=30 [racecheck]=30 [initcheck]=20 [synccheck]=20
-                [bench]=60 [torch]=30 [summarize]=5 [cli]=15)
+                [bench]=60 [torch]=30 [summarize]=5 [cli]=15 [python]=120)
 for s in $STEPS; do
   [ -n "${CAP[$s]:-}" ] || { echo "gpu_check: unknown step '$s' (steps: $ALL_STEPS)"; exit 2; }
 done
@@ -264,11 +268,14 @@ run_step cli '
   [ -x "$BUILD_DIR/rmsnorm" ] || { echo "$BUILD_DIR/rmsnorm was not built"; exit 1; }
   "$BUILD_DIR/rmsnorm" --json "$OUT/cli.json"'
 
-# ---- (i) report --------------------------------------------------------------------------------
+# ---- (i) PyTorch package ----------------------------------------------------------------------
+run_step python 'bash scripts/gpu_python.sh'
+
+# ---- (j) report --------------------------------------------------------------------------------
 fail=0
 for i in "${!STEP_NAMES[@]}"; do
   case "${STEP_NAMES[$i]}" in
-    build | ctest | memcheck | racecheck | initcheck | synccheck)
+    build | ctest | memcheck | racecheck | initcheck | synccheck | python)
       [ "${STEP_RESULTS[$i]}" = PASS ] || fail=1 ;;
   esac
 done

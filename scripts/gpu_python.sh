@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The PyTorch package on a GPU machine, from the repository root:
+#
+#   OUT=/some/dir bash scripts/gpu_python.sh        (OUT defaults to ./gpu_out)
+#
+# 1. builds and installs the package with the CUDA backend against the installed torch
+#    (pip install --no-build-isolation --no-deps: nothing is fetched; the build folder build-python/ is kept, so
+#    a second run on a warm machine rebuilds only what changed);
+# 2. checks that the extension has CUDA and sees the GPU;
+# 3. runs the pytest suite, GPU tests included, with a junit report in $OUT/pytest.xml;
+# 4. with BENCH=1, runs bench/torch_ops_bench.py (JSON and PNG under $OUT). Liger's RMSNorm is timed when
+#    liger_kernel imports: carry its wheel in .whl/ and this script installs it into /tmp/site first.
+#
+# scripts/gpu_check.sh runs this as its `python` step. Knobs: JOBS (16), PYTEST_ARGS (e.g. "-k cuda -x"), BENCH,
+# BENCH_ARGS, RMSNORM_COMMIT.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+OUT="${OUT:-./gpu_out}"
+mkdir -p "$OUT" || exit 2
+OUT="$(cd "$OUT" && pwd)"
+export CMAKE_BUILD_PARALLEL_LEVEL="${JOBS:-16}"
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'devices', torch.cuda.device_count())" ||
+  exit 1
+
+echo "== pip install (CUDA backend, sm_90)"
+t0=$(date +%s)
+python3 -m pip install --no-build-isolation --no-deps --force-reinstall -v . || { echo "pip install failed"; exit 1; }
+echo "pip install: $(($(date +%s) - t0)) s"
+
+# From another folder, so that nothing in the tree shadows the installed package.
+(cd /tmp && python3 -c "
+import torch, rmsnorm
+assert torch.cuda.is_available(), 'torch sees no GPU'
+assert rmsnorm.cuda_built(), 'the extension was built without its CUDA backend (nvcc or CUDA torch missing at build time?)'
+print('rmsnorm', rmsnorm.__file__, 'CUDA backend: yes')") || exit 1
+
+echo "== pytest"
+rc=0
+# shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
+python3 -m pytest -q -ra python/tests --junitxml "$OUT/pytest.xml" ${PYTEST_ARGS:-} || rc=$?
+
+if [ "${BENCH:-0}" = 1 ]; then
+  echo "== bench/torch_ops_bench.py"
+  # shellcheck disable=SC2086
+  python3 bench/torch_ops_bench.py --json "$OUT/torch_ops.json" --png "$OUT/torch_ops.png" \
+    --commit "${RMSNORM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" ${BENCH_ARGS:-} || rc=1
+fi
+exit "$rc"
