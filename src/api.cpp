@@ -65,9 +65,10 @@ rmsnorm_status_t extent_of(const char* name, const void* p, int64_t rows, int64_
   // cols >= 1 and stride >= cols were checked; bytes = ((rows - 1) * stride + cols) * esize.
   const int64_t es = static_cast<int64_t>(esize);
   const int64_t max_elems = std::numeric_limits<int64_t>::max() / es;
-  if (cols > max_elems || (rows > 1 && stride > (max_elems - cols) / (rows - 1)))
-    return fail(RMSNORM_STATUS_INVALID_SHAPE, name,
-                num(rows) + " rows of stride " + num(stride) + " elements of " + num(es) + " bytes overflow int64");
+  if (cols > max_elems || (rows > 1 && stride > (max_elems - cols) / (rows - 1))) {
+    const std::string what = rows > 1 ? num(rows) + " rows of stride " + num(stride) : num(cols);
+    return fail(RMSNORM_STATUS_INVALID_SHAPE, name, what + " elements of " + num(es) + " bytes overflow int64");
+  }
   const int64_t bytes = ((rows - 1) * stride + cols) * es;
   const uintptr_t begin = reinterpret_cast<uintptr_t>(p);
   if (static_cast<uint64_t>(bytes) > static_cast<uint64_t>(std::numeric_limits<uintptr_t>::max() - begin)) {
