@@ -1,0 +1,444 @@
+#!/usr/bin/env python3
+"""The rmsnorm PyTorch package against the RMSNorm a PyTorch user would pick instead, side by side in one run.
+
+Implementations (all on the same tensors, w of x's dtype, eps 1e-5):
+  rmsnorm           rmsnorm.rms_norm (the package's C++ operators), eager
+  rmsnorm+compile   the same inside torch.compile(fullgraph=True)
+  F.rms_norm        torch.nn.functional.rms_norm, eager
+  compile(formula)  torch.compile of the eager formula in fp32, one rounding:
+                    (x.float() * rsqrt(mean(x.float()^2) + eps) * w.float()).to(x.dtype)
+  liger             Liger's LigerRMSNormFunction (casting_mode="llama", in_place=False), when liger_kernel imports
+
+Directions: forward (under torch.no_grad()) and fwd+bwd (y = f(x, w) with x and w requiring grad, then
+torch.autograd.grad(y, [x, w], gy): one forward and one backward per call).
+
+What is measured, per case:
+  kernel_us  device time from the call's first kernel start to its last kernel (or memset/memcpy) end, read from
+             CUPTI through torch.profiler, with the L2 flushed (a 256 MiB buffer zeroed) before every call; a
+             torch.cuda._sleep marker before and after each call delimits its kernels and gives the GPU a head start,
+             so that launch gaps inside a multi-kernel op are the GPU's, not Python's. Median of --reps calls.
+  call_us    CUDA events around each call, L2 flushed before it (outside the events), no head start: includes launch
+             latency and Python's time where the host is the bottleneck. Median.
+  host       at 1 x 4096 only: wall time per call of back-to-back calls (no flush, no sync between them), and that
+             minus kernel_us: the eager host overhead per call. It must stay within 1.5x of F.rms_norm's.
+Bytes (minimal): forward (2nD + D) * esize, fwd+bwd (5nD + 3D) * esize (read x, write y; read x, gy, w, write gx,
+gw). GB/s = bytes / kernel_us. The ceiling: dst.copy_(src) of 1 GiB, read + write bytes, in the same run.
+
+Output: a table on stdout, --json FILE (all cases, the GPU, driver, CUDA, torch, commit, date; for bench/results/),
+--png FILE (GB/s against D per implementation and direction, the copy ceiling drawn). Exits 0 with a message, and a
+JSON that says so, without CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+EPS = 1e-5
+MIB = 1024 * 1024
+FLUSH_BYTES = 256 * MIB
+HOST_SHAPE = (1, 4096, "bf16")
+HOST_RATIO_LIMIT = 1.5
+
+# bench/torch_bench.py's default group (the library benchmark's list), then decode.
+SHAPES = [
+    (8192, 4096, "f16"),
+    (8192, 4096, "bf16"),
+    (8192, 4096, "f32"),
+    (32768, 512, "bf16"),
+    (32768, 384, "f16"),
+    (131072, 128, "bf16"),
+    (16384, 7168, "bf16"),
+    (4096, 16384, "bf16"),
+    (1024, 65536, "bf16"),
+    (1024, 262144, "bf16"),
+    (1, 4096, "bf16"),
+]
+QUICK_SHAPES = [(8192, 4096, "f16"), (32768, 512, "bf16"), (1, 4096, "bf16")]
+IMPLS = ["rmsnorm", "rmsnorm+compile", "F.rms_norm", "compile(formula)", "liger"]
+DIRECTIONS = ["forward", "fwd+bwd"]
+
+
+def utc_now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def git_commit(given):
+    if given:
+        return given
+    if os.environ.get("RMSNORM_COMMIT"):
+        return os.environ["RMSNORM_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def driver_version():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode == 0:
+            return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        pass
+    return "unavailable"
+
+
+def clean(x):
+    """NaN and inf as null, for strict JSON readers."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: clean(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [clean(v) for v in x]
+    return x
+
+
+def write_json(path, doc):
+    if path:
+        with open(path, "w") as f:
+            json.dump(clean(doc), f, indent=1)
+            f.write("\n")
+        print(f"wrote {path}")
+
+
+class Bench:
+    def __init__(self, torch, args):
+        self.torch = torch
+        self.args = args
+        self.dev = torch.device("cuda")
+        self.dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+        self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=self.dev)
+        self.cases = []
+        self.impls = {}
+        import rmsnorm
+
+        self.rmsnorm = rmsnorm
+        try:
+            from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+            self.liger = LigerRMSNormFunction
+        except Exception as e:  # noqa: BLE001  (any import failure means: not available)
+            self.liger = None
+            self.liger_error = f"{type(e).__name__}: {e}"
+
+    # ---- implementations -------------------------------------------------------------------
+
+    def make(self, impl, cols):
+        """f(x, w) -> y for one shape; compiled variants compile afresh per shape (static shapes, as a user with
+        one model gets them)."""
+        torch, rmsnorm = self.torch, self.rmsnorm
+        if impl == "rmsnorm":
+            return lambda x, w: rmsnorm.rms_norm(x, (cols,), w, EPS)
+        if impl == "rmsnorm+compile":
+            return torch.compile(lambda x, w: rmsnorm.rms_norm(x, (cols,), w, EPS), fullgraph=True, dynamic=False)
+        if impl == "F.rms_norm":
+            return lambda x, w: torch.nn.functional.rms_norm(x, (cols,), w, EPS)
+        if impl == "compile(formula)":
+            def formula(x, w):
+                xf = x.float()
+                return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * w.float()).to(x.dtype)
+
+            return torch.compile(formula, fullgraph=True, dynamic=False)
+        if impl == "liger":
+            if self.liger is None:
+                raise RuntimeError(f"liger_kernel not importable ({self.liger_error})")
+            fn = self.liger
+            return lambda x, w: fn.apply(x, w, EPS, 0.0, "llama", False)
+        raise ValueError(impl)
+
+    # ---- timing ----------------------------------------------------------------------------
+
+    def flush(self):
+        self.flush_buf.zero_()
+
+    def kernel_times(self, call):
+        """Device span of each call's kernels (us), L2 flushed before each, from CUPTI."""
+        torch = self.torch
+        from torch.profiler import ProfilerActivity, profile
+
+        reps = self.args.reps
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                self.flush()
+                # The marker before, and a head start (about 200 us at 1.98 GHz) longer than the host's time
+                # for one call, autograd's backward included, so that the call's kernels queue without gaps.
+                torch.cuda._sleep(400000)
+                call()
+                torch.cuda._sleep(1)  # the marker after
+            torch.cuda.synchronize()
+        acts = [(e.start_ns(), e.end_ns(), e.name()) for e in prof.profiler.kineto_results.events()
+                if e.device_type() == torch.autograd.DeviceType.CUDA]
+        spans = call_spans(acts)
+        if len(spans) != reps:
+            raise RuntimeError(f"profiler: {len(spans)} call spans found for {reps} calls")
+        return spans
+
+    def event_times(self, call):
+        torch = self.torch
+        reps = self.args.reps
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        stops = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for r in range(reps):
+            self.flush()
+            starts[r].record()
+            call()
+            stops[r].record()
+        torch.cuda.synchronize()
+        return [1e3 * a.elapsed_time(b) for a, b in zip(starts, stops)]
+
+    def wall_per_call(self, call, n=2000):
+        torch = self.torch
+        for _ in range(50):
+            call()
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                call()
+            torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        return best
+
+    # ---- cases -----------------------------------------------------------------------------
+
+    def run_shape(self, rows, cols, dt, impls, copy_gbps):
+        torch = self.torch
+        dtype = self.dtypes[dt]
+        esize = torch.empty((), dtype=dtype).element_size()
+        gen = torch.Generator(device=self.dev).manual_seed(rows * 131 + cols)
+        x = torch.randn(rows, cols, dtype=dtype, device=self.dev, generator=gen)
+        gy = torch.randn(rows, cols, dtype=dtype, device=self.dev, generator=gen)
+        w = (1.0 + 0.25 * torch.randn(cols, device=self.dev, generator=gen)).to(dtype)
+        xl = x.detach().requires_grad_(True)
+        wl = w.detach().requires_grad_(True)
+        nbytes = {"forward": (2 * rows * cols + cols) * esize, "fwd+bwd": (5 * rows * cols + 3 * cols) * esize}
+        for impl in impls:
+            try:
+                f = self.make(impl, cols)
+            except Exception as e:  # noqa: BLE001
+                for d in DIRECTIONS:
+                    self.record(impl, d, rows, cols, dt, nbytes[d], copy_gbps, error=str(e).splitlines()[0])
+                continue
+            calls = {}
+
+            def fwd(f=f):
+                with torch.no_grad():
+                    return f(x, w)
+
+            def fwd_bwd(f=f):
+                y = f(xl, wl)
+                return torch.autograd.grad(y, [xl, wl], gy)
+
+            calls["forward"], calls["fwd+bwd"] = fwd, fwd_bwd
+            for d in DIRECTIONS:
+                call = calls[d]
+                try:
+                    for _ in range(3):  # compiles on the first call
+                        call()
+                    torch.cuda.synchronize()
+                    k = self.kernel_times(call)
+                    ev = self.event_times(call)
+                    host = None
+                    if (rows, cols, dt) == HOST_SHAPE:
+                        host = self.wall_per_call(call)
+                    self.record(impl, d, rows, cols, dt, nbytes[d], copy_gbps, k, ev, host)
+                except Exception as e:  # noqa: BLE001  (Liger above 65536 columns, say)
+                    torch.cuda.synchronize()
+                    self.record(impl, d, rows, cols, dt, nbytes[d], copy_gbps, error=str(e).splitlines()[0][:200])
+            del f, calls
+            torch._dynamo.reset()
+        del x, gy, w, xl, wl
+        torch.cuda.empty_cache()
+
+    def record(self, impl, direction, rows, cols, dt, nbytes, copy_gbps, k=None, ev=None, host=None, error=""):
+        c = {"impl": impl, "direction": direction, "rows": rows, "cols": cols, "dtype": dt, "bytes": nbytes,
+             "error": error}
+        if not error:
+            ks, es = sorted(k), sorted(ev)
+            med = statistics.median(ks)
+            c.update({
+                "kernel_us": med, "kernel_p10_us": ks[len(ks) // 10], "kernel_p90_us": ks[(9 * len(ks)) // 10],
+                "call_us": statistics.median(es), "gbps": nbytes / med / 1e3,
+            })
+            c["pct_copy"] = 100.0 * c["gbps"] / copy_gbps
+            if host is not None:
+                c["host_wall_us_per_call"] = host
+                c["host_overhead_us"] = host - med
+        self.cases.append(c)
+        shape = f"{rows}x{cols}"
+        if error:
+            print(f"{shape:<13} {dt:<5} {direction:<8} {impl:<17} ERROR: {error}", flush=True)
+            return
+        extra = ""
+        if host is not None:
+            extra = f"  wall/call {host:7.2f} us, host overhead {host - c['kernel_us']:7.2f} us"
+        print(f"{shape:<13} {dt:<5} {direction:<8} {impl:<17} {c['kernel_us']:9.2f} {c['call_us']:9.2f} "
+              f"{c['gbps']:8.1f} {c['pct_copy']:6.1f}%{extra}", flush=True)
+
+    def measure_copy(self):
+        torch = self.torch
+        n = 1 << 30
+        src = torch.randint(0, 256, (n,), dtype=torch.uint8, device=self.dev)
+        dst = torch.empty_like(src)
+        for _ in range(3):
+            dst.copy_(src)
+        torch.cuda.synchronize()
+        us = []
+        for _ in range(20):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            dst.copy_(src)
+            b.record()
+            b.synchronize()
+            us.append(1e3 * a.elapsed_time(b))
+        del src, dst
+        torch.cuda.empty_cache()
+        med = statistics.median(us)
+        return med, 2.0 * n / med / 1e3
+
+
+def call_spans(acts):
+    """(start_ns, end_ns, name) of every device activity -> the span (us) from the first start to the last end of
+    the activities between each pair of spin_kernel markers (before and after one call)."""
+    spans, inside, first, last = [], False, None, None
+    for start, end, name in sorted(acts):
+        if "spin_kernel" in name:
+            if inside and first is not None:
+                spans.append((last - first) / 1e3)
+            inside, first, last = not inside, None, None
+        elif inside:
+            first = start if first is None else min(first, start)
+            last = end if last is None else max(last, end)
+    return spans
+
+
+def summary_lines(cases):
+    """Per shape and direction: the best peer's kernel time, ours, and the ratio; the host check at 1 x 4096."""
+    lines = []
+    keyed = {}
+    for c in cases:
+        keyed.setdefault((c["rows"], c["cols"], c["dtype"], c["direction"]), {})[c["impl"]] = c
+    lines.append(f"{'shape':<20} {'dir':<8} {'ours us':>9} {'ours+compile':>12} {'best peer':>26} {'ours/best':>9}")
+    for (rows, cols, dt, d), by in keyed.items():
+        ours = by.get("rmsnorm", {}).get("kernel_us")
+        ours_c = by.get("rmsnorm+compile", {}).get("kernel_us")
+        peers = [(v["kernel_us"], k) for k, v in by.items()
+                 if not k.startswith("rmsnorm") and v.get("kernel_us") is not None]
+        best = min(peers) if peers else (None, "-")
+        ratio = ours / best[0] if ours and best[0] else float("nan")
+        fmt = lambda v: f"{v:9.2f}" if v is not None else f"{'-':>9}"  # noqa: E731
+        peer = f"{best[1]} {best[0]:.2f}" if best[0] is not None else "-"
+        lines.append(f"{f'{rows}x{cols} {dt}':<20} {d:<8} {fmt(ours)} {fmt(ours_c):>12} {peer:>26} {ratio:9.3f}")
+    host = {(c["impl"], c["direction"]): c.get("host_overhead_us") for c in cases if "host_overhead_us" in c}
+    for d in DIRECTIONS:
+        ours, ref = host.get(("rmsnorm", d)), host.get(("F.rms_norm", d))
+        if ours is not None and ref is not None:
+            ok = ours <= HOST_RATIO_LIMIT * ref
+            lines.append(f"host overhead at 1x4096 {d}: ours {ours:.2f} us, F.rms_norm {ref:.2f} us, ratio "
+                         f"{ours / ref:.2f} ({'within' if ok else 'OVER'} {HOST_RATIO_LIMIT}x)")
+    return lines
+
+
+def draw_png(path, cases, copy_gbps, title):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        print(f"no PNG: matplotlib not importable ({e})")
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    for ax, d in zip(axes, DIRECTIONS):
+        for impl in IMPLS:
+            pts = sorted((c["cols"], c["gbps"], c["dtype"]) for c in cases
+                         if c["impl"] == impl and c["direction"] == d and c.get("gbps") and c["rows"] > 1)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        ax.axhline(copy_gbps, color="k", linestyle="--", linewidth=1, label=f"copy {copy_gbps:.0f} GB/s")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("D (columns; rows x D from the benchmark's shapes, 1-row decode left out)")
+        ax.set_title(d)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("GB/s (minimal bytes / kernel time, L2 flushed)")
+    axes[1].legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=50, help="calls per measurement (default 50)")
+    ap.add_argument("--quick", action="store_true", help="three shapes, 20 reps (smoke)")
+    ap.add_argument("--shapes", default="", help='only shapes whose "ROWSxCOLS dtype" contains this')
+    ap.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated subset of {','.join(IMPLS)}")
+    ap.add_argument("--json", default="", help="write the results here (e.g. bench/results/..._torch_ops.json)")
+    ap.add_argument("--png", default="", help="draw GB/s against D here")
+    ap.add_argument("--commit", default="", help="commit recorded in the JSON (default $RMSNORM_COMMIT or git)")
+    args = ap.parse_args()
+    if args.quick and "--reps" not in sys.argv:
+        args.reps = 20
+    meta = {"tool": "torch_ops_bench", "date_utc": utc_now(), "commit": git_commit(args.commit)}
+
+    try:
+        import torch
+    except ImportError as e:
+        print(f"torch_ops_bench: skipped: torch not importable ({e})")
+        write_json(args.json, {**meta, "skipped": "no torch", "cases": []})
+        return 0
+    if not torch.cuda.is_available():
+        print("torch_ops_bench: skipped: no CUDA device")
+        write_json(args.json, {**meta, "skipped": "no CUDA device", "cases": []})
+        return 0
+
+    b = Bench(torch, args)
+    if not b.rmsnorm.cuda_built():
+        print("torch_ops_bench: the installed rmsnorm has no CUDA backend (pip install . with nvcc and a CUDA torch)")
+        return 1
+    props = torch.cuda.get_device_properties(0)
+    meta.update({"gpu": props.name, "sms": props.multi_processor_count, "driver": driver_version(),
+                 "cuda": torch.version.cuda, "torch": torch.__version__,
+                 "liger": getattr(sys.modules.get("liger_kernel"), "__version__", None) if b.liger else None,
+                 "reps": args.reps, "eps": EPS, "l2_flush_bytes": FLUSH_BYTES})
+    copy_us, copy_gbps = b.measure_copy()
+    meta["copy_1gib_us"], meta["copy_gbps"] = copy_us, copy_gbps
+    print(f"{props.name}, driver {meta['driver']}, CUDA {torch.version.cuda}, torch {torch.__version__}, "
+          f"commit {meta['commit']}; copy ceiling {copy_gbps:.0f} GB/s (1 GiB, read + write)")
+    if b.liger is None:
+        print(f"liger: not timed ({b.liger_error})")
+    impls = [i for i in args.impls.split(",") if i]
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    shapes = [s for s in shapes if args.shapes in f"{s[0]}x{s[1]} {s[2]}"]
+    print(f"\n{'shape':<13} {'dtype':<5} {'dir':<8} {'impl':<17} {'kernel us':>9} {'call us':>9} {'GB/s':>8} "
+          f"{'%copy':>7}")
+    for rows, cols, dt in shapes:
+        b.run_shape(rows, cols, dt, impls, copy_gbps)
+    print()
+    lines = summary_lines(b.cases)
+    print("\n".join(lines))
+    write_json(args.json, {**meta, "cases": b.cases, "summary": lines})
+    if args.png:
+        draw_png(args.png, b.cases, copy_gbps,
+                 f"{props.name}, torch {torch.__version__}, commit {meta['commit']}, {meta['date_utc']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
