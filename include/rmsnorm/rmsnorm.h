@@ -19,9 +19,10 @@
  * eps < 2^-40, is summed again scaled by an exact power of two (2^-80 or
  * 2^80), and backward's sum of x * w' * gy likewise where r is below 2^-64 or
  * above 2^64. So every finite row whose largest |x| lies in [2^-100,
- * FLT_MAX] gets r (and y, gx, gw) to fp32 accuracy, for any eps up to 2^100
- * (r is itself a subnormal float where the row's rms exceeds 2^126). Ordinary
- * rows never take these paths, and f16 rows never need them.
+ * FLT_MAX] gets r (and y, gx, gw) to fp32 accuracy, for any eps up to 2^100;
+ * where the row's rms exceeds 2^126, r and gx (which scales with r) are
+ * subnormal floats, with a subnormal's precision. Ordinary rows never take
+ * these paths, and f16 rows never need them.
  *
  * Operands are row-major matrices of `rows` x `cols` elements with a row
  * stride in elements (>= cols). Vectors (weight, gw) have `cols` elements,
