@@ -169,7 +169,7 @@ rmsnorm_status_t run(const BackwardArgs& a, void* temp, cudaStream_t stream) {
 }  // namespace
 
 size_t two_pass_temp_bytes(int64_t rows, int64_t cols, DType dtype) {
-  return static_cast<size_t>(rows) * static_cast<size_t>(cols) * (dtype == DType::kF32 ? 4 : 2);
+  return static_cast<size_t>(rows) * static_cast<size_t>(cols) * dtype_size(dtype);
 }
 
 rmsnorm_status_t backward_two_pass(const BackwardArgs& a, void* temp, void* stream) {

@@ -207,7 +207,7 @@ rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtyp
   plan::Device dev;
   const rmsnorm_status_t st = check_device(device, &dev);
   if (st != RMSNORM_STATUS_SUCCESS) return st;
-  const int esize = dtype == DType::kF32 ? 4 : 2;
+  const int esize = static_cast<int>(dtype_size(dtype));
   // The workspace does not depend on the I/O path (plan::backward_launch).
   *bytes = plan::backward_launch(rows, cols, esize, plan::Io::kVector, mode != GwMode::kNone, dev).workspace;
   return RMSNORM_STATUS_SUCCESS;
