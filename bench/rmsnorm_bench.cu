@@ -16,8 +16,9 @@
 //   - ceiling = device-to-device cudaMemcpyAsync of a 1 GiB buffer, counted as
 //     read + write, median of 20, measured in this run (again at the end, to
 //     show drift);
-//   - every operand filled with random normals by a hash generator (never
-//     zeros: they can run faster and hide unwritten outputs);
+//   - every operand filled with random normals by the harness's counter-hash
+//     generator (harness/random.hpp; never zeros: they can run faster and
+//     hide unwritten outputs);
 //   - k copies of the operands, k = ceil(max(200 MiB, 3 x L2) / forward
 //     bytes), used round-robin so that no call finds its inputs in L2;
 //   - warm-up (>= max(k, 8) calls and >= 30 ms), then each call bracketed by
@@ -29,9 +30,10 @@
 //   - decode shapes: N = 20 calls captured in one CUDA graph, replayed; per
 //     call = replay time / N (launch overhead is what decode pays);
 //   - the library through its public C ABI on a non-blocking stream, the
-//     workspace allocated once per shape outside timing.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+//     workspace allocated once per shape outside timing;
+//   - y and gx of the first and last row checked element by element against
+//     the float64 reference with the tests' tolerances (harness/), reported
+//     next to the times ("CHECK mismatch ..."), never fatal.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -42,21 +44,34 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <exception>
 #include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "args.hpp"
-#include "cuda/element.cuh"  // from_float: the library's own float -> T rounding
-#include "two_pass.hpp"
+#include "harness/check.hpp"
+#include "harness/cuda.hpp"
+#include "harness/host_matrix.hpp"
+#include "harness/json.hpp"
+#include "harness/random.cuh"
+#include "harness/stats.hpp"
 #include "rmsnorm/rmsnorm.h"
+#include "two_pass.hpp"
 
 namespace {
+
+using rmsnorm::harness::DeviceBuffer;
+using rmsnorm::harness::dtype_name;
+using rmsnorm::harness::HostMatrix;
+using rmsnorm::harness::JsonWriter;
 
 // ---------------------------------------------------------------------------------------------
 // Options, results, failure
 // ---------------------------------------------------------------------------------------------
+
+constexpr float kEps = 1e-5f;
 
 struct Options {
   int reps = 100;
@@ -146,7 +161,8 @@ void write_json(const std::string& fatal_error);
 
 // The benchmark is a tool: on the first failing call it says which one and
 // why, writes what it has measured so far (so a long run is not lost), and
-// exits nonzero.
+// exits nonzero. A failed CUDA call throws (harness/cuda.hpp) and ends here
+// through main.
 [[noreturn]] void die(const std::string& msg) {
   std::fprintf(stderr, "rmsnorm_bench: FATAL: %s\n", msg.c_str());
   std::fflush(stdout);
@@ -154,12 +170,7 @@ void write_json(const std::string& fatal_error);
   std::exit(1);
 }
 
-void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
-  if (e != cudaSuccess)
-    die(std::string(what) + " failed at " + file + ":" + std::to_string(line) + ": " + cudaGetErrorName(e) + ": " +
-        cudaGetErrorString(e));
-}
-#define RMSNORM_BENCH_CUDA(call) check_cuda((call), #call, __FILE__, __LINE__)
+#define RMSNORM_BENCH_CUDA(call) RMSNORM_HARNESS_CUDA(call)
 
 void check_status(rmsnorm_status_t st, const char* what) {
   if (st != RMSNORM_STATUS_SUCCESS)
@@ -167,77 +178,16 @@ void check_status(rmsnorm_status_t st, const char* what) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Device memory and random fill
+// Random fill
 // ---------------------------------------------------------------------------------------------
-
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes > 0) RMSNORM_BENCH_CUDA(cudaMalloc(&p_, bytes));
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  ~DeviceBuffer() {
-    if (p_ != nullptr) cudaFree(p_);  // nothing useful to do with an error in a destructor
-  }
-  void* get() const { return p_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-__device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// mean + scale * N(0, 1) per element, Box-Muller over a counter hash: fresh,
-// reproducible per seed, no cuRAND dependency. u1 is in (0, 1], so log never
-// sees 0; a zero draw has probability ~0, so outputs are never all zeros.
-template <typename T>
-__global__ void fill_normal_kernel(T* p, size_t n, uint64_t seed, float mean, float scale) {
-  const size_t step = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    const uint64_t h = splitmix64(seed * 0xD1B54A32D192ED03ull + i);
-    const float u1 = static_cast<float>((h >> 40) + 1) * (1.0f / 16777216.0f);
-    const float u2 = static_cast<float>((h >> 16) & 0xFFFFFFull) * (1.0f / 16777216.0f);
-    const float z = sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
-    p[i] = rmsnorm::cuda::from_float<T>(mean + scale * z);
-  }
-}
 
 uint64_t g_seed = 0x5EED;
 
+// mean + scale * N(0, 1) per element, never zero: the harness's generator
+// (harness/random.hpp), run on the device; a fresh seed per buffer.
 void fill_normal(const DeviceBuffer& b, rmsnorm_dtype_t dtype, float mean, float scale, cudaStream_t s) {
-  const size_t esize = rmsnorm_dtype_size(dtype);
-  const size_t n = b.bytes() / esize;
-  if (n == 0) return;
-  const unsigned grid = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 132 * 16));
-  const uint64_t seed = g_seed++;
-  switch (dtype) {
-    case RMSNORM_DTYPE_F32:
-      fill_normal_kernel<float><<<grid, 256, 0, s>>>(static_cast<float*>(b.get()), n, seed, mean, scale);
-      break;
-    case RMSNORM_DTYPE_F16:
-      fill_normal_kernel<__half><<<grid, 256, 0, s>>>(static_cast<__half*>(b.get()), n, seed, mean, scale);
-      break;
-    case RMSNORM_DTYPE_BF16:
-      fill_normal_kernel<__nv_bfloat16>
-          <<<grid, 256, 0, s>>>(static_cast<__nv_bfloat16*>(b.get()), n, seed, mean, scale);
-      break;
-  }
-  RMSNORM_BENCH_CUDA(cudaGetLastError());
+  RMSNORM_BENCH_CUDA(rmsnorm::harness::fill_normal_device(b.get(), b.bytes() / rmsnorm_dtype_size(dtype), dtype,
+                                                          g_seed++, mean, scale, s));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -269,23 +219,14 @@ double wall_ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Linear interpolation between order statistics.
-double quantile(const std::vector<double>& sorted, double q) {
-  if (sorted.empty()) return std::numeric_limits<double>::quiet_NaN();
-  const double pos = q * static_cast<double>(sorted.size() - 1);
-  const size_t lo = static_cast<size_t>(pos);
-  const size_t hi = std::min(lo + 1, sorted.size() - 1);
-  return sorted[lo] + (pos - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
-}
-
 Stats summarize(std::vector<double> us) {
   Stats s;
   s.reps = static_cast<int>(us.size());
   if (us.empty()) return s;
   std::sort(us.begin(), us.end());
-  s.median = quantile(us, 0.5);
-  s.p10 = quantile(us, 0.1);
-  s.p90 = quantile(us, 0.9);
+  s.median = rmsnorm::harness::quantile(us, 0.5);
+  s.p10 = rmsnorm::harness::quantile(us, 0.1);
+  s.p90 = rmsnorm::harness::quantile(us, 0.9);
   s.min = us.front();
   double sum = 0;
   for (double v : us) sum += v;
@@ -484,86 +425,42 @@ double measure_kernel_copy(cudaStream_t s, size_t bytes, bool use_memcpy) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Host-side sanity check of two rows (first and last of set 0): a kernel that
-// is fast because it is wrong must not produce a PASS. Not a test: a normwise
-// comparison against double at a loose tolerance.
+// Host-side check of two rows (first and last of set 0) against the float64
+// reference, every element, with the tests' tolerances (harness/): a kernel
+// that is fast because it is wrong must not produce a PASS.
 // ---------------------------------------------------------------------------------------------
 
-float host_to_float(const unsigned char* p, rmsnorm_dtype_t dtype) {
-  if (dtype == RMSNORM_DTYPE_F32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
+// Rows 0 and rows - 1 (one row when rows == 1) of a device matrix.
+HostMatrix download_rows(const void* base, int64_t rows, int64_t stride, int64_t cols, rmsnorm_dtype_t dtype) {
+  const int64_t n = rows > 1 ? 2 : 1;
+  HostMatrix m(dtype, n, cols);
+  const size_t row_bytes = static_cast<size_t>(cols) * m.esize();
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t row = k == 0 ? 0 : rows - 1;
+    const auto* src = static_cast<const unsigned char*>(base) + static_cast<size_t>(row * stride) * m.esize();
+    RMSNORM_BENCH_CUDA(cudaMemcpy(static_cast<unsigned char*>(m.data()) + k * row_bytes, src, row_bytes,
+                                  cudaMemcpyDeviceToHost));
   }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  if (dtype == RMSNORM_DTYPE_BF16) {
-    const uint32_t u = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
-  const uint32_t sign = (h >> 15) & 1u, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
-  float mag;
-  if (exp == 0)
-    mag = std::ldexp(static_cast<float>(man), -24);
-  else if (exp == 31)
-    mag = man != 0 ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
-  else
-    mag = std::ldexp(static_cast<float>(man | 0x400u), static_cast<int>(exp) - 25);
-  return sign != 0 ? -mag : mag;
+  return m;
 }
 
-std::vector<double> read_row(const void* base, int64_t row, int64_t stride, int64_t cols, rmsnorm_dtype_t dtype) {
-  const size_t esize = rmsnorm_dtype_size(dtype);
-  std::vector<unsigned char> raw(static_cast<size_t>(cols) * esize);
-  const auto* src = static_cast<const unsigned char*>(base) + static_cast<size_t>(row * stride) * esize;
-  RMSNORM_BENCH_CUDA(cudaMemcpy(raw.data(), src, raw.size(), cudaMemcpyDeviceToHost));
-  std::vector<double> v(static_cast<size_t>(cols));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = host_to_float(raw.data() + i * esize, dtype);
-  return v;
-}
-
-double check_tolerance(rmsnorm_dtype_t dtype) {
-  // Normwise (max |err| / max |ref|); a few units of the output dtype's
-  // rounding, loose enough for gx's cancellation, tight enough to catch a
-  // wrong normalizer or unwritten output.
-  return dtype == RMSNORM_DTYPE_F32 ? 1e-4 : dtype == RMSNORM_DTYPE_F16 ? 5e-3 : 3e-2;
-}
-
-// out is y (forward) or gx (backward, gy given).
+// out is y (forward) or gx (backward, gy given). "ok", or the worst element.
 std::string check_rows(bool backward, int64_t rows, int64_t cols, rmsnorm_dtype_t dtype, float eps, const void* x,
                        const void* gy, const void* w, const void* out, int64_t stride) {
-  const std::vector<double> wv = read_row(w, 0, cols, cols, dtype);
-  double worst = 0;
-  for (int64_t row : {int64_t{0}, rows - 1}) {
-    const std::vector<double> xv = read_row(x, row, stride, cols, dtype);
-    const std::vector<double> ov = read_row(out, row, stride, cols, dtype);
-    double ss = 0;
-    for (double v : xv) ss += v * v;
-    const double r = 1.0 / std::sqrt(ss / static_cast<double>(cols) + eps);
-    std::vector<double> ref(static_cast<size_t>(cols));
-    if (!backward) {
-      for (size_t i = 0; i < ref.size(); ++i) ref[i] = xv[i] * r * wv[i];
-    } else {
-      const std::vector<double> gv = read_row(gy, row, stride, cols, dtype);
-      double dot = 0;
-      for (size_t i = 0; i < ref.size(); ++i) dot += xv[i] * r * wv[i] * gv[i];
-      const double mean = dot / static_cast<double>(cols);
-      for (size_t i = 0; i < ref.size(); ++i) ref[i] = r * (wv[i] * gv[i] - xv[i] * r * mean);
-    }
-    double err = 0, mag = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      const double e = std::fabs(ov[i] - ref[i]);
-      err = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(err, e);
-      mag = std::max(mag, std::fabs(ref[i]));
-    }
-    worst = std::max(worst, mag > 0 ? err / mag : err);
-  }
-  if (worst <= check_tolerance(dtype)) return "ok";
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "mismatch: normwise error %.3g > %.3g", worst, check_tolerance(dtype));
-  return buf;
+  const HostMatrix xr = download_rows(x, rows, stride, cols, dtype), outr = download_rows(out, rows, stride, cols, dtype);
+  const HostMatrix wr = download_rows(w, 1, cols, cols, dtype);
+  const HostMatrix gyr = backward ? download_rows(gy, rows, stride, cols, dtype) : HostMatrix();
+  rmsnorm::harness::Outputs o;
+  if (backward) o.gx.push_back({"gx", &outr});
+  else o.y = &outr;
+  rmsnorm::reference::Options opt;
+  opt.eps = static_cast<double>(eps);
+  const rmsnorm::harness::CheckResult r =
+      rmsnorm::harness::check_against_reference(xr, &wr, backward ? &gyr : nullptr, opt, o).front();
+  if (r.worst.passed()) return "ok";
+  rmsnorm::harness::Worst worst = r.worst;
+  if (worst.row == 1) worst.row = rows - 1;
+  return "mismatch: " + worst.describe(r.name, false, " (rows 0 and " + std::to_string(rows - 1) + ")");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -620,10 +517,6 @@ std::string verdict(const Target& t) {
 // Reporting
 // ---------------------------------------------------------------------------------------------
 
-const char* dtype_name(rmsnorm_dtype_t d) {
-  return d == RMSNORM_DTYPE_F32 ? "f32" : d == RMSNORM_DTYPE_F16 ? "f16" : "bf16";
-}
-
 void print_header() {
   std::printf("\n%-20s %-13s %-5s %-14s %10s %19s %9s %9s %7s  %s\n", "case", "shape", "dtype", "variant", "us(med)",
               "p10..p90", "b2b us", "GB/s", "%copy", "target");
@@ -656,129 +549,99 @@ void print_case(const CaseResult& c) {
   std::fflush(stdout);
 }
 
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    switch (ch) {
-      case '"': o += "\\\""; break;
-      case '\\': o += "\\\\"; break;
-      case '\n': o += "\\n"; break;
-      case '\t': o += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", ch);
-          o += buf;
-        } else {
-          o += ch;
-        }
-    }
+void json_stats(JsonWriter& j, const Stats& s) {
+  j.begin_object(true).field("reps", s.reps).field("median_us", s.median).field("p10_us", s.p10);
+  j.field("p90_us", s.p90).field("min_us", s.min).field("mean_us", s.mean).field("b2b_us", s.b2b);
+  j.field("host_us_per_call", s.host_us).field("host_bound", s.host_bound).end_object();
+}
+
+void json_target(JsonWriter& j, const Target& t) {
+  if (!t.has) {
+    j.null();
+    return;
   }
-  return o;
-}
-std::string js(const std::string& s) { return "\"" + json_escape(s) + "\""; }
-std::string jn(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.10g", v);
-  return buf;
-}
-std::string jb(bool b) { return b ? "true" : "false"; }
-
-std::string json_stats(const Stats& s) {
-  return "{\"reps\": " + std::to_string(s.reps) + ", \"median_us\": " + jn(s.median) + ", \"p10_us\": " + jn(s.p10) +
-         ", \"p90_us\": " + jn(s.p90) + ", \"min_us\": " + jn(s.min) + ", \"mean_us\": " + jn(s.mean) +
-         ", \"b2b_us\": " + jn(s.b2b) + ", \"host_us_per_call\": " + jn(s.host_us) + ", \"host_bound\": " +
-         jb(s.host_bound) + "}";
+  j.begin_object(true).field("label", t.label).field("metric", t.metric).field("op", t.at_most ? "<=" : ">=");
+  j.field("value", t.value).field("measured", t.measured).field("pass", t.pass).field("small", t.small);
+  j.field("verdict", verdict(t)).end_object();
 }
 
-std::string json_target(const Target& t) {
-  if (!t.has) return "null";
-  return "{\"label\": " + js(t.label) + ", \"metric\": " + js(t.metric) + ", \"op\": " + js(t.at_most ? "<=" : ">=") +
-         ", \"value\": " + jn(t.value) + ", \"measured\": " + jn(t.measured) + ", \"pass\": " + jb(t.pass) +
-         ", \"small\": " + jb(t.small) + ", \"verdict\": " + js(verdict(t)) + "}";
+void json_copies(JsonWriter& j, const char* name, const std::vector<std::pair<double, double>>& v) {
+  j.key(name).begin_array(true);
+  for (const auto& [bytes, gbps] : v) j.begin_object().field("bytes_copied", bytes).field("gbps", gbps).end_object();
+  j.end_array();
 }
 
 void write_json(const std::string& fatal_error) {
-  std::FILE* f = std::fopen(g_opt.json.c_str(), "w");
-  if (f == nullptr) {
-    std::fprintf(stderr, "rmsnorm_bench: cannot write %s\n", g_opt.json.c_str());
+  const Meta& m = g_meta;
+  JsonWriter j;
+  j.begin_object();
+  j.field("tool", "rmsnorm_bench");
+  j.field("library_version", std::to_string(RMSNORM_VERSION_MAJOR) + "." + std::to_string(RMSNORM_VERSION_MINOR) +
+                                 "." + std::to_string(RMSNORM_VERSION_PATCH));
+  j.field("date_utc", m.date_utc).field("commit", m.commit);
+  j.key("gpu").begin_object(true).field("name", m.gpu).field("pci_bus_id", m.pci_bus_id).field("sm_count", m.sm_count);
+  j.field("compute_capability", std::to_string(m.cc_major) + "." + std::to_string(m.cc_minor));
+  j.field("l2_bytes", static_cast<double>(m.l2_bytes)).field("memory_bytes", static_cast<double>(m.total_mem));
+  j.field("max_sm_clock_khz", m.sm_clock_khz).field("max_mem_clock_khz", m.mem_clock_khz);
+  j.field("bus_width_bits", m.bus_width_bits).field("nvidia_smi_clocks", m.smi_clocks).end_object();
+  j.field("driver_version", m.driver).field("runtime_version", m.runtime);
+  j.key("method").begin_object(true);
+  j.field("timing",
+          "CUDA events around each call, queued behind a spin kernel, after warm-up; median/p10/p90; b2b = one event "
+          "pair around all calls");
+  j.field("reps", g_opt.reps).field("quick", g_opt.quick).field("rotation_min_bytes", m.rotation_bytes);
+  j.field("fill", "random normal (harness counter hash, Box-Muller), w ~ N(1, 0.25)").field("eps", kEps);
+  j.field("decode", "20 calls per CUDA graph, per call = replay / 20");
+  j.field("bytes", "forward 2*rows*D*esize + D*esize; vjp 3*rows*D*esize + 2*D*esize");
+  j.field("check", "rows 0 and rows-1 of set 0 against the float64 reference, every element, tests' tolerances");
+  j.field("small_rule_bytes", kTargetDataBytes).end_object();
+  j.key("copy").begin_object(true).field("bytes_per_copy", 2.0 * (1 << 30)).field("gbps", m.copy_gbps);
+  j.key("stats");
+  json_stats(j, m.copy_st);
+  j.field("gbps_end", m.copy_gbps_end).key("stats_end");
+  json_stats(j, m.copy_st_end);
+  j.end_object();
+  json_copies(j, "kernel_copy", m.kernel_copy);
+  json_copies(j, "memcpy_by_size", m.memcpy_by_size);
+  j.key("cases").begin_array();
+  for (const CaseResult& c : g_cases) {
+    j.begin_object(true).field("group", c.group).field("op", c.op).field("variant", c.variant);
+    j.field("rows", c.rows).field("cols", c.cols).field("dtype", c.dtype).field("bytes", c.bytes);
+    j.field("sets", c.sets).field("graph", c.graph).field("calls_per_graph", c.calls_per_graph);
+    j.field("us", c.st.median).key("stats");
+    json_stats(j, c.st);
+    j.field("gbps", c.gbps).field("pct_copy", c.pct).field("extra_device_bytes", c.extra_bytes);
+    j.field("vs_aligned", c.vs_aligned > 0 ? c.vs_aligned : std::nan("")).field("vs_aligned_case", c.vs_aligned_case);
+    j.field("check", c.check).field("error", c.error).key("targets").begin_array();
+    for (const Target& t : c.targets) json_target(j, t);
+    j.end_array().end_object();
+  }
+  j.end_array();
+  j.key("fused_vs_two_pass").begin_array();
+  for (const Comparison& c : g_comparisons) {
+    j.begin_object(true).field("rows", c.rows).field("cols", c.cols).field("dtype", c.dtype);
+    j.field("fused_us", c.fused_us).field("two_pass_us", c.two_pass_us).field("speedup", c.speedup);
+    j.field("fused_gbps", c.fused_gbps).field("two_pass_gbps", c.two_pass_gbps);
+    j.field("fused_extra_device_bytes", c.fused_extra_bytes).field("two_pass_extra_device_bytes", c.two_pass_extra_bytes);
+    j.field("error", c.error).key("target");
+    json_target(j, c.target);
+    j.end_object();
+  }
+  j.end_array();
+  if (fatal_error.empty()) j.null_field("fatal_error");
+  else j.field("fatal_error", fatal_error);
+  j.end_object();
+  const std::string err = rmsnorm::harness::write_text_file(g_opt.json, j.str());
+  if (!err.empty()) {
+    std::fprintf(stderr, "rmsnorm_bench: %s\n", err.c_str());
     return;
   }
-  const Meta& m = g_meta;
-  std::string s = "{\n";
-  s += "  \"tool\": \"rmsnorm_bench\",\n";
-  s += "  \"library_version\": \"" + std::to_string(RMSNORM_VERSION_MAJOR) + "." +
-       std::to_string(RMSNORM_VERSION_MINOR) + "." + std::to_string(RMSNORM_VERSION_PATCH) + "\",\n";
-  s += "  \"date_utc\": " + js(m.date_utc) + ",\n";
-  s += "  \"commit\": " + js(m.commit) + ",\n";
-  s += "  \"gpu\": {\"name\": " + js(m.gpu) + ", \"pci_bus_id\": " + js(m.pci_bus_id) +
-       ", \"sm_count\": " + std::to_string(m.sm_count) + ", \"compute_capability\": \"" +
-       std::to_string(m.cc_major) + "." + std::to_string(m.cc_minor) + "\", \"l2_bytes\": " + jn(static_cast<double>(m.l2_bytes)) +
-       ", \"memory_bytes\": " + jn(static_cast<double>(m.total_mem)) + ", \"max_sm_clock_khz\": " +
-       std::to_string(m.sm_clock_khz) + ", \"max_mem_clock_khz\": " + std::to_string(m.mem_clock_khz) +
-       ", \"bus_width_bits\": " + std::to_string(m.bus_width_bits) + ", \"nvidia_smi_clocks\": " + js(m.smi_clocks) +
-       "},\n";
-  s += "  \"driver_version\": " + std::to_string(m.driver) + ",\n";
-  s += "  \"runtime_version\": " + std::to_string(m.runtime) + ",\n";
-  s += "  \"method\": {\"timing\": \"CUDA events around each call, queued behind a spin kernel, after warm-up; "
-       "median/p10/p90; b2b = one event pair around all calls\", "
-       "\"reps\": " + std::to_string(g_opt.reps) + ", \"quick\": " + jb(g_opt.quick) +
-       ", \"rotation_min_bytes\": " + jn(m.rotation_bytes) +
-       ", \"fill\": \"random normal (hash Box-Muller), w ~ N(1, 0.25)\", \"eps\": 1e-05, "
-       "\"decode\": \"20 calls per CUDA graph, per call = replay / 20\", "
-       "\"bytes\": \"forward 2*rows*D*esize + D*esize; vjp 3*rows*D*esize + 2*D*esize\", "
-       "\"small_rule_bytes\": " + jn(kTargetDataBytes) + "},\n";
-  s += "  \"copy\": {\"bytes_per_copy\": " + jn(2.0 * (1 << 30)) + ", \"gbps\": " + jn(m.copy_gbps) +
-       ", \"stats\": " + json_stats(m.copy_st) + ", \"gbps_end\": " + jn(m.copy_gbps_end) +
-       ", \"stats_end\": " + json_stats(m.copy_st_end) + "},\n";
-  s += "  \"kernel_copy\": [";
-  for (size_t i = 0; i < m.kernel_copy.size(); ++i)
-    s += std::string(i ? ", " : "") + "{\"bytes_copied\": " + jn(m.kernel_copy[i].first) +
-         ", \"gbps\": " + jn(m.kernel_copy[i].second) + "}";
-  s += "],\n  \"memcpy_by_size\": [";
-  for (size_t i = 0; i < m.memcpy_by_size.size(); ++i)
-    s += std::string(i ? ", " : "") + "{\"bytes_copied\": " + jn(m.memcpy_by_size[i].first) +
-         ", \"gbps\": " + jn(m.memcpy_by_size[i].second) + "}";
-  s += "],\n";
-  s += "  \"cases\": [";
-  for (size_t i = 0; i < g_cases.size(); ++i) {
-    const CaseResult& c = g_cases[i];
-    s += i ? ",\n    " : "\n    ";
-    s += "{\"group\": " + js(c.group) + ", \"op\": " + js(c.op) + ", \"variant\": " + js(c.variant) +
-         ", \"rows\": " + std::to_string(c.rows) + ", \"cols\": " + std::to_string(c.cols) + ", \"dtype\": " +
-         js(c.dtype) + ", \"bytes\": " + jn(c.bytes) + ", \"sets\": " + std::to_string(c.sets) +
-         ", \"graph\": " + jb(c.graph) + ", \"calls_per_graph\": " + std::to_string(c.calls_per_graph) +
-         ", \"us\": " + jn(c.st.median) + ", \"stats\": " + json_stats(c.st) + ", \"gbps\": " + jn(c.gbps) +
-         ", \"pct_copy\": " + jn(c.pct) + ", \"extra_device_bytes\": " + jn(c.extra_bytes) +
-         ", \"vs_aligned\": " + jn(c.vs_aligned > 0 ? c.vs_aligned : std::nan("")) +
-         ", \"vs_aligned_case\": " + js(c.vs_aligned_case) + ", \"check\": " + js(c.check) +
-         ", \"error\": " + js(c.error) + ", \"targets\": [";
-    for (size_t j = 0; j < c.targets.size(); ++j) s += (j ? ", " : "") + json_target(c.targets[j]);
-    s += "]}";
-  }
-  s += "\n  ],\n  \"fused_vs_two_pass\": [";
-  for (size_t i = 0; i < g_comparisons.size(); ++i) {
-    const Comparison& c = g_comparisons[i];
-    s += i ? ",\n    " : "\n    ";
-    s += "{\"rows\": " + std::to_string(c.rows) + ", \"cols\": " + std::to_string(c.cols) + ", \"dtype\": " +
-         js(c.dtype) + ", \"fused_us\": " + jn(c.fused_us) + ", \"two_pass_us\": " + jn(c.two_pass_us) +
-         ", \"speedup\": " + jn(c.speedup) + ", \"fused_gbps\": " + jn(c.fused_gbps) + ", \"two_pass_gbps\": " +
-         jn(c.two_pass_gbps) + ", \"fused_extra_device_bytes\": " + jn(c.fused_extra_bytes) +
-         ", \"two_pass_extra_device_bytes\": " + jn(c.two_pass_extra_bytes) + ", \"error\": " + js(c.error) +
-         ", \"target\": " + json_target(c.target) + "}";
-  }
-  s += "\n  ],\n  \"fatal_error\": " + (fatal_error.empty() ? std::string("null") : js(fatal_error)) + "\n}\n";
-  std::fputs(s.c_str(), f);
-  std::fclose(f);
   std::printf("\nwrote %s\n", g_opt.json.c_str());
 }
 
 // ---------------------------------------------------------------------------------------------
 // Cases
 // ---------------------------------------------------------------------------------------------
-
-constexpr float kEps = 1e-5f;
 
 struct Shape {
   int64_t rows, cols;
@@ -1247,11 +1110,7 @@ void parse(int argc, char** argv) {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // Line-buffered even into a pipe (tee): a killed run still shows its last case.
-  setvbuf(stdout, nullptr, _IOLBF, 0);
+int run(int argc, char** argv) {
   parse(argc, argv);
   if (rmsnorm_cuda_available() == 0) {
     std::printf("rmsnorm_bench: no CUDA device (or the library was built without CUDA); nothing to measure\n");
@@ -1306,4 +1165,16 @@ int main(int argc, char** argv) {
   if (!g_opt.json.empty()) write_json("");
   RMSNORM_BENCH_CUDA(cudaStreamDestroy(stream));
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Line-buffered even into a pipe (tee): a killed run still shows its last case.
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // a failed CUDA call or allocation
+    die(e.what());
+  }
 }

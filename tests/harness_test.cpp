@@ -12,6 +12,7 @@
 #include "harness/host_matrix.hpp"
 #include "harness/json.hpp"
 #include "harness/random.hpp"
+#include "harness/stats.hpp"
 #include "harness/tolerance.hpp"
 #include "rmsnorm/rmsnorm.h"
 
@@ -157,6 +158,15 @@ TEST(HarnessCompare, ReferenceCheckFindsTheWrongElement) {
     EXPECT_EQ(r[1].worst.row, 29);
     EXPECT_EQ(r[1].worst.col, 123);
   }
+}
+
+TEST(HarnessStats, Quantiles) {
+  EXPECT_EQ(median({3.0, 1.0, 2.0}), 2.0);
+  EXPECT_EQ(median({4.0, 1.0, 2.0, 3.0}), 2.5);
+  EXPECT_TRUE(std::isnan(median({})));
+  const std::vector<double> s = {0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0};
+  EXPECT_DOUBLE_EQ(quantile(s, 0.1), 10.0);
+  EXPECT_DOUBLE_EQ(quantile(s, 0.95), 95.0);
 }
 
 TEST(HarnessJson, Layout) {

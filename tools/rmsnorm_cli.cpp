@@ -53,6 +53,7 @@
 #include "harness/host_matrix.hpp"
 #include "harness/json.hpp"
 #include "harness/random.hpp"
+#include "harness/stats.hpp"
 #include "harness/tolerance.hpp"
 #include "rmsnorm/rmsnorm.h"
 
@@ -241,16 +242,10 @@ struct Timing {
   double bytes = 0;  // minimal bytes moved (see the header comment)
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 Timing make_timing(const std::string& name, double bytes, const std::vector<double>& us) {
   Timing t;
   t.name = name;
-  t.median_us = median(us);
+  t.median_us = rmsnorm::harness::median(us);
   t.min_us = *std::min_element(us.begin(), us.end());
   t.bytes = bytes;
   return t;
