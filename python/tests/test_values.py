@@ -213,3 +213,25 @@ def test_frozen_weight_and_input_without_grad(device):
     rmsnorm.rms_norm(x, 32, w).sum().backward()
     ref = reference(x, w, torch.finfo(torch.float32).eps, gy=torch.ones_like(x))
     check_close("gw", w.grad, ref["gw"], gw_bound(ref, torch.float32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_path_equals_the_registered_op(device):
+    """rms_norm's eager autograd.Function and the op's registered autograd (what torch.compile and direct op calls
+    use) give bitwise the same values and gradients."""
+    gen = torch.Generator().manual_seed(12)
+    x = randn(6, 5, 96, dtype=torch.bfloat16, gen=gen, device=device)
+    w = randn(96, dtype=torch.bfloat16, gen=gen, device=device)
+    gy = randn(6, 5, 96, dtype=torch.bfloat16, gen=gen, device=device)
+    flags = rmsnorm.FLAG_WEIGHT_OFFSET | rmsnorm.FLAG_ROUND_XHAT
+    xa, wa = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    ya = rmsnorm.rms_norm(xa, 96, wa, 1e-5, weight_offset=True, round_xhat=True)
+    ya.backward(gy)
+    xb, wb = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    yb, rstd = torch.ops.rmsnorm.forward(xb, wb, 1e-5, flags)
+    assert not rstd.requires_grad
+    yb.backward(gy)
+    assert torch.equal(ya, yb) and torch.equal(xa.grad, xb.grad) and torch.equal(wa.grad, wb.grad)
+    with torch.no_grad():
+        assert torch.equal(rmsnorm.rms_norm(xa, 96, wa, 1e-5, weight_offset=True, round_xhat=True), ya)
+    assert rmsnorm.rms_norm(x, 96, w).grad_fn is None
