@@ -36,7 +36,8 @@ def _fwd_bwd(model, x):
     y = model(x)
     y.float().square().mean().backward()
     grads = [p.grad.clone() for p in model.parameters()]
-    return y.detach(), x.grad.clone(), grads
+    # clone: under mode="reduce-overhead" the output lives in CUDA-graph memory that the next replay overwrites.
+    return y.detach().clone(), x.grad.clone(), grads
 
 
 def _assert_close_all(a, b, **tol):
