@@ -9,6 +9,7 @@
 // row group per CTA, so that the difference measured against the fused
 // backward is the temporary's traffic and the second pass, not the row work.
 // It reuses the library's device building blocks (chunk I/O, reductions, w').
+#include "common/scaled_rms.hpp"
 #include "cuda/chunk_io.cuh"
 #include "cuda/gw_out.cuh"
 #include "cuda/launch.hpp"
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr))
     }
     sums = row_sum<kTpr, kSlots>(sums, scratch, parity);
     if (!valid) continue;
-    const float r = p.rstd != nullptr ? p.rstd[row] : rms_from_sum(sums.x, p.cols, p.eps);
+    const float r = p.rstd != nullptr ? p.rstd[row] : rmsnorm::rms_from_sum(sums.x, p.cols, p.eps);
     const float c = r * (sums.y / static_cast<float>(p.cols));
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
