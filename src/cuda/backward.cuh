@@ -66,30 +66,32 @@ struct RowScalars {
   float c;  // mean(x_hat * w' * gy)
 };
 
-// r and c of a row from its reduced sums (the same in every thread of the
-// row). given_r: the forward's rstd of the row when the caller passed it
-// (loaded before the reduction, off the critical path); otherwise recomputed
-// as the forward does, the rare path of rstd.cuh included. c takes the rare
-// path where r is extreme (rms_dot_scale): then sum(x w' gy) is summed again
-// with x scaled by t, and c = (r / t) * (that sum / D). scaled_squares(s) and
-// scaled_dot(t) return this thread's shares of sum((x s)^2) and
-// sum((x t) w' gy) over its chunks of the row; they run only on the rare
-// paths, in every thread of the reduction group.
-template <int kTpr, int kSlots, bool kClustered, typename T, typename Squares, typename Dot>
-__device__ __forceinline__ RowScalars row_scalars(const BackwardParams<T>& p, bool valid, float given_r, float2 sums,
-                                                  RowScratch<float2, kTpr, kSlots>& scratch, float* rare_slot,
-                                                  Squares&& scaled_squares, Dot&& scaled_dot) {
+// r and c of a CTA's row (the looped band) from its reduced sums (the same
+// in every thread). given_r: the forward's rstd of the row when the caller
+// passed it; otherwise recomputed as the forward does, the rescaled path of
+// rstd.cuh included. c takes the rescaled path where r is extreme
+// (rms_dot_scale): then sum(x w' gy) is summed again with x scaled by t, and
+// c = (r / t) * (that sum / D). scaled_squares(s) and scaled_dot(t) return
+// this thread's shares of sum((x s)^2) and sum((x t) w' gy); they run only on
+// the rescaled paths, in every thread of the CTA.
+template <int kCta, typename T, typename Squares, typename Dot>
+__device__ __forceinline__ RowScalars cta_row_scalars(const BackwardParams<T>& p, float given_r, float2 sums,
+                                                      RowScratch<float2, kCta, 1>& scratch, Squares&& scaled_squares,
+                                                      Dot&& scaled_dot) {
   RowScalars s;
-  s.r = p.rstd != nullptr ? given_r
-                          : row_rstd<kTpr, kSlots, kClustered>(sums.x, valid, p.cols, p.eps, scratch, rare_slot,
-                                                               scaled_squares);
+  s.r = p.rstd != nullptr ? given_r : cta_row_rstd<kCta>(sums.x, p.cols, p.eps, scratch, scaled_squares);
   s.c = s.r * (sums.y / static_cast<float>(p.cols));
   const float t = rms_dot_scale(s.r);
-  const bool rare = valid && t != 1.0f;
-  if (group_any<kTpr>(rare)) {
-    const float d = rare_row_sum<kTpr, kSlots, kClustered>(scaled_dot(t), scratch, rare_slot);
-    if (rare) s.c = (s.r / t) * (d / static_cast<float>(p.cols));
-  }
+  if (t != 1.0f) s.c = (s.r / t) * (cta_sum_rare<kCta>(scaled_dot(t), scratch) / static_cast<float>(p.cols));
+  return s;
+}
+
+// r and c by the plain formulas (the rows and cluster bands).
+template <typename T>
+__device__ __forceinline__ RowScalars plain_row_scalars(const BackwardParams<T>& p, float given_r, float2 sums) {
+  RowScalars s;
+  s.r = p.rstd != nullptr ? given_r : rms_from_sum(sums.x, p.cols, p.eps);
+  s.c = s.r * (sums.y / static_cast<float>(p.cols));
   return s;
 }
 
@@ -132,7 +134,7 @@ __device__ __forceinline__ void emit_thread_gw(const BackwardParams<T>& p, const
 template <typename T>
 __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<T>& p, uint4* stage,
                                                            RowScratch<float2, plan::kClusterTpr, 1>& scratch,
-                                                           ClusterExchange<float2>& exchange, float* rare_slot) {
+                                                           ClusterExchange<float2>& exchange) {
   constexpr int kTpr = plan::kClusterTpr;
   constexpr int kCtaThreads = kTpr;
   constexpr int kCpt = plan::kChunksPerThread;
@@ -189,28 +191,7 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
         cp_async_wait(stages - 2);  // row k + 1 has landed
         next = row_sum<kTpr, 1>(partial(st), scratch, parity);
       }
-      // Cluster-uniform rare paths, after every CTA's push of row k (see forward_cluster_pipelined).
-      const RowScalars s = row_scalars<kTpr, 1, true>(
-          p, true, given_r, exchange.wait_sum(k), scratch, rare_slot,
-          [&](float sc) {
-            float v = 0.0f;
-#pragma unroll
-            for (int it = 0; it < kCpt; ++it)
-              if (m.chunk(it) < p.chunks) v = add_scaled_squares(v, x_of(cur, it), sc);
-            return v;
-          },
-          [&](float t) {
-            float v = 0.0f;
-#pragma unroll
-            for (int it = 0; it < kCpt; ++it) {
-              if (m.chunk(it) < p.chunks) {
-                float w[kN];
-                wv.get(it, w);
-                v = add_scaled_dot(v, x_of(cur, it), gy_of(cur, it), w, t);
-              }
-            }
-            return v;
-          });
+      const RowScalars s = plain_row_scalars(p, given_r, exchange.wait_sum(k));  // no rescaled path: rstd.cuh
       if (has_next && stages >= 2) exchange.push(k + 1, next);
       T* gxr = p.gx + g * p.gx_stride;
 #pragma unroll
@@ -437,7 +418,6 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
                 "plan: gw slot sum");
   __shared__ RowScratch<float2, kTpr, kSlots> scratch;
   __shared__ float2 exchange[2];
-  __shared__ float rare_slot;  // cluster_sum_rare
   extern __shared__ uint4 stage[];  // cp.async stages; at the end, the gw slot sum
   constexpr bool kShifted = !kVec && !kClustered;  // element I/O through staged aligned blocks
   static_assert(plan::shifted_stage_bytes(kCtaThreads, kSlots, 2) == 2 * sizeof(uint4) * (kCpt * kCtaThreads + kSlots),
@@ -448,7 +428,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
   pdl_enter();
   if constexpr (kClustered && kVec) {
     __shared__ ClusterExchange<float2> pushed;
-    backward_cluster_pipelined<T>(p, stage, scratch, pushed, &rare_slot);
+    backward_cluster_pipelined<T>(p, stage, scratch, pushed);
     return;
   }
   const RowMap<kTpr, kClustered> m;
@@ -547,27 +527,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
     }
     sums = row_sum<kTpr, kSlots>(sums, scratch, parity);
     if constexpr (kClustered) sums = cluster_sum(sums, exchange, parity);
-    const RowScalars s = row_scalars<kTpr, kSlots, kClustered>(
-        p, valid, given_r, sums, scratch, &rare_slot,
-        [&](float sc) {
-          float v = 0.0f;
-#pragma unroll
-          for (int it = 0; it < kCpt; ++it)
-            if (valid && m.chunk(it) < p.chunks) v = add_scaled_squares(v, x_of(it), sc);
-          return v;
-        },
-        [&](float t) {
-          float v = 0.0f;
-#pragma unroll
-          for (int it = 0; it < kCpt; ++it) {
-            if (valid && m.chunk(it) < p.chunks) {
-              float w[kN];
-              wv.get(it, w);
-              v = add_scaled_dot(v, x_of(it), gy_of(it), w, t);
-            }
-          }
-          return v;
-        });
+    // No rescaled path in this band (rstd.cuh).
     if constexpr (kShifted && kTpr <= 32) {
       // gx in gx's aligned blocks (store_gx_block) where a row slot lies in
       // one warp (threads per row <= 32). Every thread takes part in the
@@ -575,6 +535,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
       // the blocks at warp boundaries needed their halves written by element,
       // and the A/B lost there (f32 base + 1 element 0.87x, odd row length
       // 0.95x; docs/performance.md, "Misaligned backward: gx exchange").
+      const RowScalars s = plain_row_scalars(p, given_r, sums);
       T* gxr = p.gx + row * p.gx_stride;
       const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(gxr) & 15);
       const int lead = shift / static_cast<int>(sizeof(T));  // columns of block v before chunk v
@@ -608,6 +569,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
         if (c == p.chunks - 1) store_gx_elems(gxr, c * kN, kN - lead, kN, p.cols, g);
       }
     } else if (valid) {
+      const RowScalars s = plain_row_scalars(p, given_r, sums);
       T* gxr = p.gx + row * p.gx_stride;
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
@@ -654,8 +616,8 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
       weights_of(p.w, c, p.cols, p.vector_io, p.w_offset, w);
       sums = add_chunk_sums(sums, load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io), w);
     }
-    const RowScalars s = row_scalars<kCtaThreads, 1, false>(
-        p, true, given_r, cta_sum<kCtaThreads>(sums, scratch, parity), scratch, nullptr,
+    const RowScalars s = cta_row_scalars<kCtaThreads>(
+        p, given_r, cta_sum<kCtaThreads>(sums, scratch, parity), scratch,
         [&](float sc) {
           float v = 0.0f;
           for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads)

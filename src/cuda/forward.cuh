@@ -117,7 +117,7 @@ __device__ __forceinline__ void store_normalized_blocks(const T* __restrict__ xr
 template <typename T>
 __device__ __forceinline__ void forward_cluster_pipelined(const ForwardParams<T>& p, uint4* stage,
                                                           RowScratch<float, plan::kClusterTpr, 1>& scratch,
-                                                          ClusterExchange<float>& exchange, float* rare_slot) {
+                                                          ClusterExchange<float>& exchange) {
   constexpr int kTpr = plan::kClusterTpr;
   constexpr int kCtaThreads = kTpr;
   constexpr int kCpt = plan::kChunksPerThread;
@@ -158,16 +158,7 @@ __device__ __forceinline__ void forward_cluster_pipelined(const ForwardParams<T>
       cp_async_wait(stages - 2);  // row k + 1 has landed
       ss_next = row_sum<kTpr, 1>(partial(st), scratch, parity);
     }
-    // Every CTA holds the same cluster sum, so the rare path (row_rstd) is
-    // taken by the whole cluster; its barriers come after every CTA's push of
-    // row k, which this wait needed, so they cannot wait on a push.
-    const float r = row_rstd<kTpr, 1, true>(exchange.wait_sum(k), true, p.cols, p.eps, scratch, rare_slot, [&](float s) {
-      float v = 0.0f;
-#pragma unroll
-      for (int it = 0; it < kCpt; ++it)
-        if (m.chunk(it) < p.chunks) v = add_scaled_squares(v, x_of(cur, it), s);
-      return v;
-    });
+    const float r = rms_from_sum(exchange.wait_sum(k), p.cols, p.eps);  // no rescaled path in this band: rstd.cuh
     if (has_next && stages >= 2) exchange.push(k + 1, ss_next);
     if (p.rstd != nullptr && m.pos == 0) p.rstd[g] = r;
     T* yr = p.y + g * p.y_stride;
@@ -211,12 +202,11 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   static_assert(plan::stage_bytes(kCtaThreads, 1) == sizeof(uint4) * kCpt * kCtaThreads, "plan: stage size");
   __shared__ RowScratch<float, kTpr, kSlots> scratch;
   __shared__ float exchange[2];
-  __shared__ float rare_slot;  // cluster_sum_rare
   extern __shared__ uint4 stage[];  // [stages][kCpt][kCtaThreads]
   pdl_enter();
   if constexpr (kClustered && kVec) {
     __shared__ ClusterExchange<float> pushed;
-    forward_cluster_pipelined<T>(p, stage, scratch, pushed, &rare_slot);
+    forward_cluster_pipelined<T>(p, stage, scratch, pushed);
     return;
   }
   const RowMap<kTpr, kClustered> m;
@@ -272,14 +262,8 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
       if (valid && m.chunk(it) < p.chunks) ss = add_squares(ss, x_of(it));
     ss = row_sum<kTpr, kSlots>(ss, scratch, parity);
     if constexpr (kClustered) ss = cluster_sum(ss, exchange, parity);
-    const float r = row_rstd<kTpr, kSlots, kClustered>(ss, valid, p.cols, p.eps, scratch, &rare_slot, [&](float s) {
-      float v = 0.0f;
-#pragma unroll
-      for (int it = 0; it < kCpt; ++it)
-        if (valid && m.chunk(it) < p.chunks) v = add_scaled_squares(v, x_of(it), s);
-      return v;
-    });
     if (valid) {
+      const float r = rms_from_sum(ss, p.cols, p.eps);  // no rescaled path in this band: rstd.cuh
       if (p.rstd != nullptr && m.pos == 0) p.rstd[row] = r;
       T* yr = p.y + row * p.y_stride;
 #pragma unroll
@@ -315,8 +299,8 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(co
     const T* xr = p.x + row * p.x_stride;
     float ss = 0.0f;
     for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) ss = add_squares(ss, load_chunk(xr, c, p.cols, p.vector_io));
-    const float r = row_rstd<kCtaThreads, 1, false>(row_sum<kCtaThreads, 1>(ss, scratch, parity), true, p.cols, p.eps,
-                                                    scratch, nullptr, [&](float s) {
+    const float r = cta_row_rstd<kCtaThreads>(row_sum<kCtaThreads, 1>(ss, scratch, parity), p.cols, p.eps, scratch,
+                                                    [&](float s) {
                                                       float v = 0.0f;
                                                       for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads)
                                                         v = add_scaled_squares(v, load_chunk(xr, c, p.cols, p.vector_io), s);
