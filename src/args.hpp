@@ -6,8 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "rmsnorm/gw_mode.hpp"
 #include "rmsnorm/rmsnorm.h"
-#include "rmsnorm/rmsnorm.hpp"
 
 namespace rmsnorm {
 
@@ -21,7 +21,7 @@ inline constexpr bool known_dtype(int32_t dt) {
 // validation in api.cpp and the backends.
 inline constexpr size_t dtype_size(DType dt) { return dt == DType::kF32 ? 4 : 2; }
 
-// rmsnorm::GwMode comes from the public C++ header (one definition).
+// rmsnorm::GwMode: include/rmsnorm/gw_mode.hpp (one definition, shared with the C++ API).
 
 inline bool gw_is_f32(GwMode m) { return m == GwMode::kStoreF32 || m == GwMode::kAccumulateF32; }
 inline bool gw_accumulates(GwMode m) { return m == GwMode::kAccumulate || m == GwMode::kAccumulateF32; }

@@ -25,6 +25,7 @@
 #include <string>
 #include <type_traits>
 
+#include "rmsnorm/gw_mode.hpp"
 #include "rmsnorm/rmsnorm.h"
 
 namespace rmsnorm {
@@ -203,14 +204,7 @@ class Backend {
   rmsnorm_backend_t b_;
 };
 
-// Same values as rmsnorm_gw_mode_t.
-enum class GwMode : int32_t {
-  kNone = RMSNORM_GW_NONE,
-  kStore = RMSNORM_GW_STORE,
-  kStoreF32 = RMSNORM_GW_STORE_F32,
-  kAccumulate = RMSNORM_GW_ACCUMULATE,
-  kAccumulateF32 = RMSNORM_GW_ACCUMULATE_F32,
-};
+// GwMode (rmsnorm/gw_mode.hpp): same values as rmsnorm_gw_mode_t.
 
 // Where backward puts the weight gradient. Built only through the named
 // constructors, so the buffer's element type always matches the mode.
