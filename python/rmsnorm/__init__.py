@@ -122,6 +122,10 @@ def _flags(weight_offset: bool, round_xhat: bool) -> int:
     return (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)
 
 
+# F.rms_norm's eps=None for every dtype (numeric_limits<opmath_t>::epsilon, opmath_t = float for 16-bit).
+_DEFAULT_EPS = torch.finfo(torch.float32).eps
+
+
 def rms_norm(
     input: torch.Tensor,
     normalized_shape: int | Sequence[int] | torch.Size,
@@ -136,7 +140,9 @@ def rms_norm(
     ``y = x * rsqrt(mean(x^2) + eps) * w'`` over the last ``len(normalized_shape)`` dims, in fp32, rounded once to
     ``input.dtype``. ``w' = weight``, or ``1 + weight`` (the 1 added in fp32) with ``weight_offset`` (Gemma), or 1
     without a weight. ``round_xhat`` rounds ``x * rsqrt(...)`` to the input dtype before the weight, as Hugging Face's
-    Llama norm does. ``eps=None`` is ``torch.finfo(input.dtype).eps``, as in PyTorch.
+    Llama norm does. ``eps=None`` is the fp32 machine epsilon (``torch.finfo(torch.float32).eps``) for every input
+    dtype: what ``F.rms_norm`` computes, since it accumulates in fp32 (its documentation says
+    ``torch.finfo(input.dtype).eps``, 2^-7 at bf16, which its code does not use).
 
     Supports float32, float16 and bfloat16; the weight must have the input's dtype and device.
     """
@@ -165,7 +171,7 @@ def rms_norm(
         if weight.device != input.device:
             raise RuntimeError(f"rmsnorm.rms_norm: weight is on {weight.device} but input is on {input.device}")
     if eps is None:
-        eps = torch.finfo(input.dtype).eps
+        eps = _DEFAULT_EPS
     x = input.flatten(-k) if k > 1 else input
     w = weight.flatten() if weight is not None and k > 1 else weight
     y = _forward(x, w, float(eps), _flags(weight_offset, round_xhat))
