@@ -136,7 +136,8 @@ rmsnorm_status_t run(const BackwardArgs& a, void* temp, cudaStream_t stream) {
     return fail(RMSNORM_STATUS_INVALID_SHAPE, "cols", "the two-pass variant covers the rows band only");
   if (plan::io_of({{a.x, a.x_stride}, {a.gy, a.gy_stride}, {a.gx, a.gx_stride}, {a.weight, 0}, {temp, a.cols}},
                   kEs) != plan::Io::kVector)
-    return fail(RMSNORM_STATUS_MISALIGNED, "x", "the two-pass variant needs 16-byte aligned rows");
+    return fail(RMSNORM_STATUS_MISALIGNED, "x, gy, gx, weight, temp",
+                "the two-pass variant needs every row of every operand 16-byte aligned");
   TwoPassParams<T> p;
   p.x = static_cast<const T*>(a.x);
   p.w = static_cast<const T*>(a.weight);
@@ -154,7 +155,8 @@ rmsnorm_status_t run(const BackwardArgs& a, void* temp, cudaStream_t stream) {
   p.w_offset = a.weight_offset ? 1.0f : 0.0f;
   // One row group per CTA (the hardware balances the SMs).
   const int64_t groups = (a.rows + row.rows_per_cta - 1) / row.rows_per_cta;
-  const rmsnorm_status_t st = dispatch_tpr(row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
+  // No rows: only the column sum runs, and stores the empty sum (zeros).
+  const rmsnorm_status_t st = groups == 0 ? RMSNORM_STATUS_SUCCESS : dispatch_tpr(row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
     constexpr int kTpr = decltype(tpr)::value;
     return launch_kernel(two_pass_rows_kernel<T, kTpr>, groups, plan::backward_cta_threads(kTpr), 1, 0, false,
                          stream, p);
@@ -176,7 +178,6 @@ size_t two_pass_temp_bytes(int64_t rows, int64_t cols, DType dtype) {
 rmsnorm_status_t backward_two_pass(const BackwardArgs& a, void* temp, void* stream) {
   if (a.gw_mode != GwMode::kStore && a.gw_mode != GwMode::kStoreF32)
     return fail(RMSNORM_STATUS_INVALID_OPTION, "gw_mode", "the two-pass variant stores gw only");
-  if (a.rows == 0) return RMSNORM_STATUS_SUCCESS;
   return dispatch_dtype(a.dtype,
                         [&](auto tag) { return run<decltype(tag)>(a, temp, static_cast<cudaStream_t>(stream)); });
 }

@@ -9,7 +9,7 @@
 #                    Repeat with other DIRs (.carry/v2, ...) for more variants.
 #                    scripts/gpu_ab.sh prepare-patch PATCH [DIR]
 #                    the same for the working tree's HEAD with PATCH applied
-#                    (e.g. bench/candidates/*.patch).
+#                    (a candidate kept on a branch: git diff main BRANCH > PATCH).
 #   On the GPU:      OUT=... scripts/gpu_ab.sh run [DIR ...]
 #                    builds rmsnorm_bench for the working tree (A) and for
 #                    each DIR (B, C, ...; default .carry/variant) in parallel,

@@ -23,8 +23,10 @@
  * where the row's rms exceeds 2^126, r and gx (which scales with r) are
  * subnormal floats, with a subnormal's precision. Ordinary rows never take
  * these paths, and f16 rows never need them. The CPU backend does this for
- * every row; the CUDA backend only where D exceeds 262144 (16-bit) or 131072
- * (fp32). For smaller D the CUDA backend uses the plain fp32 sum, so there a
+ * every row; the CUDA backend only in its looped band: D above 262144 (16-bit)
+ * or 131072 (fp32) on GPUs that co-schedule clusters of 16 CTAs (the H200),
+ * above 131072 / 65536 with clusters of 8, above 16384 / 8192 before sm_90.
+ * For smaller D the CUDA backend uses the plain fp32 sum, so there a
  * row whose squares overflow gives r = 0 (y = 0, or NaN where |x| is inf),
  * and one whose squares underflow with eps == 0 gives r = inf.
  *

@@ -37,6 +37,8 @@
 // 1 on every other row:
 //   t == 1: c = (r * sum(x * w'gy)) / D              the plain expression
 //   else:   c = ((r / t) * sum((x * t) * w'gy)) / D  same order of terms
+// (the CPU backend's grouping; the CUDA kernels compute r * (sum / D) and
+// (r / t) * (sum / D), within the same rounding).
 // r < 2^-64 only where the row's rms exceeds 2^64, and any finite
 // |x * 2^-80| < 2^48. r > 2^64 means sum(x^2) / D + eps < 2^-128, so every
 // |x| < 2^-48.5 (D <= 2^31) and |x * 2^80| < 2^31.5. With 2^-64 <= r <= 2^64

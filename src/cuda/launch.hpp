@@ -26,9 +26,6 @@ inline rmsnorm_status_t cuda_fail(cudaError_t e, const char* what) {
     if (rmsnorm_err_ != cudaSuccess) return ::rmsnorm::cuda::cuda_fail(rmsnorm_err_, #call); \
   } while (0)
 
-// After a launch: configuration errors surface here, not at the next call.
-#define RMSNORM_CUDA_LAUNCHED(name) RMSNORM_CUDA_TRY(cudaGetLastError())
-
 // Raises a kernel's dynamic shared-memory limit when a launch needs more than
 // the default 48 KiB less the kernel's static shared memory (scratch); a
 // function attribute belongs to a context, so this runs on every call.

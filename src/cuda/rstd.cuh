@@ -4,11 +4,13 @@
 // has the rule and why its constants are safe).
 //
 // Where it runs on CUDA: the looped band only (one CTA per row, D above the
-// cluster band), where a second reduction over a row that needs it costs one
+// cluster band: above 262144 at 16-bit and 131072 at fp32 where clusters of 16
+// are co-scheduled, as on the H200; above 131072 / 65536 with clusters of 8;
+// above 16384 / 8192 before sm_90), where a second reduction over a row that needs it costs one
 // compare per row otherwise. The rows and cluster bands take the plain
 // formula (rmsnorm.h states the range): measured on the H200, the rescaled
 // path in those kernels, never taken on ordinary data, cost the cluster band
-// 12-15% wherever it sat (inside the row loop, or as a walk over the CTA's
+// 12-20% wherever it sat (inside the row loop, or as a walk over the CTA's
 // rows after it) and decode 5% (1 x 4096: 2.88 against 2.74 us per graph
 // call, forward), beyond the 1-2% run-to-run noise (docs/performance.md,
 // "Rescaled sum of squares"). The CPU backend rescales in every band.
