@@ -158,23 +158,20 @@ RefForward ref_forward(const Case& c, const HostMatrix& x, const HostMatrix& w) 
 void expect_forward(const Case& c, const HostMatrix& x_orig, const HostMatrix& w, const HostMatrix& y,
                     const std::vector<float>& rstd) {
   const RefForward ref = ref_forward(c, x_orig, w);
-  const double rel = acc_rel(c.cols);
   const int32_t dt = c.dtype;
   if (c.round_xhat) {
     EXPECT_TRUE(check_matrix("y (round_xhat)", y, ref.y, [&](int64_t r, int64_t j) {
-      const double yr = ref.y[r * c.cols + j];
-      return ulp(dt, ref.xhat[r * c.cols + j]) * std::fabs(ref.wprime[j]) + ulp(dt, yr) + rel * std::fabs(yr);
+      return y_round_xhat_tol(dt, ref.y[r * c.cols + j], ref.xhat[r * c.cols + j], ref.wprime[j], c.cols);
     }));
   } else {
     EXPECT_TRUE(check_matrix("y", y, ref.y, [&](int64_t r, int64_t j) {
-      const double yr = ref.y[r * c.cols + j];
-      return ulp(dt, yr) + rel * std::fabs(yr);
+      return y_tol(dt, ref.y[r * c.cols + j], c.cols);
     }));
   }
   if (c.use_rstd) {
     EXPECT_TRUE(check_vector(
         "rstd", c.rows, [&](int64_t i) { return static_cast<double>(rstd[i]); }, ref.rstd,
-        [&](int64_t i) { return rel * ref.rstd[i]; }));
+        [&](int64_t i) { return rstd_tol(ref.rstd[i], c.cols); }));
   }
 }
 
@@ -257,19 +254,17 @@ void expect_backward(const Case& c, const HostMatrix& x, const HostMatrix& gy_or
   opt.weight_offset = c.weight == WeightKind::kOffset;
   reference::backward(c.rows, c.cols, xd.data(), c.weight == WeightKind::kNone ? nullptr : wd.data(), gyd.data(), opt,
                       gx_ref.data(), gw_ref.data(), gx_scale.data(), gw_scale.data());
-  const double rel = acc_rel(c.cols);
   EXPECT_TRUE(check_matrix("gx", gx, gx_ref, [&](int64_t r, int64_t j) {
     const size_t k = static_cast<size_t>(r * c.cols + j);
-    return ulp(c.dtype, gx_ref[k]) + rel * gx_scale[k];
+    return gx_tol(c.dtype, gx_ref[k], gx_scale[k], c.cols);
   }));
   if (c.gw == GwMode::kNone) return;
   if (gw_accumulates(c.gw))
     for (int64_t j = 0; j < c.cols; ++j) gw_ref[j] += gw_init.get(0, j);
   const int32_t gdt = gw_dtype(c);
-  const double grel = rel + acc_rel(c.rows);
   EXPECT_TRUE(check_vector(
       "gw", c.cols, [&](int64_t j) { return gw.get(0, j); }, gw_ref,
-      [&](int64_t j) { return ulp(gdt, gw_ref[j]) + grel * gw_scale[j]; }));
+      [&](int64_t j) { return gw_tol(gdt, gw_ref[j], gw_scale[j], c.rows, c.cols); }));
 }
 
 // Forward and backward of one case on fresh random inputs, both checked.

@@ -27,7 +27,12 @@ using harness::dtype_bytes;
 using harness::dtype_name;
 using harness::HostMatrix;
 using harness::round_to;
+using harness::gw_tol;
+using harness::gx_tol;
+using harness::rstd_tol;
 using harness::ulp;
+using harness::y_round_xhat_tol;
+using harness::y_tol;
 
 // N(0,1) * row_scale(r), rounded to dtype, exact zeros replaced (so an
 // unwritten or mis-indexed output cannot pass by accident); a fresh stream
