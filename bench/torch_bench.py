@@ -32,13 +32,12 @@ says so when --json is given).
 """
 
 import argparse
-import datetime
 import json
 import math
-import os
-import subprocess
 import sys
 import time
+
+from run_meta import driver_version, git_commit, utc_now  # bench/run_meta.py
 
 EPS = 1e-5
 GRAPH_CALLS = 20
@@ -67,24 +66,6 @@ SHAPES = [
     (8192, 4095, "bf16", "slow_path", 0),
 ]
 DECODE = [(1, 4096, "bf16"), (128, 4096, "bf16")]
-
-
-def utc_now():
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def git_commit(given):
-    if given:
-        return given
-    if os.environ.get("RMSNORM_COMMIT"):
-        return os.environ["RMSNORM_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "unknown"
 
 
 def write_json(path, doc):
@@ -357,17 +338,6 @@ class Bench:
                         graph=True, error="graph capture failed: " + str(e).splitlines()[0])
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-
-
-def driver_version():
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
-        if out.returncode == 0:
-            return out.stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        pass
-    return "unavailable"
 
 
 def main():

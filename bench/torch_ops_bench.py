@@ -32,14 +32,13 @@ JSON that says so, without CUDA.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import os
 import statistics
-import subprocess
 import sys
 import time
+
+from run_meta import driver_version, git_commit, utc_now  # bench/run_meta.py
 
 EPS = 1e-5
 MIB = 1024 * 1024
@@ -64,35 +63,6 @@ SHAPES = [
 QUICK_SHAPES = [(8192, 4096, "f16"), (32768, 512, "bf16"), (1, 4096, "bf16")]
 IMPLS = ["rmsnorm", "rmsnorm+compile", "F.rms_norm", "compile(formula)", "liger"]
 DIRECTIONS = ["forward", "fwd+bwd"]
-
-
-def utc_now():
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def git_commit(given):
-    if given:
-        return given
-    if os.environ.get("RMSNORM_COMMIT"):
-        return os.environ["RMSNORM_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "unknown"
-
-
-def driver_version():
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
-        if out.returncode == 0:
-            return out.stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        pass
-    return "unavailable"
 
 
 def clean(x):

@@ -1,0 +1,39 @@
+"""What every benchmark script records about its run: the time, the commit and the NVIDIA driver.
+
+Imported by bench/torch_bench.py and bench/torch_ops_bench.py (bench/ is on the path of a script run from it).
+"""
+
+import datetime
+import os
+import subprocess
+
+
+def utc_now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def git_commit(given):
+    """The commit the results belong to: the argument, else $RMSNORM_COMMIT, else git's short HEAD."""
+    if given:
+        return given
+    if os.environ.get("RMSNORM_COMMIT"):
+        return os.environ["RMSNORM_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def driver_version():
+    """The NVIDIA driver version nvidia-smi reports (not the CUDA driver API version)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode == 0:
+            return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        pass
+    return "unavailable"
