@@ -745,13 +745,7 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
     const bool store = a.gw_mode == GwMode::kStore || a.gw_mode == GwMode::kStoreF32;
     return store && l.finalize ? launch_finalize<T>(l, nullptr, a.cols, p.gw, pdl, stream) : RMSNORM_STATUS_SUCCESS;
   }
-  auto launch = [&](auto kernel, int cta_threads) -> rmsnorm_status_t {
-    if (cta_threads != l.row.cta_threads)
-      return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "backward CTA size disagrees with the kernel");
-    // Function attributes belong to a context: set on every call (host-side only).
-    RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, l.smem));
-    return launch_kernel(kernel, l.grid, cta_threads, l.row.cluster, l.smem, pdl, stream, p);
-  };
+  auto launch = [&](auto kernel, int cta_threads) { return launch_planned(kernel, cta_threads, l, pdl, stream, p); };
   using plan::Kernel;
   rmsnorm_status_t st = RMSNORM_STATUS_SUCCESS;
   switch (l.kernel) {

@@ -346,13 +346,7 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
   const plan::Launch l = plan::forward_launch(a.rows, a.cols, kEs, io, dev);
   const ForwardParams<T> p = forward_params<T>(a, l);
   const bool pdl = a.pdl && dev.sm90_code;
-  auto launch = [&](auto kernel, int cta_threads) -> rmsnorm_status_t {
-    if (cta_threads != l.row.cta_threads)
-      return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "forward CTA size disagrees with the kernel");
-    // Function attributes belong to a context: set on every call (host-side only).
-    RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, l.smem));
-    return launch_kernel(kernel, l.grid, cta_threads, l.row.cluster, l.smem, pdl, stream, p);
-  };
+  auto launch = [&](auto kernel, int cta_threads) { return launch_planned(kernel, cta_threads, l, pdl, stream, p); };
   using plan::Kernel;
   switch (l.kernel) {
     case Kernel::kForwardRows:

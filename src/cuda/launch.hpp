@@ -117,4 +117,17 @@ rmsnorm_status_t launch_kernel(Kernel kernel, int64_t grid, dim3 block, int cs, 
   return RMSNORM_STATUS_SUCCESS;
 }
 
+// The main kernel of a plan: the kernel's CTA size (a template constant) must
+// be the plan's; its dynamic shared-memory limit is raised on every call
+// (function attributes belong to a context); then launch_kernel.
+template <typename Kernel, typename Params>
+rmsnorm_status_t launch_planned(Kernel kernel, int cta_threads, const plan::Launch& l, bool pdl, cudaStream_t stream,
+                                const Params& p) {
+  if (cta_threads != l.row.cta_threads)
+    return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan",
+                std::string(plan::kernel_name(l.kernel)) + ": the kernel's CTA size disagrees with the plan");
+  RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, l.smem));
+  return launch_kernel(kernel, l.grid, cta_threads, l.row.cluster, l.smem, pdl, stream, p);
+}
+
 }  // namespace rmsnorm::cuda
