@@ -1,0 +1,275 @@
+"""Distributed training on the CPU (gloo, 2 processes): a tiny random Llama trained under DistributedDataParallel and
+under FSDP2 (``fully_shard``), with our RMSNorm (``swap_rmsnorm``) and with ``torch.nn.RMSNorm``.
+
+The reference is the HF model with each LlamaRMSNorm replaced by a ``torch.nn.RMSNorm`` of the same eps sharing the
+same weight, not the unswapped model: issue 17 asks for ``torch.nn.RMSNorm``, and in fp32 LlamaRMSNorm's rounding of
+x_hat to the input dtype is a no-op, so both references compute the same formula (test_models.py covers the
+unswapped model). ``swap_rmsnorm`` then turns those ``torch.nn.RMSNorm`` into ours, so the two models differ in the
+norm kernels only.
+
+What had to be pinned for bitwise run-to-run and rank-to-rank equality (our forward and backward are deterministic
+by construction; the rest is torch's and ours to fix):
+- the model init seed, the same on every rank (FSDP2 does not broadcast parameters as DDP's constructor does);
+- the data: each (rank, step) batch from its own ``torch.Generator`` seed, never the global RNG;
+- one intra-op thread per process (``torch.set_num_threads(1)``): CPU GEMMs and reductions split their work by the
+  thread count, which changes the summation order; two processes on 2 cores also keeps them from oversubscribing;
+- ``torch.use_deterministic_algorithms(True)`` and no dropout (the config's attention_dropout is 0);
+- gloo's all-reduce and reduce-scatter give every rank the same reduced bits (a fixed algorithm per size).
+Two separate launches of the same processes are compared, so nothing may depend on the process or the port.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+transformers = pytest.importorskip("transformers")
+
+WORLD = 2
+STEPS = 12
+BATCH, SEQ, VOCAB = 2, 16, 128
+# A spawned launch imports torch and transformers in each process (a few seconds on 2 cores), then trains in
+# milliseconds per step; this bounds a hung collective or a stuck process.
+JOIN_TIMEOUT_S = 150
+COLLECTIVE_TIMEOUT_S = 60
+# Ours vs torch.nn.RMSNorm, fp32: the norms agree to ~2 ulp per element (test_models.py), and 12 AdamW steps amplify
+# that little on this model; a measured difference of ~1e-7 relative on the loss, bound at 1e-5.
+LOSS_RTOL = 1e-5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _build(kind: str):
+    """The tiny Llama of test_models.py, shrunk; norms as torch.nn.RMSNorm ('ref') or ours ('ours')."""
+    import rmsnorm
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    )
+    cfg._attn_implementation = "eager"
+    model = transformers.LlamaForCausalLM(cfg)
+    # torch.nn.RMSNorm sharing each LlamaRMSNorm's weight (moved away from ones, so the weight's gradient matters).
+    for name, mod in list(model.named_modules()):
+        for child_name, child in list(mod.named_children()):
+            if type(child).__name__ == "LlamaRMSNorm":
+                new = torch.nn.RMSNorm(child.weight.shape, eps=child.variance_epsilon)
+                with torch.no_grad():
+                    child.weight.normal_(1.0, 0.2)
+                new.weight = child.weight
+                setattr(mod, child_name, new)
+    assert sum(type(m) is torch.nn.RMSNorm for m in model.modules()) == 5
+    if kind == "ours":
+        assert len(rmsnorm.swap_rmsnorm(model)) == 5
+        assert not any(type(m) is torch.nn.RMSNorm for m in model.modules())
+    return model
+
+
+def _batch(rank: int, step: int, seed: int):
+    """Arithmetic progressions mod VOCAB (random start, stride 1 to 3): learnable, so the loss curve moves."""
+    gen = torch.Generator().manual_seed(seed * 100003 + step * 101 + rank)
+    start = torch.randint(0, VOCAB, (BATCH, 1), generator=gen)
+    stride = torch.randint(1, 4, (BATCH, 1), generator=gen)
+    return (start + stride * torch.arange(SEQ)) % VOCAB
+
+
+def _full_params(model, wrap: str):
+    """(name, full fp32 tensor) for every parameter, gathered from the shards under FSDP2."""
+    out = []
+    for name, p in model.named_parameters():
+        t = p.detach()
+        if wrap == "fsdp2":
+            t = t.full_tensor()
+        out.append((name, t.contiguous().view(-1)))
+    return out
+
+
+def _check_ranks_equal(params, rank, where):
+    """All-gather each rank's flattened parameters and compare them bitwise; name the first that differs."""
+    flat = torch.cat([t for _, t in params])
+    gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, flat)
+    for other, g in enumerate(gathered):
+        if torch.equal(g.view(torch.int32), flat.view(torch.int32)):
+            continue
+        off = 0
+        for name, t in params:
+            a, b = t.view(torch.int32), g[off:off + t.numel()].view(torch.int32)
+            if not torch.equal(a, b):
+                n = int((a != b).sum())
+                raise AssertionError(
+                    f"{where}: rank {rank} and rank {other} hold different parameter {name} ({n} of {t.numel()} "
+                    f"elements, max diff {(t - g[off:off + t.numel()]).abs().max().item():.3g})"
+                )
+            off += t.numel()
+
+
+def _train(kind: str, wrap: str, compile_: bool, rank: int, seed: int):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = _build(kind)
+    if wrap == "ddp":
+        model = DDP(model)
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+    if compile_:
+        model = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    losses, digests = [], []
+    for step in range(STEPS):
+        ids = _batch(rank, step, seed)
+        opt.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        losses.append(mean.item() / dist.get_world_size())
+        params = _full_params(model, wrap)
+        _check_ranks_equal(params, rank, f"{kind}/{wrap}{'/compiled' if compile_ else ''} after step {step}")
+        digests.append(torch.cat([t for _, t in params]).clone())
+    final = {name: t.clone() for name, t in _full_params(model, wrap)}
+    return {"losses": losses, "per_step_params": torch.stack(digests), "final": final}
+
+
+def _worker(rank, world, port, out_dir, cases, seed):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    )
+    try:
+        results = {}
+        for case in cases:
+            kind, wrap, compile_ = case
+            t0 = time.perf_counter()
+            results[case] = _train(kind, wrap, compile_, rank, seed)
+            results[case]["seconds"] = time.perf_counter() - t0
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _launch(tmp_path, cases, seed=0):
+    """Runs the cases in WORLD fresh processes; returns each rank's results. Raises with the worker's traceback."""
+    out_dir = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+    out_dir.mkdir()
+    for attempt in range(3):  # a port taken between _free_port and the bind: retry with another
+        port = _free_port()
+        ctx = mp.start_processes(_worker, args=(WORLD, port, str(out_dir), cases, seed), nprocs=WORLD, join=False,
+                                 start_method="spawn")
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        try:
+            while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"distributed workers still running after {JOIN_TIMEOUT_S} s")
+        except mp.ProcessRaisedException as e:
+            if "EADDRINUSE" in str(e) or "address already in use" in str(e).lower():
+                continue
+            raise
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.terminate()
+                    p.join(5)
+        break
+    return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
+
+
+def _fsdp2_skip_reason():
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError as e:
+        return f"torch {torch.__version__} has no torch.distributed.fsdp.fully_shard ({e})"
+    return None
+
+
+def _assert_same_run(name, a, b):
+    for i, (la, lb) in enumerate(zip(a["losses"], b["losses"])):
+        assert la == lb, f"{name}: step {i} loss differs between two runs with the same seed: {la!r} vs {lb!r}"
+    steps_differ = (a["per_step_params"] != b["per_step_params"]).any(dim=1).nonzero().flatten().tolist()
+    for pname in a["final"]:
+        x, y = a["final"][pname], b["final"][pname]
+        assert torch.equal(x.view(torch.int32), y.view(torch.int32)), (
+            f"{name}: parameter {pname} differs between two runs with the same seed (first differing step "
+            f"{steps_differ[:1]}, max diff {(x - y).abs().max().item():.3g})"
+        )
+    assert not steps_differ, f"{name}: parameters differ between the two runs after steps {steps_differ}"
+
+
+def _assert_losses_close(name, ours, ref):
+    for i, (lo, lr) in enumerate(zip(ours["losses"], ref["losses"])):
+        assert abs(lo - lr) <= LOSS_RTOL * abs(lr), (
+            f"{name}: step {i} loss, ours {lo!r} vs torch.nn.RMSNorm {lr!r}: relative difference "
+            f"{abs(lo - lr) / abs(lr):.3g} > {LOSS_RTOL}"
+        )
+    # Training moved: the comparison is not between two constant curves.
+    assert ref["losses"][-1] < ref["losses"][0] - 0.05, ref["losses"]
+
+
+WRAPS = ["ddp", "fsdp2"]
+
+
+@pytest.fixture(scope="module")
+def eager_runs(tmp_path_factory):
+    """Two launches of every eager case (one seed), so run-to-run equality spans separate processes."""
+    wraps = [w for w in WRAPS if w != "fsdp2" or _fsdp2_skip_reason() is None]
+    cases = [(kind, wrap, False) for wrap in wraps for kind in ("ours", "ref")]
+    tmp = tmp_path_factory.mktemp("dist")
+    return _launch(tmp, cases), _launch(tmp, cases)
+
+
+@pytest.mark.parametrize("wrap", WRAPS)
+def test_train_matches_torch_rmsnorm(eager_runs, wrap):
+    if wrap == "fsdp2" and _fsdp2_skip_reason():
+        pytest.skip(_fsdp2_skip_reason())
+    first, second = eager_runs
+    for rank in range(WORLD):
+        # Every rank logged the same all-reduced losses.
+        assert first[rank][("ours", wrap, False)]["losses"] == first[0][("ours", wrap, False)]["losses"]
+    _assert_losses_close(wrap, first[0][("ours", wrap, False)], first[0][("ref", wrap, False)])
+    for kind in ("ours", "ref"):
+        for rank in range(WORLD):
+            _assert_same_run(f"{kind}/{wrap} rank {rank}", first[rank][(kind, wrap, False)],
+                             second[rank][(kind, wrap, False)])
+
+
+# Measured on 2 cores: a cold inductor compile of the two DDP models takes ~65-75 s per launch (each rank compiles
+# its own forward and backward graphs with g++), and the second launch, from the inductor cache, ~17 s: 80-90 s on
+# top of the eager tests' ~25 s, past this file's 2-minute budget in CI. Run with RMSNORM_SLOW_TESTS=1.
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("RMSNORM_SLOW_TESTS") != "1",
+                    reason="torch.compile DDP on 2 CPU processes takes 80-90 s (cold inductor compile per rank); "
+                           "set RMSNORM_SLOW_TESTS=1 to run it")
+def test_train_compiled_ddp(tmp_path, monkeypatch):
+    # A fresh inductor cache: the first launch compiles, the second reuses those kernels (the same code, so the
+    # run-to-run comparison stays bitwise).
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    cases = [("ours", "ddp", True), ("ref", "ddp", True)]
+    first, second = _launch(runs, cases), _launch(runs, cases)
+    _assert_losses_close("ddp/compiled", first[0][cases[0]], first[0][cases[1]])
+    for case in cases:
+        for rank in range(WORLD):
+            assert first[rank][case]["losses"] == first[0][case]["losses"]
+            _assert_same_run(f"{case[0]}/ddp/compiled rank {rank}", first[rank][case], second[rank][case])
