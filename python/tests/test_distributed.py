@@ -255,7 +255,7 @@ def test_train_matches_torch_rmsnorm(eager_runs, wrap):
 
 # Measured on 2 cores: a cold inductor compile of the two DDP models takes ~65-75 s per launch (each rank compiles
 # its own forward and backward graphs with g++), and the second launch, from the inductor cache, ~17 s: 80-90 s on
-# top of the eager tests' ~25 s, past this file's 2-minute budget in CI. Run with RMSNORM_SLOW_TESTS=1.
+# top of the eager tests' ~25 s. Run with RMSNORM_SLOW_TESTS=1 (.ci/run sets it).
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("RMSNORM_SLOW_TESTS") != "1",
                     reason="torch.compile DDP on 2 CPU processes takes 80-90 s (cold inductor compile per rank); "
