@@ -30,6 +30,7 @@
 #include "rmsnorm/rmsnorm.h"
 #include "rmsnorm_reference.hpp"
 #include "test_util.hpp"
+#include "cuda_poison.cuh"
 
 namespace rmsnorm::test {
 namespace {
@@ -79,25 +80,6 @@ DeviceMatrix upload(const HostMatrix& m) {
 void download(const DeviceMatrix& d, HostMatrix* m) {
   if (cudaMemcpy(m->storage.data(), d.base.get(), d.bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
     throw std::runtime_error("download failed");
-}
-
-__global__ void range_poison_shared_kernel(int words) {
-  extern __shared__ unsigned s[];
-  for (int i = threadIdx.x; i < words; i += blockDim.x) s[i] = 0xFFFFFFFFu;
-  __syncthreads();
-  if (s[(threadIdx.x * 7) % words] == 0u) s[0] = 1u;  // keeps the stores
-}
-
-// Every SM's shared memory NaN, so a kernel reading shared memory it did not
-// write in this launch (a stale row sum, a scaled sum of another row) sees it.
-void poison_shared_memory() {
-  int dev = 0, smem = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  cudaFuncSetAttribute(range_poison_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  range_poison_shared_kernel<<<sms, 1024, static_cast<size_t>(smem)>>>(smem / 4);
-  if (cudaGetLastError() != cudaSuccess) throw std::runtime_error("shared-memory poison kernel failed");
 }
 
 // ---- cases ----------------------------------------------------------------------------------------

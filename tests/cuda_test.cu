@@ -26,6 +26,7 @@
 #include "rmsnorm/rmsnorm.h"
 #include "rmsnorm_reference.hpp"
 #include "test_util.hpp"
+#include "cuda_poison.cuh"
 
 namespace rmsnorm::test {
 namespace {
@@ -110,29 +111,6 @@ Dev upload(const HostMatrix& m) {
 void download(const Dev& d, HostMatrix& m) {
   if (cudaMemcpy(m.storage.data(), d.base, d.bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
     throw std::runtime_error("download failed");
-}
-
-// Fills every SM's shared memory with NaN bytes, so a kernel that reads
-// shared memory it did not write this launch sees garbage.
-__global__ void poison_shared_kernel(int words) {
-  extern __shared__ unsigned s[];
-  for (int i = threadIdx.x; i < words; i += blockDim.x) s[i] = 0xFFFFFFFFu;
-  __syncthreads();
-  if (s[(threadIdx.x * 7) % words] == 0u) s[0] = 1u;  // keep the stores alive
-}
-
-void poison_shared_memory() {
-  // Under racecheck (scripts/gpu_check.sh) this kernel's accesses would
-  // dominate the run; races do not depend on the stale contents.
-  static const bool skip = std::getenv("RMSNORM_TEST_SKIP_SMEM_POISON") != nullptr;
-  if (skip) return;
-  int dev = 0, smem = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  cudaFuncSetAttribute(poison_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  poison_shared_kernel<<<sms, 1024, static_cast<size_t>(smem)>>>(smem / 4);
-  if (cudaGetLastError() != cudaSuccess) throw std::runtime_error("poison kernel failed");
 }
 
 rmsnorm_backend_t cuda_backend() { return rmsnorm_backend_cuda(-1, nullptr); }
