@@ -1,9 +1,10 @@
-"""What every benchmark script records about its run: the time, the commit and the NVIDIA driver.
+"""What every benchmark script records about its run (the time, the commit, the NVIDIA driver), and its JSON rule.
 
 Imported by bench/torch_bench.py and bench/torch_ops_bench.py (bench/ is on the path of a script run from it).
 """
 
 import datetime
+import math
 import os
 import subprocess
 
@@ -37,3 +38,14 @@ def driver_version():
     except (OSError, subprocess.SubprocessError, IndexError):
         pass
     return "unavailable"
+
+
+def json_safe(x):
+    """NaN and inf as null (strict JSON readers reject them), through dicts and lists."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [json_safe(v) for v in x]
+    return x

@@ -37,7 +37,7 @@ import math
 import sys
 import time
 
-from run_meta import driver_version, git_commit, utc_now  # bench/run_meta.py
+from run_meta import driver_version, git_commit, json_safe, utc_now  # bench/run_meta.py
 
 EPS = 1e-5
 GRAPH_CALLS = 20
@@ -97,16 +97,6 @@ def summarize(us, b2b=float("nan")):
     s = sorted(us)
     return {"reps": len(s), "median_us": quantile(s, 0.5), "p10_us": quantile(s, 0.1), "p90_us": quantile(s, 0.9),
             "min_us": s[0] if s else float("nan"), "mean_us": sum(s) / len(s) if s else float("nan"), "b2b_us": b2b}
-
-
-def nan_to_none(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: nan_to_none(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [nan_to_none(v) for v in x]
-    return x
 
 
 class Bench:
@@ -420,7 +410,7 @@ def main():
         "cases": b.cases,
         "fatal_error": fatal,
     }
-    write_json(args.json, nan_to_none(doc))
+    write_json(args.json, json_safe(doc))
     return 1 if fatal else 0
 
 

@@ -33,12 +33,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
 
-from run_meta import driver_version, git_commit, utc_now  # bench/run_meta.py
+from run_meta import driver_version, git_commit, json_safe, utc_now  # bench/run_meta.py
 
 EPS = 1e-5
 MIB = 1024 * 1024
@@ -65,21 +64,10 @@ IMPLS = ["rmsnorm", "rmsnorm+compile", "F.rms_norm", "compile(formula)", "liger"
 DIRECTIONS = ["forward", "fwd+bwd"]
 
 
-def clean(x):
-    """NaN and inf as null, for strict JSON readers."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: clean(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [clean(v) for v in x]
-    return x
-
-
 def write_json(path, doc):
     if path:
         with open(path, "w") as f:
-            json.dump(clean(doc), f, indent=1)
+            json.dump(json_safe(doc), f, indent=1)
             f.write("\n")
         print(f"wrote {path}")
 
