@@ -107,15 +107,18 @@ Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device
   l.row = row_plan(cols, esize, Direction::kForward, dev);
   l.kernel = kernel_of(l.direction, l.row.band, io);
   const int64_t groups = (rows + l.row.rows_per_cta - 1) / l.row.rows_per_cta;
-  // kRows and kCluster are persistent (they prefetch the next row group):
+  if (l.kernel == Kernel::kForwardRows || l.row.band == Band::kLooped) {
+    // One row group (kLooped: one row) per CTA, the hardware's CTA scheduler
+    // filling the SMs; past kMaxGrid the CTAs loop.
+    l.grid = std::max<int64_t>(1, std::min(groups, kMaxGrid));
+    return l;
+  }
+  // The persistent kernels (the cluster band, the rows band's element path):
   // as many CTAs as fit at once, kForwardThreadsPerSm threads per SM; except
   // where forward_one_group_per_cta says the hardware's own CTA scheduling wins.
-  int64_t cap = kMaxGrid;
-  if (l.row.band != Band::kLooped) {
-    const int64_t resident =
-        std::max<int64_t>(1, int64_t{dev.sm_count} * forward_ctas_per_sm(l.row.threads_per_row) / l.row.cluster);
-    if (!forward_one_group_per_cta(l.row, groups, resident)) cap = resident;
-  }
+  const int64_t resident =
+      std::max<int64_t>(1, int64_t{dev.sm_count} * forward_ctas_per_sm(l.row.threads_per_row) / l.row.cluster);
+  int64_t cap = forward_one_group_per_cta(l.row, groups, resident) ? kMaxGrid : resident;
   // Clusters must be co-scheduled inside one GPC: a persistent grid of more
   // clusters than run at once would leave the rest for a second wave.
   if (l.row.band == Band::kCluster && dev.forward_active_clusters[cluster_index(l.row.cluster)] > 0)
@@ -126,8 +129,8 @@ Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device
     l.groups_per_cta = std::max<int64_t>(kForwardTileGroups, (groups + kMaxGrid - 1) / kMaxGrid);
     l.grid = (groups + l.groups_per_cta - 1) / l.groups_per_cta;
   }
-  // Only the 16-byte path stages x through shared memory.
-  if (l.row.band != Band::kLooped && io == Io::kVector) {
+  // Only the cluster band's 16-byte path stages x through shared memory.
+  if (l.kernel == Kernel::kForwardCluster) {
     const size_t per_stage = stage_bytes(l.row.cta_threads, 1);
     l.stages = stages_that_fit(per_stage, 0, forward_ctas_per_sm(l.row.threads_per_row), dev);
     l.smem = per_stage * static_cast<size_t>(l.stages);

@@ -13,8 +13,10 @@
 //
 //   band      D, 16-bit        D, fp32          Io::kVector (all rows 16-byte   Io::kElement (any other alignment)
 //                                               aligned)
-//   kRows     1..16384         1..8192          kForwardRows / kBackwardRows   kForwardRowsElement (y in aligned
-//             tpr = smallest power of two >= ceil(ceil(D / vec) / 4);   16-byte blocks) / kBackwardRowsShifted
+//   kRows     1..16384         1..8192          kForwardRows (one row group    kForwardRowsElement (y in aligned
+//                                               per CTA, no stages) /          16-byte blocks) / kBackwardRowsShifted
+//                                               kBackwardRows
+//             tpr = smallest power of two >= ceil(ceil(D / vec) / 4);
 //             CTA = max(tpr, 256) fwd / max(tpr, 512) bwd threads   (each row's aligned blocks staged, gx in
 //                                                                    aligned blocks where tpr <= 32)
 //   kCluster  16385..131072    8193..65536      kForwardCluster /              kForwardClusterElement /
@@ -43,18 +45,21 @@
 // or alignment), so results are batch-invariant, and backward's recomputed
 // rstd is bitwise the forward's (same geometry, same code).
 //
-// Both kernels are persistent: each CTA (or cluster) walks row groups
-// unit, unit + units, ... (the rows-band forward may instead give each CTA
-// one group, or a tile of consecutive groups). With 16-byte I/O each thread
-// copies its own chunks of the next `stages - 1` row groups into its own
+// The rows-band forward with 16-byte I/O takes one row group per CTA, the
+// row in registers, and leaves the balancing to the hardware's CTA scheduler.
+// The other kernels are persistent: each CTA (or cluster) walks row groups
+// unit, unit + units, ... (the rows-band forward's element path may instead
+// give each CTA one group, or a tile of consecutive groups). With 16-byte I/O
+// the cluster-band forward and the backward kernels have each thread copy
+// its own chunks of the next `stages - 1` row groups into its own
 // shared-memory slots with cp.async while it works on the current group (a
 // per-thread pipeline: no barrier guards a stage, since only the copying
 // thread reads it), so the bytes in flight per SM are bounded by shared
 // memory rather than by registers. With element I/O the rows-band backward
 // stages each row's aligned 16-byte blocks the same way, a chunk then reading
 // a neighbour's block too (after the row slot's barrier;
-// shifted_stage_bytes); the forward and the cluster band load elements into
-// registers.
+// shifted_stage_bytes); the forward and the cluster-band backward load
+// elements into registers.
 #pragma once
 
 #include <cstddef>
@@ -247,10 +252,12 @@ inline Io io_of(std::initializer_list<RowsOperand> operands, int esize) {
   return Io::kVector;
 }
 
-// The forward's grid: persistent (the CTAs that fit at once, each prefetching
-// its next row group) or one CTA per row group where a CTA holds many short
-// rows and there are many groups per resident CTA (docs/performance.md,
-// "Forward grid"). The grid never changes a row's reduction.
+// The grid of the persistent forward kernels (the cluster band and the rows
+// band's element path): persistent (the CTAs that fit at once) or one CTA
+// per row group where a CTA holds many short rows and there are many groups
+// per resident CTA (docs/performance.md, "Forward grid"). The rows band's
+// 16-byte path always takes one group per CTA. The grid never changes a
+// row's reduction.
 inline constexpr int kOneGroupMinRowsPerCta = 8;
 inline constexpr int64_t kOneGroupMinGroupsPerCta = 8;
 inline bool forward_one_group_per_cta(const RowPlan& row, int64_t groups, int64_t resident_ctas) {
@@ -258,9 +265,8 @@ inline bool forward_one_group_per_cta(const RowPlan& row, int64_t groups, int64_
          groups >= kOneGroupMinGroupsPerCta * resident_ctas;
 }
 
-// Rows band outside the one-group rule, with many groups: each CTA takes a
-// tile of kForwardTileGroups consecutive row groups (w' loaded once per tile,
-// the cp.async pipeline running within the tile), and the hardware's CTA
+// Rows band's element path outside the one-group rule, with many groups:
+// each CTA takes a tile of kForwardTileGroups consecutive row groups, and the hardware's CTA
 // scheduler balances the SMs, where there are at least kForwardTileMinWaves
 // tiles per resident CTA; else the persistent grid (docs/performance.md,
 // "Forward tiles").

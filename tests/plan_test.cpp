@@ -255,7 +255,10 @@ TEST(Plan, PipelineStagesFitTheDevice) {
     for (int esize : {2, 4}) {
       for (int64_t d : {1, 8, 64, 128, 384, 512, 1024, 4096, 8192, 16384, 20000, 100000}) {
         const Launch f = forward_launch(1 << 20, d, esize, Io::kVector, dev);
-        if (f.row.band != Band::kLooped) {
+        if (f.kernel == Kernel::kForwardRows) {
+          EXPECT_EQ(f.smem, 0u) << d;  // the row in registers, no stages
+          EXPECT_EQ(f.stages, 1) << d;
+        } else if (f.row.band != Band::kLooped) {
           EXPECT_EQ(f.smem, stage_bytes(f.row.cta_threads, 1) * static_cast<size_t>(f.stages));
           EXPECT_LE(f.smem, dev.max_smem_optin);
           EXPECT_LE((f.smem + 1024) * static_cast<size_t>(forward_ctas_per_sm(f.row.threads_per_row)),
@@ -266,22 +269,45 @@ TEST(Plan, PipelineStagesFitTheDevice) {
       }
     }
   }
-  // On the H200 both directions get the full depth.
-  const Launch f = forward_launch(8192, 4096, 2, Io::kVector, hopper());
+  // On the H200 both directions get the full depth (the forward's stages: the cluster band).
+  const Launch f = forward_launch(1024, 65536, 2, Io::kVector, hopper());
+  ASSERT_EQ(f.kernel, Kernel::kForwardCluster);
   const Launch b = backward_launch(8192, 4096, 2, Io::kVector, true, hopper());
   EXPECT_EQ(f.stages, kMaxStages);
   EXPECT_EQ(b.stages, kMaxStages);
 }
 
-// The forward runs one CTA per row group only with many short rows per CTA
-// and many groups per resident CTA; otherwise its grid is the resident CTAs.
+// The rows band's 16-byte forward takes one row group per CTA at every
+// shape, up to the grid cap (past it the CTAs loop), and stages nothing.
+TEST(Plan, ForwardRowsOneGroupPerCta) {
+  for (const Device& dev : {hopper(), ampere()}) {
+    for (int esize : {2, 4}) {
+      for (int64_t d : {int64_t{1}, int64_t{128}, int64_t{1000}, int64_t{4096}, int64_t{8192}}) {
+        for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{128}, int64_t{8192}, int64_t{1} << 20,
+                             (int64_t{1} << 31) + 3}) {
+          const Launch f = forward_launch(rows, d, esize, Io::kVector, dev);
+          ASSERT_EQ(f.kernel, Kernel::kForwardRows) << d;
+          const int64_t groups = (rows + f.row.rows_per_cta - 1) / f.row.rows_per_cta;
+          EXPECT_EQ(f.grid, std::min<int64_t>(groups, int64_t{1} << 24)) << d << " " << rows;
+          EXPECT_EQ(f.groups_per_cta, 0);
+          EXPECT_EQ(f.stages, 1);
+          EXPECT_EQ(f.smem, 0u);
+        }
+      }
+    }
+  }
+}
+
+// The rows band's element-I/O forward runs one CTA per row group only with
+// many short rows per CTA and many groups per resident CTA; otherwise its
+// grid is the resident CTAs.
 TEST(Plan, ForwardGridPersistentOrOneGroupPerCta) {
   const Device dev = hopper();
   auto resident = [&](const Launch& f) {
     return int64_t{dev.sm_count} * forward_ctas_per_sm(f.row.threads_per_row) / f.row.cluster;
   };
   for (int64_t rows : {int64_t{1048576}, int64_t{131072}}) {
-    const Launch f = forward_launch(rows, 128, 2, Io::kVector, dev);
+    const Launch f = forward_launch(rows, 128, 2, Io::kElement, dev);
     ASSERT_GE(f.row.rows_per_cta, kOneGroupMinRowsPerCta);
     const int64_t groups = rows / f.row.rows_per_cta;
     if (groups >= kOneGroupMinGroupsPerCta * resident(f))
@@ -290,18 +316,18 @@ TEST(Plan, ForwardGridPersistentOrOneGroupPerCta) {
       EXPECT_EQ(f.grid, resident(f)) << rows;
   }
   // D = 128 at 16-bit: 4 threads per row, so kForwardMinCtaThreads / 4 rows per CTA.
-  EXPECT_EQ(forward_launch(1048576, 128, 2, Io::kVector, dev).grid, 1048576 / (kForwardMinCtaThreads / 4));
-  EXPECT_EQ(forward_launch(131072, 128, 2, Io::kVector, dev).grid, 132 * forward_ctas_per_sm(4));
+  EXPECT_EQ(forward_launch(1048576, 128, 2, Io::kElement, dev).grid, 1048576 / (kForwardMinCtaThreads / 4));
+  EXPECT_EQ(forward_launch(131072, 128, 2, Io::kElement, dev).grid, 132 * forward_ctas_per_sm(4));
   // D = 4096: 128 threads per row, under 8 rows per CTA: tiles of consecutive
   // groups where there are enough of them, else persistent.
-  const Launch big = forward_launch(int64_t{1} << 24, 4096, 2, Io::kVector, dev);
+  const Launch big = forward_launch(int64_t{1} << 24, 4096, 2, Io::kElement, dev);
   EXPECT_EQ(big.row.rows_per_cta, kForwardMinCtaThreads / 128);
   EXPECT_LT(big.row.rows_per_cta, kOneGroupMinRowsPerCta);
   EXPECT_EQ(big.groups_per_cta, kForwardTileGroups);
   EXPECT_EQ(big.grid, (int64_t{1} << 23) / kForwardTileGroups);
   // One group short of kForwardTileMinWaves tiles per resident CTA (2 rows per group).
   const Launch few =
-      forward_launch(2 * (kForwardTileMinWaves * kForwardTileGroups * resident(big) - 1), 4096, 2, Io::kVector, dev);
+      forward_launch(2 * (kForwardTileMinWaves * kForwardTileGroups * resident(big) - 1), 4096, 2, Io::kElement, dev);
   EXPECT_EQ(few.groups_per_cta, 0);
   EXPECT_EQ(few.grid, resident(few));
 }
@@ -315,7 +341,7 @@ TEST(Plan, ForwardTilesCoverEveryGroupOnce) {
     for (int64_t d : {1, 1000, 1025, 2048, 4096, 7168, 8192, 12288, 16384}) {
       for (int64_t rows : {int64_t{1}, int64_t{4095}, int64_t{8192}, int64_t{16383}, int64_t{1} << 20,
                            (int64_t{1} << 31) + 3}) {
-        const Launch l = forward_launch(rows, d, esize, Io::kVector, dev);
+        const Launch l = forward_launch(rows, d, esize, Io::kElement, dev);
         if (l.groups_per_cta == 0) continue;
         ++tiled;
         ASSERT_EQ(l.row.band, Band::kRows);

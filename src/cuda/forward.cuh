@@ -182,86 +182,43 @@ __device__ __forceinline__ void forward_cluster_pipelined(const ForwardParams<T>
   cluster_sync();  // no CTA exits while pushes to it may be in flight
 }
 
-// ---- kRows and kCluster: persistent, x staged through shared memory ---------------------------
-// kClustered == false: rows_per_cta row slots of kTpr threads per CTA.
-// kClustered == true: one row per cluster, kTpr threads per CTA.
-// kVec: every operand row is 16-byte aligned: x comes through the cp.async
-// pipeline (p.stages row groups deep, dynamic shared memory
-// plan::stage_bytes(cta_threads, 1) per stage), y and w move as 16-byte vectors.
-// Otherwise element I/O straight into registers, no lookahead.
-template <typename T, int kTpr, bool kClustered, bool kVec>
+// ---- kRows with 16-byte I/O: one row group per CTA, the row in registers ----------------------
+// No shared-memory stages and no persistence: each CTA loads its rows' x and
+// w' chunks (all of them in flight at once), reduces, and stores y; the
+// hardware's CTA scheduler keeps plan::kForwardThreadsPerSm threads per SM
+// busy (docs/performance.md, "Forward rows kernel"). Each thread owns the
+// same chunks, summed in the same order, as in every other rows-band kernel,
+// so r is bitwise the same.
+template <typename T, int kTpr>
 __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr))
-    forward_kernel(const ForwardParams<T> p) {
+    forward_rows_direct_kernel(const ForwardParams<T> p) {
   constexpr int kCtaThreads = plan::forward_cta_threads(kTpr);
   constexpr int kSlots = kCtaThreads / kTpr;
   constexpr int kCpt = plan::kChunksPerThread;
+  constexpr int kN = Chunk<T>::kN;
   static_assert(kSlots * kTpr == kCtaThreads, "plan: rows_per_cta * threads_per_row == cta_threads");
-  static_assert(!kClustered || (kTpr == plan::kClusterTpr && kSlots == 1), "plan: cluster CTAs hold one row slot");
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
-  static_assert(Chunk<T>::kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
-  static_assert(plan::stage_bytes(kCtaThreads, 1) == sizeof(uint4) * kCpt * kCtaThreads, "plan: stage size");
+  static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
   __shared__ RowScratch<float, kTpr, kSlots> scratch;
-  __shared__ float exchange[2];
-  extern __shared__ uint4 stage[];  // [stages][kCpt][kCtaThreads]
   pdl_enter();
-  if constexpr (kClustered && kVec) {
-    __shared__ ClusterExchange<float> pushed;
-    forward_cluster_pipelined<T>(p, stage, scratch, pushed);
-    return;
-  }
-  const RowMap<kTpr, kClustered> m;
+  const RowMap<kTpr, false> m;
   const int64_t groups = (p.rows + kSlots - 1) / kSlots;
-  const int stages = p.stages;
-  // This CTA's walk over row groups: g0, g0 + step, ... < gend. Only rows
-  // below rows_end are staged, so a tile never loads its neighbour's rows.
-  const bool tiled = !kClustered && p.groups_per_cta > 0;
-  const int64_t g0 = tiled ? m.unit * p.groups_per_cta : m.unit;
-  const int64_t step = tiled ? 1 : m.units;
-  const int64_t gend = tiled ? (g0 + p.groups_per_cta < groups ? g0 + p.groups_per_cta : groups) : groups;
-  const int64_t rows_end = gend * kSlots < p.rows ? gend * kSlots : p.rows;
-  if constexpr (kVec)
-    for (int s = 0; s + 1 < stages; ++s) {
-      stage_group<T, kTpr, kClustered, kCtaThreads>(p.x, p.x_stride, rows_end, p.chunks, p.cols, m, g0 + s * step,
-                                               kSlots, stage + s * kCpt * kCtaThreads);
-      cp_async_commit();
-    }
-  // w' of this thread's columns, fp32, loaded once (reloading it per row put
-  // an L2 round trip before every row's stores: ncu showed L1 hits of 28%;
-  // docs/performance.md, "Weights in registers"),
-  // after the first stages are in flight: its conversion waits for the loads.
-  ThreadWeights<T, kVec> wv;
-  wv.load(p.w, p.chunks, p.cols, kVec, p.w_offset, m);
-  int parity = 0, st = 0;
-  for (int64_t g = g0; g < gend; g += step, parity ^= 1) {
+  int parity = 0;
+  for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
     const int64_t row = g * kSlots + m.slot;
     const bool valid = row < p.rows;
-    // Element I/O: x in registers. 16-byte I/O: read from the stage where
-    // used, before and again after the reduction (nothing held across it).
-    Chunk<T> xr[kVec ? 1 : kCpt];
-    const uint4* cur = stage + st * kCpt * kCtaThreads;
-    if constexpr (kVec) {
-      // Refill the slot consumed last iteration with the group stages - 1 ahead.
-      const int refill = st == 0 ? stages - 1 : st - 1;
-      stage_group<T, kTpr, kClustered, kCtaThreads>(p.x, p.x_stride, rows_end, p.chunks, p.cols, m,
-                                               g + (stages - 1) * step, kSlots, stage + refill * kCpt * kCtaThreads);
-      cp_async_commit();
-      cp_async_wait(stages - 1);
-      st = st + 1 == stages ? 0 : st + 1;
-    } else {
-      load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, xr);
-    }
-    auto x_of = [&](int it) {
-      if constexpr (kVec)
-        return as_chunk<T>(cur[it * kCtaThreads + threadIdx.x]);
-      else
-        return xr[it];
-    };
+    Chunk<T> xr[kCpt];
+    Chunk<T> wr[kCpt];
+    load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, true, m, g, kSlots, xr);
+    if (p.w != nullptr)
+#pragma unroll
+      for (int it = 0; it < kCpt; ++it)
+        if (m.chunk(it) < p.chunks) wr[it] = load_chunk(p.w, m.chunk(it), p.cols, true);
     float ss = 0.0f;
 #pragma unroll
     for (int it = 0; it < kCpt; ++it)
-      if (valid && m.chunk(it) < p.chunks) ss = add_squares(ss, x_of(it));
+      if (valid && m.chunk(it) < p.chunks) ss = add_squares(ss, xr[it]);
     ss = row_sum<kTpr, kSlots>(ss, scratch, parity);
-    if constexpr (kClustered) ss = cluster_sum(ss, exchange, parity);
     if (valid) {
       const float r = rms_from_sum(ss, p.cols, p.eps);  // no rescaled path in this band: rstd.cuh
       if (p.rstd != nullptr && m.pos == 0) p.rstd[row] = r;
@@ -270,22 +227,91 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
         if (c < p.chunks) {
-          // Element I/O in the rows band: aligned blocks. The cluster band's element-I/O kernel keeps the
-          // per-chunk stores: with the block stores it spilled (208 bytes at 16-bit, 64 registers).
-          if constexpr (kVec || kClustered) {
-            float w[Chunk<T>::kN];
-            wv.get(it, w);
-            store_normalized(yr, c, p.cols, kVec, p.round_xhat, x_of(it), w, r);
-          } else {
-            store_normalized_blocks(p.x + row * p.x_stride, yr, p.w, c, p.chunks, p.cols, p.w_offset, p.round_xhat,
-                                    r);
-          }
+          float w[kN];
+#pragma unroll
+          for (int j = 0; j < kN; ++j) w[j] = p.w != nullptr ? wr[it].get(j) + p.w_offset : 1.0f;
+          store_normalized(yr, c, p.cols, true, p.round_xhat, xr[it], w, r);
         }
       }
     }
   }
-  if constexpr (kVec) cp_async_wait(0);      // the groups staged past the last row are empty
-  if constexpr (kClustered) cluster_sync();  // keep `exchange` alive until every CTA has read it
+}
+
+// ---- kCluster (both I/O paths) and kRows with element I/O: persistent -------------------------
+// kClustered == false: rows_per_cta row slots of kTpr threads per CTA, element
+// I/O (the 16-byte path is forward_rows_direct_kernel).
+// kClustered == true: one row per cluster, kTpr threads per CTA. kVec: every
+// operand row is 16-byte aligned: forward_cluster_pipelined (x through the
+// cp.async pipeline, p.stages rows deep, dynamic shared memory
+// plan::stage_bytes(cta_threads, 1) per stage). Otherwise element I/O
+// straight into registers, no lookahead.
+template <typename T, int kTpr, bool kClustered, bool kVec>
+__global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr))
+    forward_kernel(const ForwardParams<T> p) {
+  constexpr int kCtaThreads = plan::forward_cta_threads(kTpr);
+  constexpr int kSlots = kCtaThreads / kTpr;
+  constexpr int kCpt = plan::kChunksPerThread;
+  static_assert(kSlots * kTpr == kCtaThreads, "plan: rows_per_cta * threads_per_row == cta_threads");
+  static_assert(!kClustered || (kTpr == plan::kClusterTpr && kSlots == 1), "plan: cluster CTAs hold one row slot");
+  static_assert(kClustered || !kVec, "plan: the rows band's 16-byte path is forward_rows_direct_kernel");
+  static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
+  static_assert(Chunk<T>::kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
+  static_assert(plan::stage_bytes(kCtaThreads, 1) == sizeof(uint4) * kCpt * kCtaThreads, "plan: stage size");
+  __shared__ RowScratch<float, kTpr, kSlots> scratch;
+  pdl_enter();
+  if constexpr (kVec) {
+    extern __shared__ uint4 stage[];  // [stages][kCpt][kCtaThreads]
+    __shared__ ClusterExchange<float> pushed;
+    forward_cluster_pipelined<T>(p, stage, scratch, pushed);
+    return;
+  } else {
+    __shared__ float exchange[2];
+    const RowMap<kTpr, kClustered> m;
+    const int64_t groups = (p.rows + kSlots - 1) / kSlots;
+    // This CTA's walk over row groups: g0, g0 + step, ... < gend.
+    const bool tiled = !kClustered && p.groups_per_cta > 0;
+    const int64_t g0 = tiled ? m.unit * p.groups_per_cta : m.unit;
+    const int64_t step = tiled ? 1 : m.units;
+    const int64_t gend = tiled ? (g0 + p.groups_per_cta < groups ? g0 + p.groups_per_cta : groups) : groups;
+    // w' reloaded at each use (an L1 hit): the loads need the registers.
+    ThreadWeights<T, false> wv;
+    wv.load(p.w, p.chunks, p.cols, false, p.w_offset, m);
+    int parity = 0;
+    for (int64_t g = g0; g < gend; g += step, parity ^= 1) {
+      const int64_t row = g * kSlots + m.slot;
+      const bool valid = row < p.rows;
+      Chunk<T> xr[kCpt];
+      load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, xr);
+      float ss = 0.0f;
+#pragma unroll
+      for (int it = 0; it < kCpt; ++it)
+        if (valid && m.chunk(it) < p.chunks) ss = add_squares(ss, xr[it]);
+      ss = row_sum<kTpr, kSlots>(ss, scratch, parity);
+      if constexpr (kClustered) ss = cluster_sum(ss, exchange, parity);
+      if (valid) {
+        const float r = rms_from_sum(ss, p.cols, p.eps);  // no rescaled path in this band: rstd.cuh
+        if (p.rstd != nullptr && m.pos == 0) p.rstd[row] = r;
+        T* yr = p.y + row * p.y_stride;
+#pragma unroll
+        for (int it = 0; it < kCpt; ++it) {
+          const int c = m.chunk(it);
+          if (c < p.chunks) {
+            // The rows band stores aligned blocks. The cluster band keeps the per-chunk stores: with the block
+            // stores it spilled (208 bytes at 16-bit, 64 registers).
+            if constexpr (kClustered) {
+              float w[Chunk<T>::kN];
+              wv.get(it, w);
+              store_normalized(yr, c, p.cols, false, p.round_xhat, xr[it], w, r);
+            } else {
+              store_normalized_blocks(p.x + row * p.x_stride, yr, p.w, c, p.chunks, p.cols, p.w_offset,
+                                      p.round_xhat, r);
+            }
+          }
+        }
+      }
+    }
+    if constexpr (kClustered) cluster_sync();  // keep `exchange` alive until every CTA has read it
+  }
 }
 
 // ---- kLooped: any D, one CTA per row, x read twice ---------------------------------------------
@@ -354,7 +380,7 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
       return dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
         constexpr int kTpr = decltype(tpr)::value;
         constexpr int kCta = plan::forward_cta_threads(kTpr);
-        return l.kernel == Kernel::kForwardRows ? launch(forward_kernel<T, kTpr, false, true>, kCta)
+        return l.kernel == Kernel::kForwardRows ? launch(forward_rows_direct_kernel<T, kTpr>, kCta)
                                                 : launch(forward_kernel<T, kTpr, false, false>, kCta);
       });
     case Kernel::kForwardCluster: return launch(forward_kernel<T, plan::kClusterTpr, true, true>, plan::kClusterTpr);
