@@ -8,8 +8,13 @@ Implementations (all on the same tensors, w of x's dtype, eps 1e-5):
   compile(formula)  torch.compile of the eager formula in fp32, one rounding:
                     (x.float() * rsqrt(mean(x.float()^2) + eps) * w.float()).to(x.dtype)
   liger             Liger's LigerRMSNormFunction (casting_mode="llama", in_place=False), when liger_kernel imports
+  rmsnorm(no PDL)   diagnostic, not a peer: the package's operators called directly with RMSNORM_FLAG_NO_PDL (plain
+                    launches; by default each kernel is a programmatic dependent of the previous one, which CUPTI
+                    may see start before that one ends)
 
-Directions: forward (under torch.no_grad()) and fwd+bwd (y = f(x, w) with x and w requiring grad, then
+Directions: forward (under torch.no_grad()); backward (the VJP alone: y = f(x, w) computed once outside the timed
+region with x and w requiring grad, then torch.autograd.grad(y, [x, w], gy, retain_graph=True): the backward of a
+retained graph, rstd or whatever the implementation saved given); fwd+bwd (y = f(x, w), then
 torch.autograd.grad(y, [x, w], gy): one forward and one backward per call).
 
 What is measured, per case:
@@ -21,8 +26,17 @@ What is measured, per case:
              latency and Python's time where the host is the bottleneck. Median.
   host       at 1 x 4096 only: wall time per call of back-to-back calls (no flush, no sync between them), and that
              minus kernel_us: the eager host overhead per call. It must stay within 1.5x of F.rms_norm's.
-Bytes (minimal): forward (2nD + D) * esize, fwd+bwd (5nD + 3D) * esize (read x, write y; read x, gy, w, write gx,
-gw). GB/s = bytes / kernel_us. The ceiling: dst.copy_(src) of 1 GiB, read + write bytes, in the same run.
+Bytes (minimal): forward (2nD + D) * esize (read x, w, write y), backward (3nD + 2D) * esize (read x, gy, w, write
+gx, gw), fwd+bwd (5nD + 3D) * esize. GB/s = bytes / kernel_us. The ceiling: dst.copy_(src) of 1 GiB, read + write
+bytes, in the same run.
+
+Verdict per shape and direction (the summary): ours (rmsnorm, eager) against the fastest peer in kernel time:
+"ahead" where ours is faster, "tie at ceiling" where it is at most 1% slower and that peer runs at >= 97% of the
+copy ceiling, else "BEHIND" (by the ratio).
+
+--profile: no timing; after warm-up, each selected (shape, implementation, direction) runs once between
+cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off` to profile those kernels alone (in the
+order the script prints them).
 
 Output: a table on stdout, --json FILE (all cases, the GPU, driver, CUDA, torch, commit, date; for bench/results/),
 --png FILE (GB/s against D per implementation and direction, the copy ceiling drawn). Exits 0 with a message, and a
@@ -45,7 +59,11 @@ FLUSH_BYTES = 256 * MIB
 HOST_SHAPE = (1, 4096, "bf16")
 HOST_RATIO_LIMIT = 1.5
 
-# bench/torch_bench.py's default group (the library benchmark's list), then decode.
+TIE_CEILING_PCT = 97.0
+TIE_RATIO = 1.01
+
+# The 14 shapes of the forward-speed comparison: bench/torch_bench.py's default group and two of its extra shapes
+# (the library benchmark's list), then decode.
 SHAPES = [
     (8192, 4096, "f16"),
     (8192, 4096, "bf16"),
@@ -56,12 +74,16 @@ SHAPES = [
     (16384, 7168, "bf16"),
     (4096, 16384, "bf16"),
     (1024, 65536, "bf16"),
+    (262144, 512, "bf16"),
+    (1048576, 128, "bf16"),
     (1024, 262144, "bf16"),
     (1, 4096, "bf16"),
+    (128, 4096, "bf16"),
 ]
 QUICK_SHAPES = [(8192, 4096, "f16"), (32768, 512, "bf16"), (1, 4096, "bf16")]
-IMPLS = ["rmsnorm", "rmsnorm+compile", "F.rms_norm", "compile(formula)", "liger"]
-DIRECTIONS = ["forward", "fwd+bwd"]
+IMPLS = ["rmsnorm", "rmsnorm+compile", "F.rms_norm", "compile(formula)", "liger", "rmsnorm(no PDL)"]
+DIRECTIONS = ["forward", "backward", "fwd+bwd"]
+FLAG_NO_PDL = 4  # RMSNORM_FLAG_NO_PDL (include/rmsnorm/rmsnorm.h)
 
 
 def write_json(path, doc):
@@ -174,7 +196,43 @@ class Bench:
 
     # ---- cases -----------------------------------------------------------------------------
 
-    def run_shape(self, rows, cols, dt, impls, copy_gbps):
+    def calls_of(self, impl, f, x, w, gy, xl, wl):
+        """{direction: call} for one implementation on one shape's tensors."""
+        torch = self.torch
+        if impl == "rmsnorm(no PDL)":
+            fwd_op, bwd_op = torch.ops.rmsnorm.forward.default, torch.ops.rmsnorm.backward.default
+            _, rstd = fwd_op(x, w, EPS, FLAG_NO_PDL)
+
+            def fwd():
+                return fwd_op(x, w, EPS, FLAG_NO_PDL)[0]
+
+            def bwd():
+                return bwd_op(gy, x, w, rstd, FLAG_NO_PDL, w.dtype)
+
+            def fwd_bwd():
+                _, r = fwd_op(x, w, EPS, FLAG_NO_PDL)
+                return bwd_op(gy, x, w, r, FLAG_NO_PDL, w.dtype)
+
+            return {"forward": fwd, "backward": bwd, "fwd+bwd": fwd_bwd}
+
+        def fwd():
+            with torch.no_grad():
+                return f(x, w)
+
+        retained = {}
+
+        def bwd():
+            if "y" not in retained:  # once, outside the timed calls (the warm-up makes it)
+                retained["y"] = f(xl, wl)
+            return torch.autograd.grad(retained["y"], [xl, wl], gy, retain_graph=True)
+
+        def fwd_bwd():
+            y = f(xl, wl)
+            return torch.autograd.grad(y, [xl, wl], gy)
+
+        return {"forward": fwd, "backward": bwd, "fwd+bwd": fwd_bwd}
+
+    def run_shape(self, rows, cols, dt, impls, directions, copy_gbps):
         torch = self.torch
         dtype = self.dtypes[dt]
         esize = torch.empty((), dtype=dtype).element_size()
@@ -184,35 +242,33 @@ class Bench:
         w = (1.0 + 0.25 * torch.randn(cols, device=self.dev, generator=gen)).to(dtype)
         xl = x.detach().requires_grad_(True)
         wl = w.detach().requires_grad_(True)
-        nbytes = {"forward": (2 * rows * cols + cols) * esize, "fwd+bwd": (5 * rows * cols + 3 * cols) * esize}
+        nbytes = {"forward": (2 * rows * cols + cols) * esize, "backward": (3 * rows * cols + 2 * cols) * esize,
+                  "fwd+bwd": (5 * rows * cols + 3 * cols) * esize}
         for impl in impls:
             try:
-                f = self.make(impl, cols)
+                f = None if impl == "rmsnorm(no PDL)" else self.make(impl, cols)
+                calls = self.calls_of(impl, f, x, w, gy, xl, wl)
             except Exception as e:  # noqa: BLE001
-                for d in DIRECTIONS:
+                for d in directions:
                     self.record(impl, d, rows, cols, dt, nbytes[d], copy_gbps, error=str(e).splitlines()[0])
                 continue
-            calls = {}
-
-            def fwd(f=f):
-                with torch.no_grad():
-                    return f(x, w)
-
-            def fwd_bwd(f=f):
-                y = f(xl, wl)
-                return torch.autograd.grad(y, [xl, wl], gy)
-
-            calls["forward"], calls["fwd+bwd"] = fwd, fwd_bwd
-            for d in DIRECTIONS:
+            for d in directions:
                 call = calls[d]
                 try:
                     for _ in range(3):  # compiles on the first call
                         call()
                     torch.cuda.synchronize()
+                    if self.args.profile:
+                        torch.cuda.profiler.start()
+                        call()
+                        torch.cuda.synchronize()
+                        torch.cuda.profiler.stop()
+                        print(f"profiled {rows}x{cols} {dt} {impl} {d}", flush=True)
+                        continue
                     k = self.kernel_times(call)
                     ev = self.event_times(call)
                     host = None
-                    if (rows, cols, dt) == HOST_SHAPE:
+                    if (rows, cols, dt) == HOST_SHAPE and impl in ("rmsnorm", "F.rms_norm"):
                         host = self.wall_per_call(call)
                     self.record(impl, d, rows, cols, dt, nbytes[d], copy_gbps, k, ev, host)
                 except Exception as e:  # noqa: BLE001  (Liger above 65536 columns, say)
@@ -285,23 +341,40 @@ def call_spans(acts):
     return spans
 
 
+def verdict(ours, best_us, best_pct):
+    """Ours against the fastest peer (kernel time): ahead, tie at the ceiling, or behind."""
+    if ours is None or best_us is None:
+        return "-"
+    if ours <= best_us:
+        return "ahead"
+    if ours <= TIE_RATIO * best_us and best_pct is not None and best_pct >= TIE_CEILING_PCT:
+        return "tie at ceiling"
+    return f"BEHIND {ours / best_us:.2f}x"
+
+
 def summary_lines(cases):
-    """Per shape and direction: the best peer's kernel time, ours, and the ratio; the host check at 1 x 4096."""
+    """Per shape and direction: ours, the fastest peer, the ratio and the verdict (kernel time); the host check at
+    1 x 4096."""
     lines = []
     keyed = {}
     for c in cases:
         keyed.setdefault((c["rows"], c["cols"], c["dtype"], c["direction"]), {})[c["impl"]] = c
-    lines.append(f"{'shape':<20} {'dir':<8} {'ours us':>9} {'ours+compile':>12} {'best peer':>26} {'ours/best':>9}")
+    lines.append(f"{'shape':<20} {'dir':<8} {'ours us':>9} {'%copy':>6} {'no PDL':>9} {'ours+compile':>12} "
+                 f"{'best peer':>26} {'%copy':>6} {'ours/best':>9}  verdict")
     for (rows, cols, dt, d), by in keyed.items():
-        ours = by.get("rmsnorm", {}).get("kernel_us")
-        ours_c = by.get("rmsnorm+compile", {}).get("kernel_us")
-        peers = [(v["kernel_us"], k) for k, v in by.items()
+        ours_c = by.get("rmsnorm", {})
+        ours, ours_pct = ours_c.get("kernel_us"), ours_c.get("pct_copy")
+        nopdl = by.get("rmsnorm(no PDL)", {}).get("kernel_us")
+        compiled = by.get("rmsnorm+compile", {}).get("kernel_us")
+        peers = [(v["kernel_us"], k, v["pct_copy"]) for k, v in by.items()
                  if not k.startswith("rmsnorm") and v.get("kernel_us") is not None]
-        best = min(peers) if peers else (None, "-")
+        best = min(peers) if peers else (None, "-", None)
         ratio = ours / best[0] if ours and best[0] else float("nan")
-        fmt = lambda v: f"{v:9.2f}" if v is not None else f"{'-':>9}"  # noqa: E731
+        fmt = lambda v, w=9, p=2: f"{v:{w}.{p}f}" if v is not None else f"{'-':>{w}}"  # noqa: E731
         peer = f"{best[1]} {best[0]:.2f}" if best[0] is not None else "-"
-        lines.append(f"{f'{rows}x{cols} {dt}':<20} {d:<8} {fmt(ours)} {fmt(ours_c):>12} {peer:>26} {ratio:9.3f}")
+        lines.append(f"{f'{rows}x{cols} {dt}':<20} {d:<8} {fmt(ours)} {fmt(ours_pct, 6, 1)} {fmt(nopdl)} "
+                     f"{fmt(compiled, 12)} {peer:>26} {fmt(best[2], 6, 1)} {ratio:9.3f}  "
+                     f"{verdict(ours, best[0], best[2])}")
     host = {(c["impl"], c["direction"]): c.get("host_overhead_us") for c in cases if "host_overhead_us" in c}
     for d in DIRECTIONS:
         ours, ref = host.get(("rmsnorm", d)), host.get(("F.rms_norm", d))
@@ -321,7 +394,7 @@ def draw_png(path, cases, copy_gbps, title):
     except ImportError as e:
         print(f"no PNG: matplotlib not importable ({e})")
         return
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    fig, axes = plt.subplots(1, len(DIRECTIONS), figsize=(19, 5), sharey=True)
     for ax, d in zip(axes, DIRECTIONS):
         for impl in IMPLS:
             pts = sorted((c["cols"], c["gbps"], c["dtype"]) for c in cases
@@ -345,8 +418,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=50, help="calls per measurement (default 50)")
     ap.add_argument("--quick", action="store_true", help="three shapes, 20 reps (smoke)")
-    ap.add_argument("--shapes", default="", help='only shapes whose "ROWSxCOLS dtype" contains this')
+    ap.add_argument("--shapes", default="",
+                    help='only shapes whose "ROWSxCOLS dtype" contains one of these comma-separated strings')
     ap.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated subset of {','.join(IMPLS)}")
+    ap.add_argument("--directions", default=",".join(DIRECTIONS), help=f"comma-separated subset of {','.join(DIRECTIONS)}")
+    ap.add_argument("--profile", action="store_true", help="one call per case between cudaProfilerStart/Stop, for ncu; no timing")
     ap.add_argument("--json", default="", help="write the results here (e.g. bench/results/..._torch_ops.json)")
     ap.add_argument("--png", default="", help="draw GB/s against D here")
     ap.add_argument("--commit", default="", help="commit recorded in the JSON (default $RMSNORM_COMMIT or git)")
@@ -383,11 +459,19 @@ def main():
         print(f"liger: not timed ({b.liger_error})")
     impls = [i for i in args.impls.split(",") if i]
     shapes = QUICK_SHAPES if args.quick else SHAPES
-    shapes = [s for s in shapes if args.shapes in f"{s[0]}x{s[1]} {s[2]}"]
+    wanted = args.shapes.split(",")
+    shapes = [s for s in shapes if any(w in f"{s[0]}x{s[1]} {s[2]}" for w in wanted)]
     print(f"\n{'shape':<13} {'dtype':<5} {'dir':<8} {'impl':<17} {'kernel us':>9} {'call us':>9} {'GB/s':>8} "
           f"{'%copy':>7}")
+    directions = [d for d in args.directions.split(",") if d]
+    unknown = [i for i in impls if i not in IMPLS] + [d for d in directions if d not in DIRECTIONS]
+    if unknown:
+        print(f"torch_ops_bench: unknown implementation or direction: {', '.join(unknown)}")
+        return 2
     for rows, cols, dt in shapes:
-        b.run_shape(rows, cols, dt, impls, copy_gbps)
+        b.run_shape(rows, cols, dt, impls, directions, copy_gbps)
+    if args.profile:
+        return 0
     print()
     lines = summary_lines(b.cases)
     print("\n".join(lines))
