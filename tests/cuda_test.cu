@@ -598,7 +598,7 @@ TEST_F(Cuda, ForwardBatchInvarianceOneGroupPerCta) {
   }
 }
 
-// The rows-band forward's tiled grid (plan::Launch::groups_per_cta):
+// The rows-band element-I/O forward's tiled grid (plan::Launch::groups_per_cta):
 // a last tile with fewer groups and a last group with fewer rows, checked
 // against the reference, and batch-invariant against a lone row.
 TEST_F(Cuda, ForwardTiledGrid) {
@@ -608,17 +608,18 @@ TEST_F(Cuda, ForwardTiledGrid) {
       {4096, RMSNORM_DTYPE_BF16}, {8192, RMSNORM_DTYPE_F32}, {2000, RMSNORM_DTYPE_F16}};
   for (const auto& [d, dt] : shapes) {
     const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
-    const plan::RowPlan row = plan::forward_launch(1, d, esize, plan::Io::kVector, pd).row;
+    const plan::RowPlan row = plan::forward_launch(1, d, esize, plan::Io::kElement, pd).row;
     const int64_t resident = int64_t{pd.sm_count} * plan::forward_ctas_per_sm(row.threads_per_row);
     Case c;
     c.dtype = dt;
     c.cols = d;
+    c.layout = Layout::kOffset;  // element I/O: the 16-byte path takes one group per CTA, never tiles
     // kForwardTileMinWaves tiles per resident CTA and a part tile; the last group part-filled where it holds
     // several rows.
     c.rows = (resident * plan::kForwardTileMinWaves * plan::kForwardTileGroups + plan::kForwardTileGroups / 2) *
                  row.rows_per_cta +
              1;
-    const plan::Launch l = plan::forward_launch(c.rows, d, esize, plan::Io::kVector, pd);
+    const plan::Launch l = plan::forward_launch(c.rows, d, esize, plan::Io::kElement, pd);
     ASSERT_GT(l.groups_per_cta, 0) << "D " << d;
     check_forward(c, rng);
     ASSERT_FALSE(HasFatalFailure());
