@@ -86,13 +86,29 @@ def _batch(rank: int, step: int, seed: int):
     return (start + stride * torch.arange(SEQ)) % VOCAB
 
 
+def _gather_dim0(p):
+    """The full tensor of an FSDP2 parameter (a DTensor sharded on dim 0, torch.chunk-style: ceil(n / world) rows per
+    rank, fewer on the last), by a plain all_gather of the zero-padded local shards. Not DTensor.full_tensor(): on the
+    H200 image's torch 2.11 with gloo, its functional-collective wait segfaulted in _c_check_aliasing_constraint."""
+    from torch.distributed.tensor import Shard
+
+    assert tuple(p.placements) == (Shard(0),), p.placements
+    world = dist.get_world_size()
+    full = tuple(p.shape)
+    local = p.to_local()
+    chunk = (full[0] + world - 1) // world
+    padded = torch.zeros((chunk,) + full[1:], dtype=local.dtype)
+    padded[: local.shape[0]] = local
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.cat(parts)[: full[0]]
+
+
 def _full_params(model, wrap: str):
     """(name, full fp32 tensor) for every parameter, gathered from the shards under FSDP2."""
     out = []
     for name, p in model.named_parameters():
-        t = p.detach()
-        if wrap == "fsdp2":
-            t = t.full_tensor()
+        t = _gather_dim0(p.detach()) if wrap == "fsdp2" else p.detach()
         out.append((name, t.contiguous().view(-1)))
     return out
 
