@@ -86,6 +86,15 @@ DIRECTIONS = ["forward", "backward", "fwd+bwd"]
 FLAG_NO_PDL = 4  # RMSNORM_FLAG_NO_PDL (include/rmsnorm/rmsnorm.h)
 
 
+def package_version(name):
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # noqa: BLE001  (not installed as a distribution)
+        return None
+
+
 def write_json(path, doc):
     if path:
         with open(path, "w") as f:
@@ -449,7 +458,7 @@ def main():
     props = torch.cuda.get_device_properties(0)
     meta.update({"gpu": props.name, "sms": props.multi_processor_count, "driver": driver_version(),
                  "cuda": torch.version.cuda, "torch": torch.__version__,
-                 "liger": getattr(sys.modules.get("liger_kernel"), "__version__", None) if b.liger else None,
+                 "liger": package_version("liger-kernel") if b.liger else None,
                  "reps": args.reps, "eps": EPS, "l2_flush_bytes": FLUSH_BYTES})
     copy_us, copy_gbps = b.measure_copy()
     meta["copy_1gib_us"], meta["copy_gbps"] = copy_us, copy_gbps
