@@ -574,25 +574,28 @@ plan::Device current_plan_device() {
   return pd;
 }
 
-// The same where the big batch takes the forward's other grid, one CTA per
-// row group (plan::forward_one_group_per_cta: many short rows), while the
-// batches of 1 and 3 stay persistent. The plan is asked first, so that the
-// test cannot pass by testing the persistent grid twice.
+// The same where the big batch takes the element-I/O forward's other grid,
+// one CTA per row group (plan::forward_one_group_per_cta: many short rows),
+// while the batches of 1 and 3 stay persistent (the 16-byte forward takes one
+// group per CTA at every batch, so misaligned rows are what has two grids).
+// The plan is asked first, so that the test cannot pass by testing the
+// persistent grid twice.
 TEST_F(Cuda, ForwardBatchInvarianceOneGroupPerCta) {
   const plan::Device pd = current_plan_device();
   std::mt19937_64 rng(5);
   for (int64_t d : {int64_t{128}, int64_t{1024}}) {
-    const plan::RowPlan row = plan::forward_launch(1, d, 2, plan::Io::kVector, pd).row;
+    const plan::RowPlan row = plan::forward_launch(1, d, 2, plan::Io::kElement, pd).row;
     const int64_t resident = int64_t{pd.sm_count} * plan::forward_ctas_per_sm(row.threads_per_row) / row.cluster;
     Case c;
     c.dtype = RMSNORM_DTYPE_BF16;
     c.cols = d;
+    c.layout = Layout::kOffset;
     c.rows = plan::kOneGroupMinGroupsPerCta * resident * row.rows_per_cta + 5;  // + a part group
-    const plan::Launch l = plan::forward_launch(c.rows, d, 2, plan::Io::kVector, pd);
+    const plan::Launch l = plan::forward_launch(c.rows, d, 2, plan::Io::kElement, pd);
     const int64_t groups = (c.rows + l.row.rows_per_cta - 1) / l.row.rows_per_cta;
     ASSERT_TRUE(plan::forward_one_group_per_cta(l.row, groups, resident)) << "D " << d;
     ASSERT_EQ(l.grid, groups) << "D " << d;
-    ASSERT_FALSE(plan::forward_one_group_per_cta(plan::forward_launch(3, d, 2, plan::Io::kVector, pd).row, 1, resident));
+    ASSERT_FALSE(plan::forward_one_group_per_cta(plan::forward_launch(3, d, 2, plan::Io::kElement, pd).row, 1, resident));
     check_batch_invariance(c, rng);
     ASSERT_FALSE(HasFatalFailure());
   }
@@ -1472,7 +1475,9 @@ TEST_F(CudaSanitizer, RowsBand) {
 
 // Enough rows that every persistent CTA (cluster) walks at least three row
 // groups, so the double-buffered scratch and exchange slots, and the
-// cp.async stages, are reused: D = 1000 fp32 (tpr 64: 4 forward / 8
+// cp.async stages, are reused (the aligned rows-band forward takes one group
+// per CTA and walks only past 2^24 groups: these cases check it, and the
+// backward, under the sanitizers at many CTAs): D = 1000 fp32 (tpr 64: 4 forward / 8
 // backward slots per CTA, named barriers), D = 4096 bf16 (tpr 128), D =
 // 20000 bf16 (clusters of 2); and misaligned, where the backward stages
 // each row's aligned blocks and a chunk reads a neighbour's block: D = 1000

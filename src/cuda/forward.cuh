@@ -6,9 +6,11 @@
 // Work split (plan.hpp): each row is owned by threads_per_row threads of one
 // CTA (kRows: rows_per_cta rows per CTA; kCluster: one row per cluster of
 // CTAs), each thread owning up to 4 16-byte chunks, so x is read once and y
-// written once. With 16-byte I/O each thread stages its chunks of the next
-// row groups through shared memory with cp.async; w' stays in registers for
-// the whole kernel. The sum of squares is reduced inside each row's lanes,
+// written once. The rows band's 16-byte path takes one row group per CTA
+// and holds its chunks of x and w in registers (forward_rows_direct_kernel);
+// the cluster band's 16-byte path is persistent, each thread staging its
+// chunks of the next rows through shared memory with cp.async while w' stays
+// in registers for the whole kernel. The sum of squares is reduced inside each row's lanes,
 // then across the row's warps through a per-row scratch slot, then across
 // the cluster's CTAs through distributed shared memory. No scratch is shared
 // between rows. kLooped reads x twice.
