@@ -216,11 +216,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
 #pragma unroll
       for (int it = 0; it < kCpt; ++it)
         if (m.chunk(it) < p.chunks) wr[it] = load_chunk(p.w, m.chunk(it), p.cols, true);
-    float ss = 0.0f;
-#pragma unroll
-    for (int it = 0; it < kCpt; ++it)
-      if (valid && m.chunk(it) < p.chunks) ss = add_squares(ss, xr[it]);
-    ss = row_sum<kTpr, kSlots>(ss, scratch, parity);
+    const float ss = row_sum<kTpr, kSlots>(thread_squares(xr, m, p.chunks, valid), scratch, parity);
     if (valid) {
       const float r = rms_from_sum(ss, p.cols, p.eps);  // no rescaled path in this band: rstd.cuh
       if (p.rstd != nullptr && m.pos == 0) p.rstd[row] = r;
@@ -284,11 +280,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
       const bool valid = row < p.rows;
       Chunk<T> xr[kCpt];
       load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, xr);
-      float ss = 0.0f;
-#pragma unroll
-      for (int it = 0; it < kCpt; ++it)
-        if (valid && m.chunk(it) < p.chunks) ss = add_squares(ss, xr[it]);
-      ss = row_sum<kTpr, kSlots>(ss, scratch, parity);
+      float ss = row_sum<kTpr, kSlots>(thread_squares(xr, m, p.chunks, valid), scratch, parity);
       if constexpr (kClustered) ss = cluster_sum(ss, exchange, parity);
       if (valid) {
         const float r = rms_from_sum(ss, p.cols, p.eps);  // no rescaled path in this band: rstd.cuh
