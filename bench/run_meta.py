@@ -1,4 +1,5 @@
-"""What every benchmark script records about its run (the time, the commit, the NVIDIA driver), and its JSON rule.
+"""What every benchmark script records about its run (the time, the commit, the NVIDIA driver, the copy ceiling), and
+its JSON rule.
 
 Imported by bench/torch_bench.py and bench/torch_ops_bench.py (bench/ is on the path of a script run from it).
 """
@@ -49,3 +50,26 @@ def json_safe(x):
     if isinstance(x, list):
         return [json_safe(v) for v in x]
     return x
+
+
+COPY_BYTES = 1 << 30
+
+
+def copy_times_us(torch, device, reps):
+    """The copy ceiling's samples: `reps` timings (us, CUDA events) of dst.copy_(src) of 1 GiB on `device`, after 3
+    warm-up copies; each moves 2 * COPY_BYTES (read + write). The buffers are freed and the cache emptied after."""
+    src = torch.randint(0, 256, (COPY_BYTES,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    stops = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for r in range(reps):
+        starts[r].record()
+        dst.copy_(src)
+        stops[r].record()
+    torch.cuda.synchronize()
+    del src, dst
+    torch.cuda.empty_cache()
+    return [1e3 * a.elapsed_time(b) for a, b in zip(starts, stops)]

@@ -37,7 +37,7 @@ import math
 import sys
 import time
 
-from run_meta import driver_version, git_commit, json_safe, utc_now  # bench/run_meta.py
+from run_meta import COPY_BYTES, copy_times_us, driver_version, git_commit, json_safe, utc_now  # bench/run_meta.py
 
 EPS = 1e-5
 GRAPH_CALLS = 20
@@ -185,25 +185,8 @@ class Bench:
         return summarize([1e3 * a.elapsed_time(b) / GRAPH_CALLS for a, b in zip(starts, stops)])
 
     def measure_copy(self):
-        torch = self.torch
-        n = 1 << 30
-        src = torch.randint(0, 256, (n,), dtype=torch.uint8, device=self.dev)
-        dst = torch.empty_like(src)
-        for _ in range(3):
-            dst.copy_(src)
-        torch.cuda.synchronize()
-        reps = self.args.copy_reps
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        stops = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for r in range(reps):
-            starts[r].record()
-            dst.copy_(src)
-            stops[r].record()
-        torch.cuda.synchronize()
-        st = summarize([1e3 * a.elapsed_time(b) for a, b in zip(starts, stops)])
-        del src, dst
-        torch.cuda.empty_cache()
-        return st, 2.0 * n / st["median_us"] / 1e3
+        st = summarize(copy_times_us(self.torch, self.dev, self.args.copy_reps))
+        return st, 2.0 * COPY_BYTES / st["median_us"] / 1e3
 
     # ---- operands --------------------------------------------------------------------------
 

@@ -51,7 +51,7 @@ import statistics
 import sys
 import time
 
-from run_meta import driver_version, git_commit, json_safe, utc_now  # bench/run_meta.py
+from run_meta import COPY_BYTES, copy_times_us, driver_version, git_commit, json_safe, utc_now  # bench/run_meta.py
 
 EPS = 1e-5
 MIB = 1024 * 1024
@@ -314,25 +314,8 @@ class Bench:
               f"{c['gbps']:8.1f} {c['pct_copy']:6.1f}%{extra}", flush=True)
 
     def measure_copy(self):
-        torch = self.torch
-        n = 1 << 30
-        src = torch.randint(0, 256, (n,), dtype=torch.uint8, device=self.dev)
-        dst = torch.empty_like(src)
-        for _ in range(3):
-            dst.copy_(src)
-        torch.cuda.synchronize()
-        us = []
-        for _ in range(20):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            dst.copy_(src)
-            b.record()
-            b.synchronize()
-            us.append(1e3 * a.elapsed_time(b))
-        del src, dst
-        torch.cuda.empty_cache()
-        med = statistics.median(us)
-        return med, 2.0 * n / med / 1e3
+        med = statistics.median(copy_times_us(self.torch, self.dev, 20))
+        return med, 2.0 * COPY_BYTES / med / 1e3
 
 
 def call_spans(acts):
