@@ -191,7 +191,11 @@ __device__ __forceinline__ void forward_cluster_pipelined(const ForwardParams<T>
 // busy (docs/performance.md, "Forward rows kernel"). Each thread owns the
 // same chunks, summed in the same order, as in every other rows-band kernel,
 // so r is bitwise the same.
-template <typename T, int kTpr>
+// kPartial: D is not a multiple of the chunk width, so the row's last chunk
+// is loaded and stored by element; without it the kernel holds no element
+// path at all (a decode call runs once per layer from a cold instruction
+// cache, and the unused paths spread the used code over more cache lines).
+template <typename T, int kTpr, bool kPartial>
 __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr))
     forward_rows_direct_kernel(const ForwardParams<T> p) {
   constexpr int kCtaThreads = plan::forward_cta_threads(kTpr);
@@ -211,11 +215,15 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     const bool valid = row < p.rows;
     Chunk<T> xr[kCpt];
     Chunk<T> wr[kCpt];
-    load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, true, m, g, kSlots, xr);
-    if (p.w != nullptr)
+    const T* xrow = p.x + row * p.x_stride;
 #pragma unroll
-      for (int it = 0; it < kCpt; ++it)
-        if (m.chunk(it) < p.chunks) wr[it] = load_chunk(p.w, m.chunk(it), p.cols, true);
+    for (int it = 0; it < kCpt; ++it) {
+      const int c = m.chunk(it);
+      if (valid && c < p.chunks)
+        xr[it] = kPartial ? load_chunk(xrow, c, p.cols, true) : as_chunk<T>(reinterpret_cast<const uint4*>(xrow)[c]);
+      if (p.w != nullptr && c < p.chunks)
+        wr[it] = kPartial ? load_chunk(p.w, c, p.cols, true) : as_chunk<T>(reinterpret_cast<const uint4*>(p.w)[c]);
+    }
     const float ss = row_sum<kTpr, kSlots>(thread_squares(xr, m, p.chunks, valid), scratch, parity);
     if (valid) {
       const float r = rms_from_sum(ss, p.cols, p.eps);  // no rescaled path in this band: rstd.cuh
@@ -228,7 +236,11 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
           float w[kN];
 #pragma unroll
           for (int j = 0; j < kN; ++j) w[j] = p.w != nullptr ? wr[it].get(j) + p.w_offset : 1.0f;
-          store_normalized(yr, c, p.cols, true, p.round_xhat, xr[it], w, r);
+          const Chunk<T> y = p.round_xhat ? normalize_chunk<T, true>(xr[it], w, r) : normalize_chunk<T, false>(xr[it], w, r);
+          if (kPartial)
+            store_chunk(yr, c, p.cols, true, y);
+          else
+            store16(yr + c * kN, y);
         }
       }
     }
@@ -374,8 +386,9 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
       return dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
         constexpr int kTpr = decltype(tpr)::value;
         constexpr int kCta = plan::forward_cta_threads(kTpr);
-        return l.kernel == Kernel::kForwardRows ? launch(forward_rows_direct_kernel<T, kTpr>, kCta)
-                                                : launch(forward_kernel<T, kTpr, false, false>, kCta);
+        if (l.kernel != Kernel::kForwardRows) return launch(forward_kernel<T, kTpr, false, false>, kCta);
+        return a.cols % Chunk<T>::kN != 0 ? launch(forward_rows_direct_kernel<T, kTpr, true>, kCta)
+                                          : launch(forward_rows_direct_kernel<T, kTpr, false>, kCta);
       });
     case Kernel::kForwardCluster: return launch(forward_kernel<T, plan::kClusterTpr, true, true>, plan::kClusterTpr);
     case Kernel::kForwardClusterElement:
