@@ -56,6 +56,7 @@ const char* kernel_name(Kernel k) {
     case Kernel::kForwardLooped: return "forward looped";
     case Kernel::kBackwardRows: return "backward rows";
     case Kernel::kBackwardRowsShifted: return "backward rows, shifted blocks";
+    case Kernel::kBackwardRowsDirect: return "backward rows, one group per CTA";
     case Kernel::kBackwardCluster: return "backward cluster";
     case Kernel::kBackwardClusterElement: return "backward cluster, element I/O";
     case Kernel::kBackwardLooped: return "backward looped";
@@ -168,11 +169,16 @@ Launch backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_g
       break;
     }
   }
+  // Rows band, 16-byte I/O, at most one group per CTA: nothing to pipeline
+  // (backward_rows_direct_kernel); the same grid and partials.
+  if (l.kernel == Kernel::kBackwardRows && groups <= l.grid) l.kernel = Kernel::kBackwardRowsDirect;
   // The rows band adds its row slots' gw sums through shared memory at the
   // end (the stages' memory, reused).
   const size_t combine =
       with_gw && l.row.band == Band::kRows ? backward_combine_smem(l.row.threads_per_row, esize) : 0;
-  if (l.row.band != Band::kLooped) {
+  if (l.kernel == Kernel::kBackwardRowsDirect) {
+    l.smem = combine;
+  } else if (l.row.band != Band::kLooped) {
     // The cluster band's element path stages nothing.
     const bool staged = io == Io::kVector || l.row.band == Band::kRows;
     const size_t per_stage = io == Io::kVector ? stage_bytes(l.row.cta_threads, 2)

@@ -15,7 +15,9 @@
 //                                               aligned)
 //   kRows     1..16384         1..8192          kForwardRows (one row group    kForwardRowsElement (y in aligned
 //                                               per CTA, no stages) /          16-byte blocks) / kBackwardRowsShifted
-//                                               kBackwardRows
+//                                               kBackwardRows (kBackwardRows-
+//                                               Direct, no stages, where no
+//                                               CTA has a second row group)
 //             tpr = smallest power of two >= ceil(ceil(D / vec) / 4);
 //             CTA = max(tpr, 256) fwd / max(tpr, 512) bwd threads   (each row's aligned blocks staged, gx in
 //                                                                    aligned blocks where tpr <= 32)
@@ -92,6 +94,7 @@ enum class Kernel : int {
   kForwardLooped,
   kBackwardRows,
   kBackwardRowsShifted,
+  kBackwardRowsDirect,
   kBackwardCluster,
   kBackwardClusterElement,
   kBackwardLooped,

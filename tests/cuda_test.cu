@@ -707,6 +707,63 @@ TEST_F(Cuda, BackwardIsDeterministic) {
   }
 }
 
+// gx of a row is the same bits in a batch of 1 or 3 as in a batch of
+// thousands: in the rows band's 16-byte path the small batches take
+// backward_rows_direct_kernel (no CTA has a second row group) and the big
+// one the pipelined backward_kernel (asked of the plan first, so that the
+// test cannot pass by running one kernel twice), D a multiple of the chunk
+// width or not; in the other bands both run the same kernel.
+TEST_F(Cuda, BackwardBatchInvariance) {
+  std::mt19937_64 rng(21);
+  const plan::Device pd = current_plan_device();
+  // 22 and 4099 with the padded layout: 16-byte aligned rows (the padded
+  // stride is a multiple of 8 elements) whose last chunk is partial.
+  for (int64_t d : {1, 8, 22, 33, 384, 1000, 4096, 4099, 8192, 40000}) {
+    for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32}) {
+      Case c;
+      c.dtype = dt;
+      c.cols = d;
+      const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
+      // Rows band: two row groups for every CTA of the big batch.
+      const int64_t slots = plan::backward_launch(1, d, esize, plan::Io::kVector, true, pd).row.rows_per_cta;
+      c.rows = d <= 8192 ? std::max<int64_t>(3000, 2 * slots * pd.sm_count + 5) : 300;
+      c.layout = d == 22 || d == 4099 ? Layout::kPadded : Layout::kAligned;
+      c.with_rstd = false;
+      c.gw_mode = RMSNORM_GW_STORE_F32;
+      SCOPED_TRACE(describe(c));
+      const plan::Io io = (stride_of(c) * esize) % 16 == 0 ? plan::Io::kVector : plan::Io::kElement;
+      if (d == 22 || d == 4099) ASSERT_EQ(io, plan::Io::kVector);
+      if (d <= 8192 && io == plan::Io::kVector) {
+        ASSERT_EQ(plan::backward_launch(c.rows, d, esize, io, true, pd).kernel, plan::Kernel::kBackwardRows);
+        ASSERT_EQ(plan::backward_launch(3, d, esize, io, true, pd).kernel, plan::Kernel::kBackwardRowsDirect);
+      }
+      const Inputs in = make_inputs(c, rng);
+      BackwardOut big;
+      gpu_backward(c, in, {}, &big, rng);
+      ASSERT_FALSE(HasFatalFailure());
+      for (int64_t pos : {int64_t{0}, c.rows / 2, c.rows - 1}) {
+        for (int64_t batch : {int64_t{1}, int64_t{3}}) {
+          Case cs = c;
+          cs.rows = batch;
+          Inputs sub = make_inputs(cs, rng);
+          sub.w = in.w;
+          const int64_t at = batch == 1 ? 0 : 1;
+          for (int64_t k = 0; k < d; ++k) {
+            sub.x.set(at, k, in.x.get(pos, k));
+            sub.gy.set(at, k, in.gy.get(pos, k));
+          }
+          BackwardOut small;
+          gpu_backward(cs, sub, {}, &small, rng);
+          ASSERT_FALSE(HasFatalFailure());
+          for (int64_t k = 0; k < d; ++k)
+            ASSERT_EQ(small.gx.get(at, k), big.gx.get(pos, k))
+                << "gx differs, row " << pos << " batch " << batch << " col " << k;
+        }
+      }
+    }
+  }
+}
+
 // Forward and backward share one row geometry and one summation order
 // (plan.hpp), so the backward's recomputed rstd is the forward's bit for bit:
 // backward without rstd gives the same gx and gw as backward with the

@@ -409,7 +409,11 @@ TEST(Plan, BackwardWorkspaceIsBoundedIndependentlyOfRows) {
           ASSERT_GE(l.stages, 1);
           ASSERT_LE(l.stages, kMaxStages);
           const size_t combine = l.row.band == Band::kRows ? backward_combine_smem(l.row.threads_per_row, esize) : 0;
-          if (l.row.band != Band::kLooped) {
+          if (l.kernel == Kernel::kBackwardRowsDirect) {
+            // No stages: only the gw slot sum.
+            ASSERT_EQ(l.stages, 1);
+            ASSERT_EQ(l.smem, combine);
+          } else if (l.row.band != Band::kLooped) {
             // The stages fit, and so does the gw slot sum (it reuses them).
             ASSERT_GE(l.smem, stage_bytes(l.row.cta_threads, 2) * static_cast<size_t>(l.stages));
             ASSERT_GE(l.smem, combine);
@@ -555,7 +559,12 @@ TEST(Plan, DispatchTableMatchesThePlanner) {
           ASSERT_EQ(f.row.band, band) << "D " << d << " esize " << esize;
           ASSERT_EQ(b.row.band, band) << "D " << d << " esize " << esize;
           ASSERT_EQ(f.kernel, vector ? t.forward_vector : t.forward_element) << "D " << d;
-          ASSERT_EQ(b.kernel, vector ? t.backward_vector : t.backward_element) << "D " << d;
+          // The rows band's 16-byte backward without stages where no CTA has a second group.
+          const int64_t b_groups = (1000 + b.row.rows_per_cta - 1) / b.row.rows_per_cta;
+          const Kernel bv = t.backward_vector == Kernel::kBackwardRows && b_groups <= b.grid
+                                ? Kernel::kBackwardRowsDirect
+                                : t.backward_vector;
+          ASSERT_EQ(b.kernel, vector ? bv : t.backward_element) << "D " << d;
           ASSERT_EQ(f.io, io);
           ASSERT_EQ(b.io, io);
           ASSERT_EQ(f.direction, Direction::kForward);
@@ -590,6 +599,37 @@ TEST(Plan, DispatchTableMatchesThePlanner) {
           ASSERT_FALSE(n.finalize);
           ASSERT_EQ(n.workspace, 0u);
         }
+      }
+    }
+  }
+}
+
+// The rows band's 16-byte backward: registers only while every CTA has at
+// most one row group, the pipelined kernel from the first CTA with two; the
+// grid, partials and workspace are the same either way.
+TEST(Plan, BackwardRowsDirectWhileEveryCtaHasOneGroup) {
+  const Device dev = hopper(16);
+  for (int esize : {2, 4}) {
+    for (int64_t d : {1, 8, 100, 1000, 4096, 8192}) {
+      const Launch probe = backward_launch(1, d, esize, Io::kVector, true, dev);
+      const int64_t slots = probe.row.rows_per_cta;
+      const int64_t last_direct = slots * dev.sm_count * kBackwardCtasPerSm;
+      for (int64_t rows : {int64_t{1}, slots, last_direct - 1, last_direct, last_direct + 1, 4 * last_direct}) {
+        const Launch b = backward_launch(rows, d, esize, Io::kVector, true, dev);
+        const int64_t groups = (rows + slots - 1) / slots;
+        ASSERT_EQ(b.kernel, groups <= b.grid ? Kernel::kBackwardRowsDirect : Kernel::kBackwardRows)
+            << "D " << d << " rows " << rows;
+        ASSERT_EQ(b.kernel == Kernel::kBackwardRowsDirect, rows <= last_direct) << "D " << d << " rows " << rows;
+        ASSERT_EQ(b.grid, std::min<int64_t>(groups, dev.sm_count * kBackwardCtasPerSm));
+        ASSERT_EQ(b.partials, b.grid);
+        ASSERT_EQ(b.workspace, b.direct_gw ? 0u : static_cast<size_t>(b.partials) * d * sizeof(float));
+        // No stages: only the slot-sum table, where the CTA has more than one slot.
+        if (b.kernel == Kernel::kBackwardRowsDirect) {
+          ASSERT_EQ(b.stages, 1);
+          ASSERT_EQ(b.smem, backward_combine_smem(b.row.threads_per_row, esize));
+        }
+        // The element path keeps its staged kernel.
+        ASSERT_EQ(backward_launch(rows, d, esize, Io::kElement, true, dev).kernel, Kernel::kBackwardRowsShifted);
       }
     }
   }

@@ -391,6 +391,89 @@ __device__ __forceinline__ void emit_cta_gw(const BackwardParams<T>& p, const Ro
   }
 }
 
+// ---- kRows with 16-byte I/O and at most one row group per CTA: registers only -----------------
+// Where the plan gives every CTA at most one row group (few rows: decode),
+// nothing is left to pipeline: each thread loads its x, gy and w chunks at
+// once into registers, the row's two sums go through the same reduction as
+// in backward_kernel, and gx and the gw terms follow. The gw partial of a
+// CTA is its slots' sums added in slot order (emit_cta_gw, dynamic shared
+// memory plan::backward_combine_smem). Each thread owns the same chunks and
+// sums them in the same order as backward_kernel, so every bit is the same.
+// kPartial: D is not a multiple of the chunk width (the last chunk by
+// element); without it the kernel holds no element path (a decode call runs
+// from a cold instruction cache: forward_rows_direct_kernel).
+template <typename T, int kTpr, bool kPartial>
+__global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackwardCtasPerSm)
+    backward_rows_direct_kernel(const BackwardParams<T> p) {
+  constexpr int kCtaThreads = plan::backward_cta_threads(kTpr);
+  constexpr int kSlots = kCtaThreads / kTpr;
+  constexpr int kCpt = plan::kChunksPerThread;
+  constexpr int kN = Chunk<T>::kN;
+  static_assert(kSlots * kTpr == kCtaThreads, "plan: rows_per_cta * threads_per_row == cta_threads");
+  static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
+  static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
+  __shared__ RowScratch<float2, kTpr, kSlots> scratch;
+  extern __shared__ uint4 combine[];  // plan::backward_combine_smem bytes
+  pdl_enter();
+  const RowMap<kTpr, false> m;
+  const int64_t row = m.unit * kSlots + m.slot;  // the plan: one group per CTA
+  const bool valid = row < p.rows;
+  Chunk<T> xr[kCpt], gyr[kCpt], wr[kCpt];
+  auto load = [&](const T* r, int c) {
+    return kPartial ? load_chunk(r, c, p.cols, true) : as_chunk<T>(reinterpret_cast<const uint4*>(r)[c]);
+  };
+  const T* xrow = p.x + row * p.x_stride;
+  const T* gyrow = p.gy + row * p.gy_stride;
+#pragma unroll
+  for (int it = 0; it < kCpt; ++it) {
+    const int c = m.chunk(it);
+    if (valid && c < p.chunks) {
+      xr[it] = load(xrow, c);
+      gyr[it] = load(gyrow, c);
+    }
+    if (p.w != nullptr && c < p.chunks) wr[it] = load(p.w, c);
+  }
+  const float given_r = p.rstd != nullptr && valid ? p.rstd[row] : 0.0f;
+  auto w_of = [&](int it, float (&w)[kN]) {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) w[j] = p.w != nullptr ? wr[it].get(j) + p.w_offset : 1.0f;
+  };
+  float acc[kCpt][kN];
+#pragma unroll
+  for (int it = 0; it < kCpt; ++it)
+#pragma unroll
+    for (int j = 0; j < kN; ++j) acc[it][j] = 0.0f;
+  float2 sums = make_float2(0.0f, 0.0f);
+#pragma unroll
+  for (int it = 0; it < kCpt; ++it) {
+    if (valid && m.chunk(it) < p.chunks) {
+      float w[kN];
+      w_of(it, w);
+      sums = add_chunk_sums(sums, xr[it], gyr[it], w);
+    }
+  }
+  sums = row_sum<kTpr, kSlots>(sums, scratch, 0);
+  if (valid) {
+    const RowScalars s = plain_row_scalars(p, given_r, sums);  // no rescaled path in this band (rstd.cuh)
+    T* gxr = p.gx + row * p.gx_stride;
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) {
+      const int c = m.chunk(it);
+      if (c < p.chunks) {
+        float w[kN];
+        w_of(it, w);
+        const Chunk<T> g = grad_chunk(xr[it], gyr[it], w, s, acc[it]);
+        if (kPartial)
+          store_chunk(gxr, c, p.cols, true, g);
+        else
+          store16(gxr + c * kN, g);
+      }
+    }
+  }
+  if (!p.with_gw) return;
+  emit_cta_gw<T, kTpr, false, kSlots>(p, m, acc, reinterpret_cast<float*>(combine));
+}
+
 // ---- kRows and kCluster: persistent, x and gy staged, gw sums in registers --------------------
 // kClustered == false: rows_per_cta row slots of kTpr threads per CTA, one
 // CTA per SM. kClustered == true: one row per cluster, kTpr threads per CTA.
@@ -751,9 +834,13 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
   switch (l.kernel) {
     case Kernel::kBackwardRows:
     case Kernel::kBackwardRowsShifted:
+    case Kernel::kBackwardRowsDirect:
       st = dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
         constexpr int kTpr = decltype(tpr)::value;
         constexpr int kCta = plan::backward_cta_threads(kTpr);
+        if (l.kernel == Kernel::kBackwardRowsDirect)
+          return a.cols % Chunk<T>::kN != 0 ? launch(backward_rows_direct_kernel<T, kTpr, true>, kCta)
+                                            : launch(backward_rows_direct_kernel<T, kTpr, false>, kCta);
         return l.kernel == Kernel::kBackwardRows ? launch(backward_kernel<T, kTpr, false, true>, kCta)
                                                  : launch(backward_kernel<T, kTpr, false, false>, kCta);
       });
