@@ -35,7 +35,8 @@ rmsnorm_status_t fail(rmsnorm_status_t status, const std::string& what, const st
 
 namespace {
 
-constexpr uint32_t kKnownFlags = RMSNORM_FLAG_WEIGHT_OFFSET | RMSNORM_FLAG_ROUND_XHAT | RMSNORM_FLAG_NO_PDL;
+constexpr uint32_t kKnownFlags =
+    RMSNORM_FLAG_WEIGHT_OFFSET | RMSNORM_FLAG_ROUND_XHAT | RMSNORM_FLAG_NO_PDL | RMSNORM_FLAG_TRUSTED_MEMORY;
 
 std::string num(int64_t v) { return std::to_string(v); }
 
@@ -131,6 +132,7 @@ struct Common {
   int device = -1;
   void* stream = nullptr;
   int threads = 0;
+  bool trusted_memory = false;  // RMSNORM_FLAG_TRUSTED_MEMORY
 };
 
 #define RMSNORM_TRY(expr)                                          \
@@ -146,6 +148,7 @@ rmsnorm_status_t check_problem_and_backend(const rmsnorm_problem_t* p, const rms
     return fail(RMSNORM_STATUS_INVALID_DTYPE, "dtype", "unknown dtype " + num(p->dtype));
   if ((p->flags & ~kKnownFlags) != 0)
     return fail(RMSNORM_STATUS_INVALID_OPTION, "flags", "unknown flag bits " + num(p->flags & ~kKnownFlags));
+  c->trusted_memory = (p->flags & RMSNORM_FLAG_TRUSTED_MEMORY) != 0;
   if (p->rows < 0) return fail(RMSNORM_STATUS_INVALID_SHAPE, "rows", "must be >= 0 (got " + num(p->rows) + ")");
   if (p->cols <= 0) return fail(RMSNORM_STATUS_INVALID_SHAPE, "cols", "must be >= 1 (got " + num(p->cols) + ")");
   if (p->cols > plan::kMaxCols)
@@ -197,6 +200,7 @@ rmsnorm_status_t check_pointer(const char* name, const void* p, size_t align) {
 // either backend.
 rmsnorm_status_t check_memory_space(std::initializer_list<const Extent*> operands, const Common& c) {
 #if defined(RMSNORM_WITH_CUDA)
+  if (c.trusted_memory) return RMSNORM_STATUS_SUCCESS;  // the caller vouches (rmsnorm.h)
   for (const Extent* e : operands) {
     if (!e->present()) continue;
     const char* name = e->name;

@@ -373,7 +373,7 @@ TEST(ApiOptions, UnknownDtype) {
 }
 
 TEST(ApiOptions, UnknownFlags) {
-  for (uint32_t flags : {8u, 0x80000000u, RMSNORM_FLAG_WEIGHT_OFFSET | 16u}) {
+  for (uint32_t flags : {16u, 0x80000000u, RMSNORM_FLAG_WEIGHT_OFFSET | 32u}) {
     Call c;
     c.p.flags = flags;
     expect_rejected(c, FWD, RMSNORM_STATUS_INVALID_OPTION, {"flags"});
@@ -392,6 +392,23 @@ TEST(ApiOptions, NoPdlFlagIsAcceptedAndTheCpuIgnoresIt) {
   }
   for (Arena::Slot s : {Arena::kY, Arena::kRstdOut, Arena::kGx, Arena::kGw})
     EXPECT_EQ(0, std::memcmp(plain.arena.slot(s), flagged.arena.slot(s), Arena::kRegion)) << "slot " << s;
+}
+
+// RMSNORM_FLAG_TRUSTED_MEMORY is known and changes no bits; with it every
+// check but the memory-space one still runs (a bad stride, here).
+TEST(ApiOptions, TrustedMemoryFlagChangesNoBits) {
+  Call plain, flagged;
+  flagged.p.flags = RMSNORM_FLAG_TRUSTED_MEMORY;
+  for (Call* c : {&plain, &flagged}) {
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS, c->forward()) << rmsnorm_last_error();
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS, c->backward()) << rmsnorm_last_error();
+  }
+  for (Arena::Slot s : {Arena::kY, Arena::kRstdOut, Arena::kGx, Arena::kGw})
+    EXPECT_EQ(0, std::memcmp(plain.arena.slot(s), flagged.arena.slot(s), Arena::kRegion)) << "slot " << s;
+  Call bad;
+  bad.p.flags = RMSNORM_FLAG_TRUSTED_MEMORY;
+  bad.x_stride = bad.p.cols - 1;
+  expect_rejected(bad, FWD, RMSNORM_STATUS_INVALID_STRIDE, {"x_row_stride"});
 }
 
 TEST(ApiOptions, UnknownGwMode) {

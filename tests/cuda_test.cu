@@ -1437,6 +1437,23 @@ TEST_F(Cuda, WrongMemorySpace) {
   EXPECT_NE(std::string(rmsnorm_last_error()).find("x"), std::string::npos);
   EXPECT_EQ(RMSNORM_STATUS_WRONG_MEMORY_SPACE, rmsnorm_forward(&p, dx, 8, nullptr, hy.data(), 8, nullptr, &cpu));
   for (float v : hy) EXPECT_EQ(v, 7.0f);
+  // RMSNORM_FLAG_TRUSTED_MEMORY skips the check; with operands in the right
+  // place the result is the same.
+  float* dy = nullptr;
+  CUDA_OK(cudaMalloc(&dy, 128));
+  CUDA_OK(cudaMemcpy(dx, hx.data(), 64, cudaMemcpyHostToDevice));
+  std::vector<float> y_plain(16, 0.0f), y_trusted(16, 1.0f);
+  p.rows = 2;
+  p.cols = 8;
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward(&p, dx, 8, nullptr, dy, 8, nullptr, &gpu)) << rmsnorm_last_error();
+  CUDA_OK(cudaMemcpy(y_plain.data(), dy, 64, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemset(dy, 0xff, 64));
+  p.flags = RMSNORM_FLAG_TRUSTED_MEMORY;
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward(&p, dx, 8, nullptr, dy, 8, nullptr, &gpu)) << rmsnorm_last_error();
+  CUDA_OK(cudaMemcpy(y_trusted.data(), dy, 64, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(0, std::memcmp(y_plain.data(), y_trusted.data(), 64));
+  for (float v : y_plain) EXPECT_NEAR(v, 1.0 / std::sqrt(1.0 + 1e-5), 1e-6);  // x = 1, no weight
+  cudaFree(dy);
   cudaFree(dx);
 }
 

@@ -108,6 +108,16 @@ typedef enum rmsnorm_dtype {
 #define RMSNORM_FLAG_WEIGHT_OFFSET 1u /* w' = 1 + w (Gemma), the 1 added in fp32 */
 #define RMSNORM_FLAG_ROUND_XHAT 2u    /* forward: y = T(T(x_hat) * w') (HF Llama style) */
 #define RMSNORM_FLAG_NO_PDL 4u        /* CUDA: launch without programmatic dependent launch */
+#define RMSNORM_FLAG_TRUSTED_MEMORY 8u /* skip the memory-space check (below) */
+/* RMSNORM_FLAG_TRUSTED_MEMORY: the caller vouches that every operand lies in
+ * memory the backend can use (for CUDA: memory of the backend's device, or
+ * managed or registered host memory; for the CPU backend: host memory), as a
+ * framework does that has already checked its tensors' devices. The library
+ * then skips the one check that asks the CUDA runtime about each operand
+ * (cudaPointerGetAttributes, about a microsecond each: four per forward call,
+ * seven per backward call), so RMSNORM_STATUS_WRONG_MEMORY_SPACE is never
+ * returned and a wrong pointer faults (CUDA: an illegal-address error on the
+ * stream; CPU: a crash) instead. Every other check still runs. */
 /* Programmatic dependent launch (CUDA, compute capability 9.0+, on unless
  * RMSNORM_FLAG_NO_PDL): each kernel is launched so that it may be scheduled
  * while the previous kernel in the stream is still running, and waits

@@ -183,6 +183,7 @@ struct Options {
   bool weight_offset = false;  // w' = 1 + w (Gemma)
   bool round_xhat = false;     // forward: y = T(T(x_hat) * w') (HF Llama / MLX)
   bool pdl = true;             // CUDA: programmatic dependent launch (RMSNORM_FLAG_NO_PDL when false)
+  bool trusted_memory = false;  // skip the memory-space check (RMSNORM_FLAG_TRUSTED_MEMORY, rmsnorm.h)
 };
 
 class Backend {
@@ -259,7 +260,7 @@ rmsnorm_problem_t make_problem(int64_t rows, int64_t cols, const Options& opt) n
   p.cols = cols;
   p.dtype = dtype_of_v<T>;
   p.flags = (opt.weight_offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u) | (opt.round_xhat ? RMSNORM_FLAG_ROUND_XHAT : 0u) |
-            (opt.pdl ? 0u : RMSNORM_FLAG_NO_PDL);
+            (opt.pdl ? 0u : RMSNORM_FLAG_NO_PDL) | (opt.trusted_memory ? RMSNORM_FLAG_TRUSTED_MEMORY : 0u);
   p.eps = opt.eps;
   return p;
 }

@@ -183,7 +183,9 @@ std::tuple<Tensor, Tensor> forward(Tensor x, std::optional<Tensor> weight, doubl
   p.rows = xr.rows;
   p.cols = xr.cols;
   p.dtype = dtype;
-  p.flags = static_cast<uint32_t>(flags);
+  // Every operand is a tensor on x's device (checked above, or allocated here), so the library's per-operand
+  // memory-space queries are skipped (rmsnorm.h, RMSNORM_FLAG_TRUSTED_MEMORY).
+  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY;
   p.eps = static_cast<float>(eps);
   const rmsnorm_backend_t be = backend_for(x, op);
   check_status(rmsnorm_forward(&p, xr.t.data_ptr(), xr.stride, w ? w->data_ptr() : nullptr, y.data_ptr(), xr.cols,
@@ -242,7 +244,7 @@ std::tuple<Tensor, std::optional<Tensor>> backward(Tensor gy, Tensor x, std::opt
   p.rows = xr.rows;
   p.cols = xr.cols;
   p.dtype = dtype;
-  p.flags = static_cast<uint32_t>(flags);
+  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY;  // as in forward
   const rmsnorm_backend_t be = backend_for(x, op);
   size_t ws_bytes = 0;
   check_status(rmsnorm_backward_workspace_size(&p, gw_mode, &be, &ws_bytes), op);

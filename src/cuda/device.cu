@@ -16,16 +16,17 @@ namespace {
 // Makes `device` current for the scope of a call and restores the caller's.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
+  explicit DeviceGuard(int device) : device_(device) {
     if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
     if (previous_ != device) status_ = cudaSetDevice(device);
   }
   ~DeviceGuard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
+    if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
   }
   cudaError_t status() const { return status_; }
 
  private:
+  int device_;
   int previous_ = -1;
   cudaError_t status_ = cudaSuccess;
 };
