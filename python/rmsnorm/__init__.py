@@ -58,6 +58,11 @@ def _forward_fake(x, weight, eps, flags):
     return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
+@torch.library.register_fake("rmsnorm::forward_inference")
+def _forward_inference_fake(x, weight, eps, flags):
+    return x.new_empty(x.shape)
+
+
 @torch.library.register_fake("rmsnorm::backward")
 def _backward_fake(gy, x, weight, rstd, flags, gw_dtype):
     gw = None if gw_dtype is None else x.new_empty(x.shape[-1:], dtype=gw_dtype)
@@ -87,6 +92,8 @@ def _backward(ctx, gy, _grstd):
 torch.library.register_autograd("rmsnorm::forward", _backward, setup_context=_setup_context)
 
 _forward_op = torch.ops.rmsnorm.forward.default
+# y without rstd (no rstd allocated or written): the eager path when nothing needs a gradient.
+_forward_inference_op = torch.ops.rmsnorm.forward_inference.default
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 
 
@@ -120,7 +127,7 @@ def _forward(x, weight, eps, flags):
     if _grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
         return _EagerRMSNorm.apply(x, weight, eps, flags)
     with _below_autograd():
-        return _forward_op(x, weight, eps, flags)[0]
+        return _forward_inference_op(x, weight, eps, flags)
 
 
 # F.rms_norm's eps=None for every dtype (numeric_limits<opmath_t>::epsilon, opmath_t = float for 16-bit).

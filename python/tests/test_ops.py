@@ -45,6 +45,30 @@ def test_opcheck_forward(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_forward_inference(device):
+    for x, w, eps, flags in _forward_samples(device):
+        args = (x.detach(), None if w is None else w.detach(), eps, flags)
+        torch.library.opcheck(torch.ops.rmsnorm.forward_inference.default, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_inference_is_the_forwards_y(device):
+    # Same kernel, rstd not written: the same y (the allocator is handed a NaN-filled block first, which y may reuse).
+    for x, w, eps, flags in _forward_samples(device):
+        x, w = x.detach(), None if w is None else w.detach()
+        y, _ = torch.ops.rmsnorm.forward(x, w, eps, flags)
+        torch.full(x.shape, float("nan"), dtype=x.dtype, device=device)  # a NaN block for the next allocation
+        y_inf = torch.ops.rmsnorm.forward_inference(x, w, eps, flags)
+        assert y_inf.shape == x.shape and y_inf.dtype == x.dtype and y_inf.is_contiguous()
+        assert torch.equal(y_inf, y)
+    # What the eager no-grad path calls; with a gradient needed the forward saves rstd instead.
+    x, w = randn(5, 64, device=device), randn(64, device=device)
+    with torch.no_grad():
+        assert torch.equal(rmsnorm.rms_norm(x, 64, w, 1e-5), torch.ops.rmsnorm.forward(x, w, 1e-5, 0)[0])
+    assert torch.ops.rmsnorm.forward_inference(torch.empty(0, 8, device=device), None, 1e-5, 0).shape == (0, 8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_opcheck_backward(device):
     for args in _backward_samples(device):
         torch.library.opcheck(torch.ops.rmsnorm.backward.default, args)
@@ -70,6 +94,10 @@ def test_errors_name_the_argument(device):
         (RuntimeError, "weight has dtype float16", lambda: torch.ops.rmsnorm.forward(x, w.half(), 1e-5, 0)),
         (RuntimeError, "flags", lambda: torch.ops.rmsnorm.forward(x, w, 1e-5, 64)),
         (RuntimeError, "flags", lambda: torch.ops.rmsnorm.forward(x, w, 1e-5, -1)),
+        (RuntimeError, "x has dtype float64",
+         lambda: torch.ops.rmsnorm.forward_inference(x.double(), None, 1e-5, 0)),
+        (RuntimeError, "weight has shape [8]", lambda: torch.ops.rmsnorm.forward_inference(x, w[:8], 1e-5, 0)),
+        (RuntimeError, "flags", lambda: torch.ops.rmsnorm.forward_inference(x, w, 1e-5, 64)),
         (RuntimeError, "gy has shape", lambda: torch.ops.rmsnorm.backward(x[:2], x, w, x[:, 0], 0, None)),
         (RuntimeError, "rstd has shape", lambda: torch.ops.rmsnorm.backward(x, x, w, x[:2, 0], 0, None)),
         (RuntimeError, "rstd must be float32",
