@@ -374,6 +374,65 @@ static rmsnorm_status_t workspace_size_impl(const rmsnorm_problem_t* problem, in
 
 static bool valid_gw_mode(int32_t m) { return m >= RMSNORM_GW_NONE && m <= RMSNORM_GW_ACCUMULATE_F32; }
 
+rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
+                                     const void* residual, int64_t residual_row_stride, const void* weight, void* h,
+                                     int64_t h_row_stride, void* y, int64_t y_row_stride, float* rstd,
+                                     const rmsnorm_backend_t* backend) {
+  clear_last_error();
+  Common c;
+  RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
+  if (problem->rows == 0) return RMSNORM_STATUS_SUCCESS;
+
+  ForwardArgs a;
+  set_problem_fields(*problem, c, &a);
+  a.round_xhat = (problem->flags & RMSNORM_FLAG_ROUND_XHAT) != 0;
+  a.x = x;
+  a.x_stride = x_row_stride;
+  a.residual = residual;
+  a.residual_stride = residual_row_stride;
+  a.weight = weight;
+  a.h = h;
+  a.h_stride = h_row_stride;
+  a.y = y;
+  a.y_stride = y_row_stride;
+  a.rstd = rstd;
+
+  RMSNORM_TRY(check_pointer("x", a.x, c.esize));
+  RMSNORM_TRY(check_pointer("residual", a.residual, c.esize));
+  RMSNORM_TRY(check_pointer("h", a.h, c.esize));
+  RMSNORM_TRY(check_pointer("y", a.y, c.esize));
+  RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.esize));
+  RMSNORM_TRY(check_optional_pointer("rstd", a.rstd, sizeof(float)));
+  RMSNORM_TRY(check_stride("x_row_stride", a.x_stride, a.cols));
+  RMSNORM_TRY(check_stride("residual_row_stride", a.residual_stride, a.cols));
+  RMSNORM_TRY(check_stride("h_row_stride", a.h_stride, a.cols));
+  RMSNORM_TRY(check_stride("y_row_stride", a.y_stride, a.cols));
+
+  Extent ex, eres, eh, ey, ew, er;
+  RMSNORM_TRY(extent_of("x", a.x, a.rows, a.cols, a.x_stride, c.esize, &ex));
+  RMSNORM_TRY(extent_of("residual", a.residual, a.rows, a.cols, a.residual_stride, c.esize, &eres));
+  RMSNORM_TRY(extent_of("h", a.h, a.rows, a.cols, a.h_stride, c.esize, &eh));
+  RMSNORM_TRY(extent_of("y", a.y, a.rows, a.cols, a.y_stride, c.esize, &ey));
+  RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.esize, &ew));
+  RMSNORM_TRY(vector_extent("rstd", a.rstd, a.rows, sizeof(float), &er));
+  RMSNORM_TRY(check_memory_space({&ex, &eres, &eh, &ey, &ew, &er}, c));
+  // h may be x or residual exactly (each element is read before it is written, by the same thread), and x may
+  // be residual exactly; no other overlap (a partial one would let h's stores reach elements not yet read).
+  if (!same_view(eres, ex) && overlaps(eres, ex))
+    return fail(RMSNORM_STATUS_OVERLAP, "residual", "overlaps x (only residual == x with equal row strides)");
+  for (const Extent* in : {&ex, &eres}) {
+    if (!same_view(eh, *in) && overlaps(eh, *in))
+      return fail(RMSNORM_STATUS_OVERLAP, "h",
+                  std::string("overlaps ") + in->name + " (only h == x or h == residual with equal row strides)");
+  }
+  RMSNORM_TRY(check_overlap(eh, ew));
+  for (const Extent* other : {&ex, &eres, &eh, &ew}) RMSNORM_TRY(check_overlap(ey, *other));
+  for (const Extent* other : {&ex, &eres, &eh, &ew, &ey}) RMSNORM_TRY(check_overlap(er, *other));
+
+  if (!c.cuda) return cpu::forward(a, cpu_threads(c.threads));
+  return fail(RMSNORM_STATUS_BACKEND_UNAVAILABLE, "backend", "rmsnorm_add_forward has no CUDA kernel yet");
+}
+
 rmsnorm_status_t rmsnorm_backward_workspace_size(const rmsnorm_problem_t* problem, int32_t gw_mode,
                                                  const rmsnorm_backend_t* backend, size_t* bytes) {
   clear_last_error();

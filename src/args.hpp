@@ -42,6 +42,12 @@ struct ForwardArgs {
   void* y = nullptr;
   int64_t y_stride = 0;
   float* rstd = nullptr;  // may be null
+  // Residual add (rmsnorm_add_forward): h = T(x + residual) is written to h and
+  // normalized in place of x. Null residual: the plain forward.
+  const void* residual = nullptr;
+  int64_t residual_stride = 0;
+  void* h = nullptr;
+  int64_t h_stride = 0;
 };
 
 struct BackwardArgs {

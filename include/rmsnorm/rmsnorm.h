@@ -186,6 +186,25 @@ RMSNORM_API rmsnorm_status_t rmsnorm_forward(const rmsnorm_problem_t* problem,
                                              float* rstd,
                                              const rmsnorm_backend_t* backend);
 
+/* Residual add and RMSNorm (pre-norm), in one pass over x and residual:
+ *   h = T(x + residual)        (the sum in fp32, rounded once to the dtype)
+ *   y = rms_norm(h) * w'       (bit for bit rmsnorm_forward of h as stored)
+ *   rstd (optional) of h, as in rmsnorm_forward.
+ * x, residual, h and y are rows x cols of problem->dtype, each with its own
+ * row stride. h may be residual itself or x itself, and x may be residual
+ * itself (the same pointer and row stride: the residual stream updated in
+ * place); any other overlap among x, residual and h, and any overlap of y or
+ * rstd with another operand, is RMSNORM_STATUS_OVERLAP. Flags, weight and the checks as in
+ * rmsnorm_forward. CUDA backend: not yet (RMSNORM_STATUS_BACKEND_UNAVAILABLE). */
+RMSNORM_API rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* problem,
+                                                 const void* x, int64_t x_row_stride,
+                                                 const void* residual, int64_t residual_row_stride,
+                                                 const void* weight,
+                                                 void* h, int64_t h_row_stride,
+                                                 void* y, int64_t y_row_stride,
+                                                 float* rstd,
+                                                 const rmsnorm_backend_t* backend);
+
 /* Workspace that rmsnorm_backward needs for this problem, gw mode and backend.
  * 0 when gw_mode is RMSNORM_GW_NONE. On CUDA it never exceeds
  * 2 * (multiprocessors) * cols * 4 bytes, whatever the number of rows. */

@@ -311,6 +311,27 @@ Status forward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<Vec
                                              &backend.c()));
 }
 
+// h = T(x + residual), y = rms_norm(h) * w' (rmsnorm_add_forward). h may be
+// residual or x itself (in place). weight and rstd may be empty views. T is
+// taken from y.
+template <class T>
+Status add_forward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<MatrixView<const T>> residual,
+                   detail::nondeduced<VectorView<const T>> weight, detail::nondeduced<MatrixView<T>> h, MatrixView<T> y,
+                   VectorView<float> rstd, const Options& opt, const Backend& backend) noexcept {
+  static_assert(!std::is_const<T>::value, "y must be writable");
+  detail::clear_cpp_error();
+  Status s = detail::check_same_shape("y", y, x);
+  if (s == Status::kSuccess) s = detail::check_same_shape("residual", residual, x);
+  if (s == Status::kSuccess) s = detail::check_same_shape("h", h, x);
+  if (s == Status::kSuccess) s = detail::check_optional("weight", weight, x.cols, "cols");
+  if (s == Status::kSuccess) s = detail::check_optional("rstd", rstd, x.rows, "rows");
+  if (s != Status::kSuccess) return s;
+  const rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
+  return static_cast<Status>(rmsnorm_add_forward(&p, x.data, x.row_stride, residual.data, residual.row_stride,
+                                                 weight.data, h.data, h.row_stride, y.data, y.row_stride, rstd.data,
+                                                 &backend.c()));
+}
+
 // Bytes of workspace backward needs for rows x cols of T with this gw mode.
 template <class T>
 Status backward_workspace_size(int64_t rows, int64_t cols, GwMode mode, const Backend& backend,

@@ -152,6 +152,23 @@ std::vector<float> weight_prime(const void* weight, DType dt, int64_t cols, bool
   return wp;
 }
 
+// The residual add: h[j] = T(x[j] + residual[j]) written, and its value as
+// stored widened into scratch. x[j] and residual[j] are read before h[j] is
+// written, so h == x and h == residual are safe.
+template <DType dt>
+const float* add_rows_into(const ForwardArgs& a, int64_t i, float* scratch) {
+  using T = typename Elem<dt>::T;
+  const T* x = static_cast<const T*>(a.x) + i * a.x_stride;
+  const T* res = static_cast<const T*>(a.residual) + i * a.residual_stride;
+  T* h = static_cast<T*>(a.h) + i * a.h_stride;
+  for (int64_t j = 0; j < a.cols; ++j) {
+    const T v = Elem<dt>::store(Elem<dt>::load(x[j]) + Elem<dt>::load(res[j]));
+    h[j] = v;
+    scratch[j] = Elem<dt>::load(v);
+  }
+  return scratch;
+}
+
 template <DType dt>
 void forward_rows(const ForwardArgs& a, const float* wp, float* scratch, int64_t i0, int64_t i1) {
   using T = typename Elem<dt>::T;
@@ -159,7 +176,8 @@ void forward_rows(const ForwardArgs& a, const float* wp, float* scratch, int64_t
   for (int64_t i = i0; i < i1; ++i) {
     // The whole row is read (widened or summed) before y is written, and y[j]
     // is written only after x[j] was read, so y == x is safe.
-    const float* x = widen<dt>(static_cast<const T*>(a.x) + i * a.x_stride, cols, scratch);
+    const float* x = a.residual != nullptr ? add_rows_into<dt>(a, i, scratch)
+                                           : widen<dt>(static_cast<const T*>(a.x) + i * a.x_stride, cols, scratch);
     T* y = static_cast<T*>(a.y) + i * a.y_stride;
     const float r = row_rstd(x, cols, a.eps);
     if (a.rstd != nullptr) a.rstd[i] = r;
@@ -316,7 +334,8 @@ rmsnorm_status_t forward(const ForwardArgs& a, int num_threads) {
   try {
     const std::vector<float> wp = weight_prime(a.weight, a.dtype, a.cols, a.weight_offset);
     const int threads = threads_for(num_threads, a.rows, a.rows * a.cols);
-    Scratch scratch(threads, 1, widen_len(a.dtype, a.cols));
+    // The residual add widens h into scratch at every dtype.
+    Scratch scratch(threads, 1, a.residual != nullptr ? a.cols : widen_len(a.dtype, a.cols));
     dispatch_dtype(a.dtype, [&](auto tag) {
       constexpr DType dt = decltype(tag)::value;
       parallel_for(a.rows, threads, [&](int t, int64_t i0, int64_t i1) {
