@@ -430,7 +430,11 @@ rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* problem, const voi
   for (const Extent* other : {&ex, &eres, &eh, &ew, &ey}) RMSNORM_TRY(check_overlap(er, *other));
 
   if (!c.cuda) return cpu::forward(a, cpu_threads(c.threads));
-  return fail(RMSNORM_STATUS_BACKEND_UNAVAILABLE, "backend", "rmsnorm_add_forward has no CUDA kernel yet");
+#if defined(RMSNORM_WITH_CUDA)
+  return cuda::forward(a, c.device, c.stream);
+#else
+  return fail(RMSNORM_STATUS_INTERNAL_ERROR, "backend", "unreachable");
+#endif
 }
 
 rmsnorm_status_t rmsnorm_backward_workspace_size(const rmsnorm_problem_t* problem, int32_t gw_mode,

@@ -139,6 +139,15 @@ Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device
   return l;
 }
 
+Launch add_launch(int64_t rows, const Device& dev) {
+  Launch l;
+  l.direction = Direction::kForward;
+  l.io = Io::kElement;
+  l.row.cta_threads = kAddThreads;
+  l.grid = std::max<int64_t>(1, std::min<int64_t>(rows, int64_t{dev.sm_count} * kAddMaxCtasPerSm));
+  return l;
+}
+
 Launch backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev) {
   Launch l;
   l.direction = Direction::kBackward;

@@ -305,6 +305,19 @@ struct Launch {
 };
 
 Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev);
+
+// Residual add (rmsnorm_add_forward). The rows band's 16-byte forward fuses
+// it (forward_rows_direct_kernel<..., kAdd>): each thread adds, stores h and
+// normalizes its own chunks. Every other kernel of a forward_launch (asked
+// with the I/O path of x, residual, h, y and w together) runs after
+// add_kernel has written h, and reads h as its x: the add costs one more
+// read of h there.
+inline bool add_fused(const Launch& forward) { return forward.kernel == Kernel::kForwardRows; }
+// add_kernel: one row per CTA of kAddThreads threads (a grid-stride walk
+// past kAddMaxCtasPerSm CTAs per SM), element by element at any alignment.
+inline constexpr int kAddThreads = 256;
+inline constexpr int kAddMaxCtasPerSm = 8;
+Launch add_launch(int64_t rows, const Device& dev);
 // with_gw: a gw mode other than none. The workspace does not depend on io
 // (the workspace query knows no pointers).
 Launch backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev);

@@ -707,6 +707,97 @@ TEST_F(Cuda, BackwardIsDeterministic) {
   }
 }
 
+// rmsnorm_add_forward in every band, layout and dtype: h exactly T(fp32(x) + fp32(res)) (computed here from the
+// stored inputs), and y and rstd bit for bit what rmsnorm_forward gives for that h on this device (the fused rows
+// kernel reduces in the plain kernels' order; elsewhere the forward of h runs after the add). The plan is asked
+// which path each case takes, so that both are seen. Then h written over residual and over x: the same bits.
+void check_add_forward(const Case& c, int over, std::mt19937_64& rng) {
+  SCOPED_TRACE(describe(c) + (over == 1 ? " h == residual" : over == 2 ? " h == x" : ""));
+  Arena::get().reset();
+  Inputs in = make_inputs(c, rng);
+  HostMatrix res(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
+  fill_random(res, rng, [&](int64_t r) { return 4.0 * row_scale(c, r + 1); });
+  HostMatrix h_want(c.dtype, c.rows, c.cols);
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t k = 0; k < c.cols; ++k)
+      h_want.set(r, k, static_cast<float>(in.x.get(r, k)) + static_cast<float>(res.get(r, k)));
+  HostMatrix h(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c)), y(c.dtype, c.rows, c.cols, stride_of(c),
+                                                                           offset_of(c));
+  const Dev dx = upload(in.x), dres = upload(res), dw = upload(in.w), dh = upload(h), dy = upload(y);
+  float* drstd = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(c.rows) * 4 + 4));
+  CUDA_OK(cudaMemset(drstd, 0xFF, static_cast<size_t>(c.rows) * 4));
+  poison_shared_memory();
+  const rmsnorm_problem_t p = problem_of(c);
+  const rmsnorm_backend_t b = cuda_backend();
+  void* hp = over == 1 ? dres.data() : over == 2 ? dx.data() : dh.data();
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_add_forward(&p, dx.data(), stride_of(c), dres.data(), stride_of(c),
+                                                         c.weight ? dw.data() : nullptr, hp, stride_of(c), dy.data(),
+                                                         stride_of(c), drstd, &b))
+      << rmsnorm_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  HostMatrix h_got = over == 1 ? res : over == 2 ? in.x : h;
+  download(over == 1 ? dres : over == 2 ? dx : dh, h_got);
+  download(dy, y);
+  std::vector<float> rstd(static_cast<size_t>(c.rows));
+  CUDA_OK(cudaMemcpy(rstd.data(), drstd, rstd.size() * 4, cudaMemcpyDeviceToHost));
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t k = 0; k < c.cols; ++k)
+      ASSERT_EQ(h_got.get(r, k), h_want.get(r, k)) << "h at row " << r << " col " << k;
+  // The plain forward of h as stored.
+  Case plain = c;
+  plain.with_rstd = true;
+  Inputs hin;
+  hin.x = h_got;
+  hin.w = in.w;
+  HostMatrix y_plain;
+  std::vector<float> rstd_plain;
+  gpu_forward(plain, hin, &y_plain, &rstd_plain);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  for (int64_t r = 0; r < c.rows; ++r) {
+    ASSERT_EQ(0, std::memcmp(&rstd[r], &rstd_plain[r], 4)) << "rstd differs, row " << r;
+    for (int64_t k = 0; k < c.cols; ++k)
+      ASSERT_EQ(y.get(r, k), y_plain.get(r, k)) << "y differs from the forward of h, row " << r << " col " << k;
+  }
+}
+
+TEST_F(Cuda, AddForward) {
+  std::mt19937_64 rng(41);
+  const plan::Device pd = current_plan_device();
+  int fused = 0, unfused = 0;
+  for (int64_t d : kBandDs) {
+    for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32, RMSNORM_DTYPE_F16}) {
+      for (Layout lay : {Layout::kAligned, Layout::kOffset, Layout::kPadded}) {
+        Case c;
+        c.dtype = dt;
+        c.cols = d;
+        c.layout = lay;
+        c.rows = d > 100000 ? 3 : d > 8192 ? 17 : 300;
+        c.weight = (d + dt) % 4 != 0;
+        c.hetero = true;
+        const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
+        const plan::Io io = lay == Layout::kAligned && (d * esize) % 16 == 0 ? plan::Io::kVector : plan::Io::kElement;
+        (plan::add_fused(plan::forward_launch(c.rows, d, esize, io, pd)) ? fused : unfused)++;
+        check_add_forward(c, 0, rng);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  EXPECT_GT(fused, 0);
+  EXPECT_GT(unfused, 0);
+  for (int over : {1, 2}) {
+    for (int64_t d : {64, 4096, 40000}) {
+      for (Layout lay : {Layout::kAligned, Layout::kOffset}) {
+        Case c;
+        c.cols = d;
+        c.layout = lay;
+        c.rows = 33;
+        check_add_forward(c, over, rng);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
 // gx of a row is the same bits in a batch of 1 or 3 as in a batch of
 // thousands: in the rows band's 16-byte path the small batches take
 // backward_rows_direct_kernel (no CTA has a second row group) and the big

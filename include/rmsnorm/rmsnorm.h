@@ -195,7 +195,7 @@ RMSNORM_API rmsnorm_status_t rmsnorm_forward(const rmsnorm_problem_t* problem,
  * itself (the same pointer and row stride: the residual stream updated in
  * place); any other overlap among x, residual and h, and any overlap of y or
  * rstd with another operand, is RMSNORM_STATUS_OVERLAP. Flags, weight and the checks as in
- * rmsnorm_forward. CUDA backend: not yet (RMSNORM_STATUS_BACKEND_UNAVAILABLE). */
+ * rmsnorm_forward. */
 RMSNORM_API rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* problem,
                                                  const void* x, int64_t x_row_stride,
                                                  const void* residual, int64_t residual_row_stride,

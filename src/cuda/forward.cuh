@@ -42,7 +42,21 @@ struct ForwardParams {
   bool vector_io;
   int stages;  // cp.async pipeline depth (16-byte I/O)
   int64_t groups_per_cta;  // > 0: this CTA's row groups are [unit * n, unit * n + n); 0: unit, unit + units, ...
+  // Residual add (kAdd kernels): h = T(x + res) is stored and normalized in place of x.
+  const T* res = nullptr;
+  int64_t res_stride = 0;
+  T* h = nullptr;
+  int64_t h_stride = 0;
 };
+
+// h = T(x + r) element by element (the sum in fp32, one rounding).
+template <typename T>
+__device__ __forceinline__ Chunk<T> add_chunks(const Chunk<T>& x, const Chunk<T>& r) {
+  Chunk<T> h;
+#pragma unroll
+  for (int j = 0; j < Chunk<T>::kN; j += 2) h.set2(j, x.get(j) + r.get(j), x.get(j + 1) + r.get(j + 1));
+  return h;
+}
 
 // y for one chunk from x, w' (fp32) and r; kRoundXhat: x_hat rounded to T first.
 template <typename T, bool kRoundXhat>
@@ -195,7 +209,11 @@ __device__ __forceinline__ void forward_cluster_pipelined(const ForwardParams<T>
 // is loaded and stored by element; without it the kernel holds no element
 // path at all (a decode call runs once per layer from a cold instruction
 // cache, and the unused paths spread the used code over more cache lines).
-template <typename T, int kTpr, bool kPartial>
+// kAdd: the residual add fused in (rmsnorm_add_forward): each thread adds its
+// residual chunks to its x chunks, stores h = T(x + res) and goes on with h as
+// x. A thread reads its x and residual chunks before it writes its h chunks,
+// so h == x and h == res are safe.
+template <typename T, int kTpr, bool kPartial, bool kAdd>
 __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr))
     forward_rows_direct_kernel(const ForwardParams<T> p) {
   constexpr int kCtaThreads = plan::forward_cta_threads(kTpr);
@@ -216,13 +234,29 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     Chunk<T> xr[kCpt];
     Chunk<T> wr[kCpt];
     const T* xrow = p.x + row * p.x_stride;
+    auto load = [&](const T* r, int c) {
+      return kPartial ? load_chunk(r, c, p.cols, true) : as_chunk<T>(reinterpret_cast<const uint4*>(r)[c]);
+    };
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
       const int c = m.chunk(it);
-      if (valid && c < p.chunks)
-        xr[it] = kPartial ? load_chunk(xrow, c, p.cols, true) : as_chunk<T>(reinterpret_cast<const uint4*>(xrow)[c]);
-      if (p.w != nullptr && c < p.chunks)
-        wr[it] = kPartial ? load_chunk(p.w, c, p.cols, true) : as_chunk<T>(reinterpret_cast<const uint4*>(p.w)[c]);
+      if (valid && c < p.chunks) xr[it] = load(xrow, c);
+      if (p.w != nullptr && c < p.chunks) wr[it] = load(p.w, c);
+    }
+    if constexpr (kAdd) {
+      const T* rrow = p.res + row * p.res_stride;
+      T* hrow = p.h + row * p.h_stride;
+#pragma unroll
+      for (int it = 0; it < kCpt; ++it) {
+        const int c = m.chunk(it);
+        if (valid && c < p.chunks) {
+          xr[it] = add_chunks(xr[it], load(rrow, c));
+          if (kPartial)
+            store_chunk(hrow, c, p.cols, true, xr[it]);
+          else
+            store16(hrow + c * kN, xr[it]);
+        }
+      }
     }
     const float ss = row_sum<kTpr, kSlots>(thread_squares(xr, m, p.chunks, valid), scratch, parity);
     if (valid) {
@@ -350,6 +384,23 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(co
 
 // ---- launch ------------------------------------------------------------------------------------
 
+// The residual add alone, where the forward that follows is not the fused
+// rows kernel (plan::add_fused): h = T(x + res) element by element, any
+// alignment, the geometry from plan::add_launch. Each element is read before
+// it is written by the same thread, so h == x and h == res are safe.
+template <typename T>
+__global__ void __launch_bounds__(plan::kAddThreads) add_kernel(const T* x, int64_t x_stride, const T* res,
+                                                                 int64_t res_stride, T* h, int64_t h_stride,
+                                                                 int64_t rows, int cols) {
+  pdl_enter();
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * x_stride;
+    const T* rr = res + row * res_stride;
+    T* hr = h + row * h_stride;
+    for (int j = threadIdx.x; j < cols; j += plan::kAddThreads) hr[j] = from_float<T>(to_float(xr[j]) + to_float(rr[j]));
+  }
+}
+
 template <typename T>
 ForwardParams<T> forward_params(const ForwardArgs& a, const plan::Launch& l) {
   ForwardParams<T> p;
@@ -368,16 +419,42 @@ ForwardParams<T> forward_params(const ForwardArgs& a, const plan::Launch& l) {
   p.vector_io = l.io == plan::Io::kVector;
   p.stages = l.stages;
   p.groups_per_cta = l.groups_per_cta;
+  p.res = static_cast<const T*>(a.residual);
+  p.res_stride = a.residual_stride;
+  p.h = static_cast<T*>(a.h);
+  p.h_stride = a.h_stride;
   return p;
 }
 
 template <typename T>
 rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, cudaStream_t stream) {
   constexpr int kEs = static_cast<int>(sizeof(T));
-  const plan::Io io = plan::io_of({{a.x, a.x_stride}, {a.y, a.y_stride}, {a.weight, 0}}, kEs);
+  const bool add = a.residual != nullptr;
+  const plan::Io io = add ? plan::io_of({{a.x, a.x_stride},
+                                         {a.residual, a.residual_stride},
+                                         {a.h, a.h_stride},
+                                         {a.y, a.y_stride},
+                                         {a.weight, 0}},
+                                        kEs)
+                          : plan::io_of({{a.x, a.x_stride}, {a.y, a.y_stride}, {a.weight, 0}}, kEs);
   const plan::Launch l = plan::forward_launch(a.rows, a.cols, kEs, io, dev);
-  const ForwardParams<T> p = forward_params<T>(a, l);
   const bool pdl = a.pdl && dev.sm90_code;
+  if (add && !plan::add_fused(l)) {
+    // The add alone, then the plain forward of h (reading h once more).
+    const plan::Launch al = plan::add_launch(a.rows, dev);
+    const rmsnorm_status_t st = launch_kernel(add_kernel<T>, al.grid, dim3(plan::kAddThreads), 1, 0, pdl, stream,
+                                              static_cast<const T*>(a.x), a.x_stride,
+                                              static_cast<const T*>(a.residual), a.residual_stride,
+                                              static_cast<T*>(a.h), a.h_stride, a.rows, static_cast<int>(a.cols));
+    if (st != RMSNORM_STATUS_SUCCESS) return st;
+    ForwardArgs b = a;
+    b.x = a.h;
+    b.x_stride = a.h_stride;
+    b.residual = nullptr;
+    b.h = nullptr;
+    return launch_forward<T>(b, dev, stream);
+  }
+  const ForwardParams<T> p = forward_params<T>(a, l);
   auto launch = [&](auto kernel, int cta_threads) { return launch_planned(kernel, cta_threads, l, pdl, stream, p); };
   using plan::Kernel;
   switch (l.kernel) {
@@ -387,8 +464,12 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
         constexpr int kTpr = decltype(tpr)::value;
         constexpr int kCta = plan::forward_cta_threads(kTpr);
         if (l.kernel != Kernel::kForwardRows) return launch(forward_kernel<T, kTpr, false, false>, kCta);
-        return a.cols % Chunk<T>::kN != 0 ? launch(forward_rows_direct_kernel<T, kTpr, true>, kCta)
-                                          : launch(forward_rows_direct_kernel<T, kTpr, false>, kCta);
+        const bool partial = a.cols % Chunk<T>::kN != 0;
+        if (add)
+          return partial ? launch(forward_rows_direct_kernel<T, kTpr, true, true>, kCta)
+                         : launch(forward_rows_direct_kernel<T, kTpr, false, true>, kCta);
+        return partial ? launch(forward_rows_direct_kernel<T, kTpr, true, false>, kCta)
+                       : launch(forward_rows_direct_kernel<T, kTpr, false, false>, kCta);
       });
     case Kernel::kForwardCluster: return launch(forward_kernel<T, plan::kClusterTpr, true, true>, plan::kClusterTpr);
     case Kernel::kForwardClusterElement:
