@@ -447,10 +447,12 @@ rmsnorm_status_t rmsnorm_backward_workspace_size(const rmsnorm_problem_t* proble
   return workspace_size_impl(problem, gw_mode, c, bytes);
 }
 
-rmsnorm_status_t rmsnorm_backward(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
-                                  const void* weight, const void* gy, int64_t gy_row_stride, const float* rstd,
-                                  void* gx, int64_t gx_row_stride, void* gw, int32_t gw_mode, void* workspace,
-                                  size_t workspace_bytes, const rmsnorm_backend_t* backend) {
+// rmsnorm_backward, and rmsnorm_add_backward with g_h (non-null there).
+static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
+                                       const void* weight, const void* gy, int64_t gy_row_stride, const float* rstd,
+                                       const void* g_h, int64_t g_h_row_stride, void* gx, int64_t gx_row_stride,
+                                       void* gw, int32_t gw_mode, void* workspace, size_t workspace_bytes,
+                                       const rmsnorm_backend_t* backend) {
   clear_last_error();
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
@@ -467,6 +469,8 @@ rmsnorm_status_t rmsnorm_backward(const rmsnorm_problem_t* problem, const void* 
   a.rstd = rstd;
   a.gx = gx;
   a.gx_stride = gx_row_stride;
+  a.g_h = g_h;
+  a.g_h_stride = g_h_row_stride;
   a.gw_mode = static_cast<GwMode>(gw_mode);
   a.gw = a.gw_mode == GwMode::kNone ? nullptr : gw;
   a.workspace = workspace;
@@ -488,6 +492,7 @@ rmsnorm_status_t rmsnorm_backward(const rmsnorm_problem_t* problem, const void* 
     RMSNORM_TRY(check_stride("x_row_stride", a.x_stride, a.cols));
     RMSNORM_TRY(check_stride("gy_row_stride", a.gy_stride, a.cols));
     RMSNORM_TRY(check_stride("gx_row_stride", a.gx_stride, a.cols));
+    if (a.g_h != nullptr) RMSNORM_TRY(check_stride("g_h_row_stride", a.g_h_stride, a.cols));
   }
   RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.esize));
 
@@ -503,7 +508,8 @@ rmsnorm_status_t rmsnorm_backward(const rmsnorm_problem_t* problem, const void* 
     RMSNORM_TRY(check_pointer("workspace", a.workspace, 16));
   }
 
-  Extent ex, egy, egx, ew, er, egw, ews;
+  if (a.g_h != nullptr && rows_present) RMSNORM_TRY(check_pointer("g_h", a.g_h, c.esize));
+  Extent ex, egy, egx, ew, er, egw, ews, egh;
   RMSNORM_TRY(extent_of("x", rows_present ? a.x : nullptr, a.rows, a.cols, a.x_stride, c.esize, &ex));
   RMSNORM_TRY(extent_of("gy", rows_present ? a.gy : nullptr, a.rows, a.cols, a.gy_stride, c.esize, &egy));
   RMSNORM_TRY(extent_of("gx", rows_present ? a.gx : nullptr, a.rows, a.cols, a.gx_stride, c.esize, &egx));
@@ -514,7 +520,12 @@ rmsnorm_status_t rmsnorm_backward(const rmsnorm_problem_t* problem, const void* 
   if (needed > static_cast<size_t>(std::numeric_limits<int64_t>::max()))
     return fail(RMSNORM_STATUS_INVALID_SHAPE, "workspace", std::to_string(needed) + " bytes overflow int64");
   RMSNORM_TRY(vector_extent("workspace", needed > 0 ? a.workspace : nullptr, static_cast<int64_t>(needed), 1, &ews));
-  RMSNORM_TRY(check_memory_space({&ex, &egy, &egx, &ew, &er, &egw, &ews}, c));
+  RMSNORM_TRY(extent_of("g_h", rows_present ? a.g_h : nullptr, a.rows, a.cols, a.g_h_stride, c.esize, &egh));
+  RMSNORM_TRY(check_memory_space({&ex, &egy, &egx, &ew, &er, &egw, &ews, &egh}, c));
+  // gx may be g_h exactly (the residual stream's gradient updated in place); g_h overlaps no other operand.
+  if (!same_view(egx, egh) && overlaps(egx, egh))
+    return fail(RMSNORM_STATUS_OVERLAP, "gx", "overlaps g_h (only gx == g_h with equal row strides is allowed)");
+  for (const Extent* other : {&ex, &egy, &ew, &er, &egw, &ews}) RMSNORM_TRY(check_overlap(egh, *other));
   // gx may alias gy exactly (in place); every other output must be disjoint.
   if (!same_view(egx, egy) && overlaps(egx, egy))
     return fail(RMSNORM_STATUS_OVERLAP, "gx", "overlaps gy (only gx == gy with equal row strides is allowed)");
@@ -528,6 +539,28 @@ rmsnorm_status_t rmsnorm_backward(const rmsnorm_problem_t* problem, const void* 
 #else
   return fail(RMSNORM_STATUS_INTERNAL_ERROR, "backend", "unreachable");
 #endif
+}
+
+
+rmsnorm_status_t rmsnorm_backward(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
+                                  const void* weight, const void* gy, int64_t gy_row_stride, const float* rstd,
+                                  void* gx, int64_t gx_row_stride, void* gw, int32_t gw_mode, void* workspace,
+                                  size_t workspace_bytes, const rmsnorm_backend_t* backend) {
+  return backward_entry(problem, x, x_row_stride, weight, gy, gy_row_stride, rstd, nullptr, 0, gx, gx_row_stride, gw,
+                        gw_mode, workspace, workspace_bytes, backend);
+}
+
+rmsnorm_status_t rmsnorm_add_backward(const rmsnorm_problem_t* problem, const void* h, int64_t h_row_stride,
+                                      const void* weight, const void* gy, int64_t gy_row_stride, const float* rstd,
+                                      const void* g_h, int64_t g_h_row_stride, void* gx, int64_t gx_row_stride,
+                                      void* gw, int32_t gw_mode, void* workspace, size_t workspace_bytes,
+                                      const rmsnorm_backend_t* backend) {
+  if (g_h == nullptr && problem != nullptr && problem->rows > 0) {
+    clear_last_error();
+    return fail(RMSNORM_STATUS_NULL_POINTER, "g_h", "must not be NULL (rmsnorm_backward is the form without it)");
+  }
+  return backward_entry(problem, h, h_row_stride, weight, gy, gy_row_stride, rstd, g_h, g_h_row_stride, gx,
+                        gx_row_stride, gw, gw_mode, workspace, workspace_bytes, backend);
 }
 
 }  // extern "C"

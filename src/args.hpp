@@ -65,6 +65,9 @@ struct BackwardArgs {
   const float* rstd = nullptr;  // may be null: recompute
   void* gx = nullptr;
   int64_t gx_stride = 0;
+  // rmsnorm_add_backward: gx = T(T(gx of the norm) + g_h); null: the plain backward.
+  const void* g_h = nullptr;
+  int64_t g_h_stride = 0;
   void* gw = nullptr;  // null iff gw_mode == kNone
   GwMode gw_mode = GwMode::kNone;
   void* workspace = nullptr;

@@ -255,11 +255,14 @@ struct BackwardOut {
   std::vector<double> gw_old;  // accumulate modes: the initial gw
 };
 
+// g_h: rmsnorm_add_backward with that residual gradient (its layout c's), gx written over it where gx_over_g_h.
 void gpu_backward(const Case& c, const Inputs& in, const std::vector<float>& rstd, BackwardOut* out,
-                  std::mt19937_64& rng) {
+                  std::mt19937_64& rng, const HostMatrix* g_h = nullptr, bool gx_over_g_h = false) {
   Arena::get().reset();
   out->gx = HostMatrix(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
-  const Dev dx = upload(in.x), dw = upload(in.w), dgy = upload(in.gy), dgx = upload(out->gx);
+  const Dev dx = upload(in.x), dw = upload(in.w), dgy = upload(in.gy);
+  const Dev dgh = g_h != nullptr ? upload(*g_h) : Dev{};
+  const Dev dgx = gx_over_g_h ? dgh : upload(out->gx);
   const bool f32 = c.gw_mode == RMSNORM_GW_STORE_F32 || c.gw_mode == RMSNORM_GW_ACCUMULATE_F32;
   const bool accumulate = c.gw_mode == RMSNORM_GW_ACCUMULATE || c.gw_mode == RMSNORM_GW_ACCUMULATE_F32;
   HostMatrix gw(f32 ? RMSNORM_DTYPE_F32 : c.dtype, 1, c.cols);
@@ -279,9 +282,14 @@ void gpu_backward(const Case& c, const Inputs& in, const std::vector<float>& rst
   void* ws = ws_bytes > 0 ? Arena::get().alloc(ws_bytes) : nullptr;
   if (ws != nullptr) CUDA_OK(cudaMemset(ws, 0xFF, ws_bytes));
   poison_shared_memory();
-  const rmsnorm_status_t st = rmsnorm_backward(&p, dx.data(), stride_of(c), c.weight ? dw.data() : nullptr, dgy.data(),
-                                               stride_of(c), drstd, dgx.data(), stride_of(c),
-                                               mode == RMSNORM_GW_NONE ? nullptr : dgw.data(), mode, ws, ws_bytes, &b);
+  const rmsnorm_status_t st =
+      g_h == nullptr
+          ? rmsnorm_backward(&p, dx.data(), stride_of(c), c.weight ? dw.data() : nullptr, dgy.data(), stride_of(c),
+                             drstd, dgx.data(), stride_of(c), mode == RMSNORM_GW_NONE ? nullptr : dgw.data(), mode, ws,
+                             ws_bytes, &b)
+          : rmsnorm_add_backward(&p, dx.data(), stride_of(c), c.weight ? dw.data() : nullptr, dgy.data(),
+                                 stride_of(c), drstd, dgh.data(), stride_of(c), dgx.data(), stride_of(c),
+                                 mode == RMSNORM_GW_NONE ? nullptr : dgw.data(), mode, ws, ws_bytes, &b);
   ASSERT_EQ(st, RMSNORM_STATUS_SUCCESS) << rmsnorm_last_error();
   CUDA_OK(cudaDeviceSynchronize());
   download(dgx, out->gx);
@@ -793,6 +801,45 @@ TEST_F(Cuda, AddForward) {
         c.rows = 33;
         check_add_forward(c, over, rng);
         if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// rmsnorm_add_backward in every band, layout and dtype: gx exactly T(T(gx_norm) + g_h), where T(gx_norm) is this
+// device's rmsnorm_backward gx, and gw bit for bit its gw; then gx written over g_h.
+TEST_F(Cuda, AddBackward) {
+  std::mt19937_64 rng(42);
+  for (int64_t d : kBandDs) {
+    for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32, RMSNORM_DTYPE_F16}) {
+      for (Layout lay : {Layout::kAligned, Layout::kOffset, Layout::kPadded}) {
+        for (bool over : {false, true}) {
+          if (over && d != 4096 && d != 33 && d != 40000) continue;
+          Case c;
+          c.dtype = dt;
+          c.cols = d;
+          c.layout = lay;
+          c.rows = d > 100000 ? 3 : d > 8192 ? 17 : 300;
+          c.with_rstd = false;
+          c.gw_mode = (d + dt) % 2 == 0 ? RMSNORM_GW_STORE_F32 : RMSNORM_GW_STORE;
+          SCOPED_TRACE(describe(c) + (over ? " gx == g_h" : ""));
+          const Inputs in = make_inputs(c, rng);
+          HostMatrix gh(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
+          fill_random(gh, rng, [&](int64_t r) { return 0.25 * row_scale(c, r); });
+          BackwardOut plain, fused;
+          gpu_backward(c, in, {}, &plain, rng);
+          ASSERT_FALSE(HasFatalFailure());
+          gpu_backward(c, in, {}, &fused, rng, &gh, over);
+          ASSERT_FALSE(HasFatalFailure());
+          HostMatrix want(c.dtype, c.rows, c.cols);
+          for (int64_t r = 0; r < c.rows; ++r)
+            for (int64_t k = 0; k < c.cols; ++k)
+              want.set(r, k, static_cast<float>(plain.gx.get(r, k)) + static_cast<float>(gh.get(r, k)));
+          for (int64_t r = 0; r < c.rows; ++r)
+            for (int64_t k = 0; k < c.cols; ++k)
+              ASSERT_EQ(fused.gx.get(r, k), want.get(r, k)) << "gx at row " << r << " col " << k;
+          ASSERT_EQ(plain.gw, fused.gw) << "gw differs from rmsnorm_backward's";
+        }
       }
     }
   }

@@ -1,4 +1,4 @@
-// rmsnorm_add_forward on the CPU backend, through the C ABI: h = T(x + residual) (the sum in fp32, rounded once),
+// rmsnorm_add_forward and rmsnorm_add_backward on the CPU backend, through the C ABI: h = T(x + residual) (the sum in fp32, rounded once),
 // y = rms_norm(h) * w'. Every element of h is checked exactly against that rule, computed here; y against the
 // float64 reference of h as stored (the tests' tolerance model) and bit for bit against rmsnorm_forward of that h
 // (the documented identity); rstd bit for bit against rmsnorm_forward's. Outputs start as NaN (HostMatrix's 0xFF
@@ -237,6 +237,101 @@ TEST(AddForward, ZeroRowsWriteNothing) {
   EXPECT_EQ(RMSNORM_STATUS_SUCCESS,
             rmsnorm_add_forward(&p, poison, c.cols, poison, c.cols, nullptr, poison, c.cols, poison, c.cols, nullptr, &be));
   for (unsigned char v : poison) EXPECT_EQ(v, 0xAB);
+}
+
+// rmsnorm_add_backward: gx = T(T(gx_norm) + g_h), with T(gx_norm) and gw bit for bit rmsnorm_backward's. In place
+// over g_h and over gy as well; the g_h rules.
+struct BackwardRun {
+  HostMatrix gx;
+  std::vector<float> gw;
+};
+
+BackwardRun run_backward(const AddCase& c, const HostMatrix& h, const HostMatrix& w, const HostMatrix& gy,
+                         const HostMatrix* g_h, int32_t gw_mode, void* gx_target = nullptr) {
+  const rmsnorm_problem_t p = problem(c);
+  const rmsnorm_backend_t be = rmsnorm_backend_cpu(2);
+  BackwardRun out;
+  out.gx = HostMatrix(c.dtype, c.rows, c.cols);
+  HostMatrix gw(gw_mode == RMSNORM_GW_STORE_F32 ? RMSNORM_DTYPE_F32 : c.dtype, 1, c.cols);
+  size_t ws_bytes = 0;
+  EXPECT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, gw_mode, &be, &ws_bytes));
+  std::vector<float> ws(ws_bytes / 4 + 4);
+  void* gxp = gx_target != nullptr ? gx_target : out.gx.data();
+  void* gwp = gw_mode == RMSNORM_GW_NONE ? nullptr : gw.data();
+  const rmsnorm_status_t st =
+      g_h == nullptr
+          ? rmsnorm_backward(&p, h.data(), h.stride, w.data(), gy.data(), gy.stride, nullptr, gxp, c.cols, gwp, gw_mode,
+                             ws.data(), ws_bytes, &be)
+          : rmsnorm_add_backward(&p, h.data(), h.stride, w.data(), gy.data(), gy.stride, nullptr, g_h->data(),
+                                 g_h->stride, gxp, c.cols, gwp, gw_mode, ws.data(), ws_bytes, &be);
+  EXPECT_EQ(RMSNORM_STATUS_SUCCESS, st) << rmsnorm_last_error();
+  if (gx_target != nullptr) std::memcpy(out.gx.data(), gx_target, out.gx.data_bytes());
+  if (gwp != nullptr)
+    for (int64_t k = 0; k < c.cols; ++k) out.gw.push_back(static_cast<float>(gw.get(0, k)));
+  return out;
+}
+
+TEST(AddBackward, IsTheBackwardPlusTheResidualGradient) {
+  std::mt19937_64 rng(35);
+  for (int32_t dt : kDtypes)
+    for (int64_t cols : {1, 9, 64, 1000})
+      for (int64_t rows : {1, 5, 300})
+        for (int32_t mode : {RMSNORM_GW_NONE, RMSNORM_GW_STORE, RMSNORM_GW_STORE_F32}) {
+          AddCase c;
+          c.dtype = dt;
+          c.rows = rows;
+          c.cols = cols;
+          SCOPED_TRACE(describe(c) + " gw_mode " + std::to_string(mode));
+          HostMatrix h(dt, rows, cols), w(dt, 1, cols), gy(dt, rows, cols), gh(dt, rows, cols);
+          harness::fill_normal(h, rng(), harness::hetero_row_scale);
+          harness::fill_normal(w, rng(), {}, 1.0);
+          harness::fill_normal(gy, rng());
+          harness::fill_normal(gh, rng(), [](int64_t r) { return 0.5 * harness::hetero_row_scale(r + 2); });
+          const BackwardRun plain = run_backward(c, h, w, gy, nullptr, mode);
+          const BackwardRun fused = run_backward(c, h, w, gy, &gh, mode);
+          HostMatrix want(dt, rows, cols);
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t k = 0; k < cols; ++k)
+              want.set(r, k, static_cast<float>(plain.gx.get(r, k)) + static_cast<float>(gh.get(r, k)));
+          expect_same_values(fused.gx, want, "gx");
+          EXPECT_TRUE(fused.gw == plain.gw) << "gw differs from rmsnorm_backward's";
+          // In place over g_h, and over gy.
+          HostMatrix gh2 = gh, gy2 = gy;
+          const BackwardRun over_gh = run_backward(c, h, w, gy, &gh2, mode, gh2.data());
+          expect_same_values(over_gh.gx, want, "gx written over g_h");
+          const BackwardRun over_gy = run_backward(c, h, w, gy2, &gh, mode, gy2.data());
+          expect_same_values(over_gy.gx, want, "gx written over gy");
+          if (HasFatalFailure()) return;
+        }
+}
+
+TEST(AddBackward, ResidualGradientRules) {
+  AddCase c;
+  c.rows = 4;
+  c.cols = 16;
+  const rmsnorm_problem_t p = problem(c);
+  const rmsnorm_backend_t be = rmsnorm_backend_cpu(1);
+  std::mt19937_64 rng(36);
+  HostMatrix h(c.dtype, c.rows, c.cols), w(c.dtype, 1, c.cols), gy(c.dtype, c.rows, c.cols), gx(c.dtype, c.rows, c.cols);
+  HostMatrix big(c.dtype, 1, 2 * c.rows * c.cols);
+  for (HostMatrix* m : {&h, &w, &gy, &big}) harness::fill_normal(*m, rng());
+  char* b = static_cast<char*>(big.data());
+  const size_t es = big.esize();
+  const auto before = gx.storage;
+  auto call = [&](const void* gyp, const void* ghp, void* gxp) {
+    return rmsnorm_add_backward(&p, h.data(), c.cols, w.data(), gyp, c.cols, nullptr, ghp, c.cols, gxp, c.cols,
+                                nullptr, RMSNORM_GW_NONE, nullptr, 0, &be);
+  };
+  EXPECT_EQ(RMSNORM_STATUS_NULL_POINTER, call(gy.data(), nullptr, gx.data()));
+  EXPECT_NE(std::string(rmsnorm_last_error()).find("g_h"), std::string::npos) << rmsnorm_last_error();
+  EXPECT_EQ(RMSNORM_STATUS_OVERLAP, call(gy.data(), gy.data(), gx.data())) << "g_h == gy";
+  EXPECT_EQ(RMSNORM_STATUS_OVERLAP, call(gy.data(), b, b + 8 * es)) << "gx partly over g_h";
+  EXPECT_EQ(RMSNORM_STATUS_OVERLAP, call(gy.data(), h.data(), gx.data())) << "g_h == h";
+  EXPECT_EQ(RMSNORM_STATUS_INVALID_STRIDE,
+            rmsnorm_add_backward(&p, h.data(), c.cols, w.data(), gy.data(), c.cols, nullptr, big.data(), c.cols - 1,
+                                 gx.data(), c.cols, nullptr, RMSNORM_GW_NONE, nullptr, 0, &be));
+  EXPECT_NE(std::string(rmsnorm_last_error()).find("g_h_row_stride"), std::string::npos) << rmsnorm_last_error();
+  EXPECT_TRUE(gx.storage == before) << "a refused call wrote gx";
 }
 
 }  // namespace

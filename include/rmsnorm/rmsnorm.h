@@ -234,6 +234,26 @@ RMSNORM_API rmsnorm_status_t rmsnorm_backward(const rmsnorm_problem_t* problem,
                                               void* workspace, size_t workspace_bytes,
                                               const rmsnorm_backend_t* backend);
 
+/* The backward of rmsnorm_add_forward. h is the forward's h (its x for the
+ * norm), g_h (required) the gradient reaching h along the residual stream (from
+ * h's other consumer). gx, the gradient of both x and residual:
+ *   gx = T(T(gx_norm) + g_h)
+ * where T(gx_norm) is bit for bit rmsnorm_backward's gx for h, gy and rstd,
+ * and the sum is in fp32, rounded once: what autograd's accumulation of h's
+ * two gradients gives. gw and the workspace (rmsnorm_backward_workspace_size)
+ * as in rmsnorm_backward. gx may be gy itself or g_h itself (the same pointer
+ * and row stride); g_h overlaps no other operand. */
+RMSNORM_API rmsnorm_status_t rmsnorm_add_backward(const rmsnorm_problem_t* problem,
+                                                  const void* h, int64_t h_row_stride,
+                                                  const void* weight,
+                                                  const void* gy, int64_t gy_row_stride,
+                                                  const float* rstd,
+                                                  const void* g_h, int64_t g_h_row_stride,
+                                                  void* gx, int64_t gx_row_stride,
+                                                  void* gw, int32_t gw_mode,
+                                                  void* workspace, size_t workspace_bytes,
+                                                  const rmsnorm_backend_t* backend);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

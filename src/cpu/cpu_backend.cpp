@@ -122,6 +122,13 @@ inline float row_rstd(const float* x, int64_t cols, float eps) {
 // One expression shared by both backward paths, so they agree bitwise.
 inline float gx_of(float x, float wg, float r, float c) { return r * (wg - (x * r) * c); }
 
+// rmsnorm_add_backward: gx (already rounded to T) plus the residual stream's
+// gradient, added in fp32 and rounded once (autograd's accumulation).
+template <DType dt>
+inline typename Elem<dt>::T plus_g_h(typename Elem<dt>::T gx, typename Elem<dt>::T gh) {
+  return Elem<dt>::store(Elem<dt>::load(gx) + Elem<dt>::load(gh));
+}
+
 // 16-bit rows are widened into scratch (len n); fp32 rows are read in place.
 template <DType dt>
 const float* widen(const typename Elem<dt>::T* src, int64_t n, float* scratch) {
@@ -224,7 +231,12 @@ void backward_rows(const BackwardArgs& a, const float* wp, RowStats* stats, floa
       continue;
     }
     T* gx = static_cast<T*>(a.gx) + i * a.gx_stride;
-    for (int64_t j = 0; j < cols; ++j) gx[j] = Elem<dt>::store(gx_of(x[j], wp[j] * gy[j], st.r, st.c));
+    if (a.g_h == nullptr) {
+      for (int64_t j = 0; j < cols; ++j) gx[j] = Elem<dt>::store(gx_of(x[j], wp[j] * gy[j], st.r, st.c));
+    } else {
+      const T* gh = static_cast<const T*>(a.g_h) + i * a.g_h_stride;
+      for (int64_t j = 0; j < cols; ++j) gx[j] = plus_g_h<dt>(Elem<dt>::store(gx_of(x[j], wp[j] * gy[j], st.r, st.c)), gh[j]);
+    }
   }
 }
 
@@ -247,11 +259,13 @@ void gw_tile(const BackwardArgs& a, const float* wp, const RowStats* stats, int6
     const float* gy = widen<dt>(static_cast<const T*>(a.gy) + i * a.gy_stride + c0, n, gs);
     const RowStats st = stats != nullptr ? stats[i] : row_stats(a, x, gy, wp, i);
     T* gx = static_cast<T*>(a.gx) + i * a.gx_stride + c0;
+    const T* gh = a.g_h != nullptr ? static_cast<const T*>(a.g_h) + i * a.g_h_stride + c0 : nullptr;
     const float* w = wp + c0;
     for (int64_t j = 0; j < n; ++j) {
       const float xv = x[j], g = gy[j];
       acc[j] += g * (xv * st.r);
-      gx[j] = Elem<dt>::store(gx_of(xv, w[j] * g, st.r, st.c));
+      const T v = Elem<dt>::store(gx_of(xv, w[j] * g, st.r, st.c));
+      gx[j] = gh != nullptr ? plus_g_h<dt>(v, gh[j]) : v;
     }
   }
 }

@@ -45,7 +45,23 @@ struct BackwardParams {
   bool with_gw;
   GwOut gw;
   int stages;  // cp.async pipeline depth (16-byte I/O)
+  // rmsnorm_add_backward: gx = T(T(gx of the norm) + g_h); null: the plain backward.
+  const T* g_h = nullptr;
+  int64_t g_h_stride = 0;
 };
+
+// gx chunk c of a row plus the residual stream's gradient (ghr: that row of
+// g_h, or null), added in fp32 and rounded once. The owner of a gx chunk
+// loads the g_h chunk before any thread stores gx there, so gx == g_h is safe.
+template <typename T>
+__device__ __forceinline__ Chunk<T> plus_g_h(const Chunk<T>& g, const T* ghr, int c, int cols, bool vector_io) {
+  if (ghr == nullptr) return g;
+  const Chunk<T> h = load_chunk(ghr, c, cols, vector_io);
+  Chunk<T> o;
+#pragma unroll
+  for (int j = 0; j < Chunk<T>::kN; j += 2) o.set2(j, g.get(j) + h.get(j), g.get(j + 1) + h.get(j + 1));
+  return o;
+}
 
 // Adds a chunk's terms to this thread's running sums: x^2 (in the forward's
 // order, see add_squares) and x * w' * gy.
@@ -194,13 +210,15 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
       const RowScalars s = plain_row_scalars(p, given_r, exchange.wait_sum(k));  // no rescaled path: rstd.cuh
       if (has_next && stages >= 2) exchange.push(k + 1, next);
       T* gxr = p.gx + g * p.gx_stride;
+      const T* ghr = p.g_h != nullptr ? p.g_h + g * p.g_h_stride : nullptr;
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
         if (c < p.chunks) {
           float w[kN];
           wv.get(it, w);
-          store_chunk(gxr, c, p.cols, true, grad_chunk(x_of(cur, it), gy_of(cur, it), w, s, acc[it]));
+          store_chunk(gxr, c, p.cols, true,
+                      plus_g_h(grad_chunk(x_of(cur, it), gy_of(cur, it), w, s, acc[it]), ghr, c, p.cols, true));
         }
       }
       stage_row(g + stages * m.units, cur);  // row k's stage is free
@@ -456,13 +474,14 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
   if (valid) {
     const RowScalars s = plain_row_scalars(p, given_r, sums);  // no rescaled path in this band (rstd.cuh)
     T* gxr = p.gx + row * p.gx_stride;
+    const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
       const int c = m.chunk(it);
       if (c < p.chunks) {
         float w[kN];
         w_of(it, w);
-        const Chunk<T> g = grad_chunk(xr[it], gyr[it], w, s, acc[it]);
+        const Chunk<T> g = plus_g_h(grad_chunk(xr[it], gyr[it], w, s, acc[it]), ghr, c, p.cols, true);
         if (kPartial)
           store_chunk(gxr, c, p.cols, true, g);
         else
@@ -620,6 +639,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
       // 0.95x; docs/performance.md, "Misaligned backward: gx exchange").
       const RowScalars s = plain_row_scalars(p, given_r, sums);
       T* gxr = p.gx + row * p.gx_stride;
+      const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
       const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(gxr) & 15);
       const int lead = shift / static_cast<int>(sizeof(T));  // columns of block v before chunk v
       const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -634,7 +654,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
         if (valid && c < p.chunks) {
           float w[kN];
           wv.get(it, w);
-          g = grad_chunk(x_of(it), gy_of(it), w, s, acc[it]);
+          g = plus_g_h(grad_chunk(x_of(it), gy_of(it), w, s, acc[it]), ghr, c, p.cols, false);
         }
         // Chunk c - 1: the lane before's chunk, or for the slot's first lane
         // the slot's last lane's chunk of the step before.
@@ -654,6 +674,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
     } else if (valid) {
       const RowScalars s = plain_row_scalars(p, given_r, sums);
       T* gxr = p.gx + row * p.gx_stride;
+      const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
@@ -661,7 +682,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
           const Chunk<T> x = x_of(it), gy = gy_of(it);
           float w[kN];
           wv.get(it, w);
-          store_chunk(gxr, c, p.cols, kVec, grad_chunk(x, gy, w, s, acc[it]));
+          store_chunk(gxr, c, p.cols, kVec, plus_g_h(grad_chunk(x, gy, w, s, acc[it]), ghr, c, p.cols, kVec));
         }
       }
     }
@@ -717,13 +738,16 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
           return v;
         });
     T* gxr = p.gx + row * p.gx_stride;
+    const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
     for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
       float w[kN], a[kN];
 #pragma unroll
       for (int j = 0; j < kN; ++j) a[j] = 0.0f;
       weights_of(p.w, c, p.cols, p.vector_io, p.w_offset, w);
       store_chunk(gxr, c, p.cols, p.vector_io,
-                  grad_chunk(load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io), w, s, a));
+                  plus_g_h(grad_chunk(load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io),
+                                      w, s, a),
+                           ghr, c, p.cols, p.vector_io));
       if (part != nullptr)
         for (int j = 0; j < kN; ++j)
           if (c * kN + j < p.cols) part[c * kN + j] += a[j];
@@ -810,6 +834,8 @@ BackwardParams<T> backward_params(const BackwardArgs& a, const plan::Launch& l) 
   p.gw.partials = static_cast<float*>(a.workspace);
   p.gw.direct = l.direct_gw;
   p.stages = l.stages;
+  p.g_h = static_cast<const T*>(a.g_h);
+  p.g_h_stride = a.g_h_stride;
   return p;
 }
 
@@ -817,7 +843,7 @@ template <typename T>
 rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev, cudaStream_t stream) {
   constexpr int kEs = static_cast<int>(sizeof(T));
   const plan::Io io = plan::io_of(
-      {{a.x, a.x_stride}, {a.gy, a.gy_stride}, {a.gx, a.gx_stride}, {a.weight, 0}}, kEs);
+      {{a.x, a.x_stride}, {a.gy, a.gy_stride}, {a.gx, a.gx_stride}, {a.g_h, a.g_h_stride}, {a.weight, 0}}, kEs);
   const plan::Launch l = plan::backward_launch(a.rows, a.cols, kEs, io, a.gw_mode != GwMode::kNone, dev);
   const BackwardParams<T> p = backward_params<T>(a, l);
   const bool pdl = a.pdl && dev.sm90_code;
