@@ -208,9 +208,11 @@ Tensor forward_inference(Tensor x, std::optional<Tensor> weight, double eps, int
   return std::get<0>(forward_impl(x, weight, eps, flags, false, "rmsnorm.forward_inference"));
 }
 
-std::tuple<Tensor, std::optional<Tensor>> backward(Tensor gy, Tensor x, std::optional<Tensor> weight, Tensor rstd,
-                                                   int64_t flags, std::optional<ScalarType> gw_dtype) {
-  const char* op = "rmsnorm.backward";
+// The backward, and with g_h the residual-add backward (gx = T(T(gx_norm) + g_h)).
+std::tuple<Tensor, std::optional<Tensor>> backward_impl(const Tensor& gy, const Tensor& x,
+                                                        const std::optional<Tensor>& weight, const Tensor& rstd,
+                                                        int64_t flags, std::optional<ScalarType> gw_dtype,
+                                                        const std::optional<Tensor>& g_h, const char* op) {
   check_floating_input(x, op);
   const int32_t dtype = library_dtype(x.scalar_type(), op, "x");
   if (gy.scalar_type() != x.scalar_type()) {
@@ -225,8 +227,17 @@ std::tuple<Tensor, std::optional<Tensor>> backward(Tensor gy, Tensor x, std::opt
     fail(op, ": rstd has shape ", shape_string(rstd), ", expected x's shape without its last dim");
   }
   check_same_device(rstd, x, op, "rstd");
+  if (g_h.has_value()) {
+    if (g_h->scalar_type() != x.scalar_type()) {
+      fail(op, ": g_h has dtype ", dtype_name(g_h->scalar_type()), " but h has ", dtype_name(x.scalar_type()));
+    }
+    if (full_shape(*g_h) != full_shape(x)) fail(op, ": g_h has shape ", shape_string(*g_h), " but h has ", shape_string(x));
+    check_same_device(*g_h, x, op, "g_h");
+  }
   const Rows xr = as_rows(x);
   const Rows gyr = as_rows(gy);
+  std::optional<Rows> ghr;
+  if (g_h.has_value()) ghr = as_rows(*g_h);
   const Tensor r = rstd.is_contiguous() ? rstd : torch::stable::contiguous(rstd);
   std::optional<Tensor> w;
   if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op);
@@ -266,11 +277,67 @@ std::tuple<Tensor, std::optional<Tensor>> backward(Tensor gy, Tensor x, std::opt
   if (ws_bytes > 0) {
     ws = torch::stable::empty({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, std::nullopt, x.device());
   }
-  check_status(rmsnorm_backward(&p, xr.t.data_ptr(), xr.stride, w ? w->data_ptr() : nullptr, gyr.t.data_ptr(),
-                                gyr.stride, static_cast<const float*>(r.data_ptr()), gx.data_ptr(), xr.cols,
-                                gw ? gw->data_ptr() : nullptr, gw_mode, ws ? ws->data_ptr() : nullptr, ws_bytes, &be),
-               op);
+  if (ghr) {
+    check_status(rmsnorm_add_backward(&p, xr.t.data_ptr(), xr.stride, w ? w->data_ptr() : nullptr, gyr.t.data_ptr(),
+                                      gyr.stride, static_cast<const float*>(r.data_ptr()), ghr->t.data_ptr(),
+                                      ghr->stride, gx.data_ptr(), xr.cols, gw ? gw->data_ptr() : nullptr, gw_mode,
+                                      ws ? ws->data_ptr() : nullptr, ws_bytes, &be),
+                 op);
+  } else {
+    check_status(rmsnorm_backward(&p, xr.t.data_ptr(), xr.stride, w ? w->data_ptr() : nullptr, gyr.t.data_ptr(),
+                                  gyr.stride, static_cast<const float*>(r.data_ptr()), gx.data_ptr(), xr.cols,
+                                  gw ? gw->data_ptr() : nullptr, gw_mode, ws ? ws->data_ptr() : nullptr, ws_bytes, &be),
+                 op);
+  }
   return {gx, gw};
+}
+
+std::tuple<Tensor, std::optional<Tensor>> backward(Tensor gy, Tensor x, std::optional<Tensor> weight, Tensor rstd,
+                                                   int64_t flags, std::optional<ScalarType> gw_dtype) {
+  return backward_impl(gy, x, weight, rstd, flags, gw_dtype, std::nullopt, "rmsnorm.backward");
+}
+
+// The residual-add backward: gx (of both x and residual) and gw, given gy, the gradient g_h reaching h along the
+// residual stream, and the forward's h and rstd.
+std::tuple<Tensor, std::optional<Tensor>> add_backward(Tensor gy, Tensor g_h, Tensor h, std::optional<Tensor> weight,
+                                                       Tensor rstd, int64_t flags, std::optional<ScalarType> gw_dtype) {
+  return backward_impl(gy, h, weight, rstd, flags, gw_dtype, g_h, "rmsnorm.add_backward");
+}
+
+// h = T(x + residual), y = rms_norm(h) * w', and rstd: new contiguous tensors.
+std::tuple<Tensor, Tensor, Tensor> add_forward(Tensor x, Tensor residual, std::optional<Tensor> weight, double eps,
+                                               int64_t flags) {
+  const char* op = "rmsnorm.add_forward";
+  check_floating_input(x, op);
+  const int32_t dtype = library_dtype(x.scalar_type(), op, "x");
+  if (residual.scalar_type() != x.scalar_type()) {
+    fail(op, ": residual has dtype ", dtype_name(residual.scalar_type()), " but x has ", dtype_name(x.scalar_type()));
+  }
+  if (full_shape(residual) != full_shape(x)) {
+    fail(op, ": residual has shape ", shape_string(residual), " but x has ", shape_string(x));
+  }
+  check_same_device(residual, x, op, "residual");
+  if (flags < 0 || flags > UINT32_MAX) fail(op, ": flags ", flags, " is not a set of RMSNORM_FLAG_* bits");
+  const Rows xr = as_rows(x);
+  const Rows rr = as_rows(residual);
+  std::optional<Tensor> w;
+  if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op);
+  Tensor h = torch::stable::empty(full_shape(x), x.scalar_type(), std::nullopt, x.device());
+  Tensor y = torch::stable::empty(full_shape(x), x.scalar_type(), std::nullopt, x.device());
+  Tensor rstd = torch::stable::empty(leading_shape(x), ScalarType::Float, std::nullopt, x.device());
+  if (xr.rows == 0) return {y, h, rstd};
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = xr.rows;
+  p.cols = xr.cols;
+  p.dtype = dtype;
+  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY;  // as in forward
+  p.eps = static_cast<float>(eps);
+  const rmsnorm_backend_t be = backend_for(x, op);
+  check_status(rmsnorm_add_forward(&p, xr.t.data_ptr(), xr.stride, rr.t.data_ptr(), rr.stride,
+                                   w ? w->data_ptr() : nullptr, h.data_ptr(), xr.cols, y.data_ptr(), xr.cols,
+                                   static_cast<float*>(rstd.data_ptr()), &be),
+               op);
+  return {y, h, rstd};
 }
 
 }  // namespace
@@ -278,6 +345,10 @@ std::tuple<Tensor, std::optional<Tensor>> backward(Tensor gy, Tensor x, std::opt
 STABLE_TORCH_LIBRARY(rmsnorm, m) {
   m.def("forward(Tensor x, Tensor? weight, float eps, int flags) -> (Tensor y, Tensor rstd)");
   m.def("forward_inference(Tensor x, Tensor? weight, float eps, int flags) -> Tensor y");
+  m.def("add_forward(Tensor x, Tensor residual, Tensor? weight, float eps, int flags) -> (Tensor y, Tensor h, Tensor rstd)");
+  m.def(
+      "add_backward(Tensor gy, Tensor g_h, Tensor h, Tensor? weight, Tensor rstd, int flags, ScalarType? gw_dtype) -> "
+      "(Tensor gx, Tensor? gw)");
   m.def(
       "backward(Tensor gy, Tensor x, Tensor? weight, Tensor rstd, int flags, ScalarType? gw_dtype) -> "
       "(Tensor gx, Tensor? gw)");
@@ -289,10 +360,14 @@ STABLE_TORCH_LIBRARY_IMPL(rmsnorm, CPU, m) {
   m.impl("forward", TORCH_BOX(&forward));
   m.impl("forward_inference", TORCH_BOX(&forward_inference));
   m.impl("backward", TORCH_BOX(&backward));
+  m.impl("add_forward", TORCH_BOX(&add_forward));
+  m.impl("add_backward", TORCH_BOX(&add_backward));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(rmsnorm, CUDA, m) {
   m.impl("forward", TORCH_BOX(&forward));
   m.impl("forward_inference", TORCH_BOX(&forward_inference));
   m.impl("backward", TORCH_BOX(&backward));
+  m.impl("add_forward", TORCH_BOX(&add_forward));
+  m.impl("add_backward", TORCH_BOX(&add_backward));
 }

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["rms_norm", "RMSNorm", "swap_rmsnorm", "FLAG_WEIGHT_OFFSET", "FLAG_ROUND_XHAT", "cuda_built"]
+__all__ = ["rms_norm", "add_rms_norm", "RMSNorm", "swap_rmsnorm", "FLAG_WEIGHT_OFFSET", "FLAG_ROUND_XHAT", "cuda_built"]
 __version__ = "0.1.0"
 
 # The library's RMSNORM_FLAG_* bits (include/rmsnorm/rmsnorm.h).
@@ -190,6 +190,103 @@ def rms_norm(
         w = weight.flatten() if weight is not None else None
         return _forward(x, w, eps, flags).view(shape)
     return _forward(input, weight, eps, flags)
+
+
+@torch.library.register_fake("rmsnorm::add_forward")
+def _add_forward_fake(x, residual, weight, eps, flags):
+    return x.new_empty(x.shape), x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.register_fake("rmsnorm::add_backward")
+def _add_backward_fake(gy, g_h, h, weight, rstd, flags, gw_dtype):
+    gw = None if gw_dtype is None else h.new_empty(h.shape[-1:], dtype=gw_dtype)
+    return h.new_empty(h.shape), gw
+
+
+def _add_setup_context(ctx, inputs, output):
+    _x, _residual, weight, _eps, flags = inputs
+    _y, h, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.save_for_backward(h, weight, rstd)
+    ctx.flags = flags
+
+
+def _add_backward(ctx, gy, g_h, _grstd):
+    h, weight, rstd = ctx.saved_tensors
+    need_gw = weight is not None and ctx.needs_input_grad[2]
+    gw_dtype = weight.dtype if need_gw else None
+    if gy is None:
+        gy = torch.zeros_like(h)
+    if g_h is None:  # h has no other consumer: the plain backward
+        gx, gw = _backward_op(gy, h, weight, rstd, ctx.flags, gw_dtype)
+    else:
+        gx, gw = torch.ops.rmsnorm.add_backward.default(gy, g_h, h, weight, rstd, ctx.flags, gw_dtype)
+    # h = x + residual: both get gx.
+    return (gx if ctx.needs_input_grad[0] else None), (gx if ctx.needs_input_grad[1] else None), gw, None, None
+
+
+torch.library.register_autograd("rmsnorm::add_forward", _add_backward, setup_context=_add_setup_context)
+
+
+def add_rms_norm(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    normalized_shape: int | Sequence[int] | torch.Size,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    *,
+    weight_offset: bool = False,
+    round_xhat: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pre-norm residual step in one pass: ``h = input + residual`` (added in fp32, rounded once to the dtype)
+    and ``y = rms_norm(h, normalized_shape, weight, eps)``; returns ``(y, h)``, both new tensors. ``y`` is bit for
+    bit ``rms_norm`` of ``h``. Differentiable in ``input``, ``residual`` and ``weight``: the backward adds ``h``'s
+    gradient from its other consumer (the next residual step) to the norm's in the same pass. The other arguments
+    are as in ``rms_norm``; ``residual`` must have ``input``'s shape, dtype and device."""
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    elif not isinstance(normalized_shape, tuple):
+        normalized_shape = tuple(normalized_shape)
+    k = len(normalized_shape)
+    dtype = input.dtype
+    if dtype not in _DTYPES:
+        raise TypeError(f"rmsnorm.add_rms_norm: input has dtype {dtype}; supported: float32, float16, bfloat16")
+    shape = input.shape
+    if k == 0 or len(shape) < k or shape[-k:] != normalized_shape:
+        raise RuntimeError(
+            f"rmsnorm.add_rms_norm: normalized_shape={list(normalized_shape)} must be the last dims of input, "
+            f"whose shape is {list(shape)}"
+        )
+    if residual.shape != shape or residual.dtype != dtype or residual.device != input.device:
+        raise RuntimeError(
+            f"rmsnorm.add_rms_norm: residual ({list(residual.shape)}, {residual.dtype}, {residual.device}) must "
+            f"match input ({list(shape)}, {dtype}, {input.device})"
+        )
+    if weight is not None:
+        if weight.shape != normalized_shape:
+            raise RuntimeError(
+                f"rmsnorm.add_rms_norm: weight has shape {list(weight.shape)}, expected normalized_shape="
+                f"{list(normalized_shape)}"
+            )
+        if weight.dtype != dtype:
+            raise TypeError(f"rmsnorm.add_rms_norm: weight has dtype {weight.dtype} but input has {dtype}")
+        if weight.device != input.device:
+            raise RuntimeError(f"rmsnorm.add_rms_norm: weight is on {weight.device} but input is on {input.device}")
+    flags = (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)
+    eps = _DEFAULT_EPS if eps is None else float(eps)
+    x, r, w = input, residual, weight
+    if k > 1:
+        x, r = input.flatten(-k), residual.flatten(-k)
+        w = weight.flatten() if weight is not None else None
+    needs_grad = _grad_enabled() and (
+        input.requires_grad or residual.requires_grad or (weight is not None and weight.requires_grad)
+    )
+    if needs_grad or _is_compiling() or _functorch_active():
+        y, h, _rstd = torch.ops.rmsnorm.add_forward(x, r, w, eps, flags)
+    else:
+        with _below_autograd():  # no autograd kernel to pass through
+            y, h, _rstd = torch.ops.rmsnorm.add_forward.default(x, r, w, eps, flags)
+    return (y.view(shape), h.view(shape)) if k > 1 else (y, h)
 
 
 class RMSNorm(torch.nn.RMSNorm):
