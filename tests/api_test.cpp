@@ -1043,6 +1043,59 @@ struct CppTest : ::testing::Test {};
 using ElementTypes = ::testing::Types<float, rmsnorm::half, rmsnorm::bfloat16>;
 TYPED_TEST_SUITE(CppTest, ElementTypes);
 
+// add_forward / add_backward through rmsnorm.hpp give the C ABI's bits (the
+// values themselves are checked in fused_test), and check shapes first.
+TYPED_TEST(CppTest, AddForwardAndBackwardAreTheCAbis) {
+  using T = TypeParam;
+  constexpr int32_t dt = rmsnorm::dtype_of_v<T>;
+  const int64_t rows = 5, cols = 24;
+  std::mt19937_64 rng(43);
+  std::normal_distribution<float> n01(0.f, 1.f);
+  std::vector<T> x(rows * cols), res(rows * cols), w(cols), gy(rows * cols), gh(rows * cols);
+  for (auto* v : {&x, &res, &gy, &gh})
+    for (auto& e : *v) e = from_float<T>(n01(rng) + 0.01f);
+  for (auto& e : w) e = from_float<T>(1.0f + 0.25f * n01(rng));
+  const rmsnorm::Backend be = rmsnorm::Backend::cpu(1);
+  const rmsnorm::Options opt;
+  std::vector<T> h(rows * cols), y(rows * cols), h_c(rows * cols), y_c(rows * cols), gx(rows * cols), gx_c(rows * cols);
+  std::vector<float> r(rows), r_c(rows);
+  const auto xv = rmsnorm::make_matrix(x.data(), rows, cols), rv = rmsnorm::make_matrix(res.data(), rows, cols);
+  ASSERT_EQ(rmsnorm::Status::kSuccess,
+            rmsnorm::add_forward(xv, rv, rmsnorm::make_vector(w.data(), cols), rmsnorm::make_matrix(h.data(), rows, cols),
+                                 rmsnorm::make_matrix(y.data(), rows, cols), rmsnorm::make_vector(r.data(), rows), opt,
+                                 be))
+      << rmsnorm::last_error();
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = rows;
+  p.cols = cols;
+  p.dtype = dt;
+  const rmsnorm_backend_t cbe = rmsnorm_backend_cpu(1);
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_add_forward(&p, x.data(), cols, res.data(), cols, w.data(), h_c.data(), cols,
+                                                         y_c.data(), cols, r_c.data(), &cbe));
+  EXPECT_EQ(0, std::memcmp(h.data(), h_c.data(), h.size() * sizeof(T)));
+  EXPECT_EQ(0, std::memcmp(y.data(), y_c.data(), y.size() * sizeof(T)));
+  EXPECT_EQ(0, std::memcmp(r.data(), r_c.data(), r.size() * sizeof(float)));
+  const auto hv = rmsnorm::make_matrix(static_cast<const T*>(h.data()), rows, cols);
+  ASSERT_EQ(rmsnorm::Status::kSuccess,
+            rmsnorm::add_backward(hv, rmsnorm::make_vector(w.data(), cols), rmsnorm::make_matrix(gy.data(), rows, cols),
+                                  rmsnorm::make_vector(r.data(), rows), rmsnorm::make_matrix(gh.data(), rows, cols),
+                                  rmsnorm::make_matrix(gx.data(), rows, cols), rmsnorm::GradWeight<T>::none(), {}, opt,
+                                  be))
+      << rmsnorm::last_error();
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_add_backward(&p, h.data(), cols, w.data(), gy.data(), cols, r.data(),
+                                                          gh.data(), cols, gx_c.data(), cols, nullptr, RMSNORM_GW_NONE,
+                                                          nullptr, 0, &cbe));
+  EXPECT_EQ(0, std::memcmp(gx.data(), gx_c.data(), gx.size() * sizeof(T)));
+  // A g_h of the wrong shape is refused by the C++ layer, naming it.
+  EXPECT_EQ(rmsnorm::Status::kInvalidShape,
+            rmsnorm::add_backward(hv, rmsnorm::make_vector(w.data(), cols), rmsnorm::make_matrix(gy.data(), rows, cols),
+                                  rmsnorm::make_vector(r.data(), rows),
+                                  rmsnorm::make_matrix(gh.data(), rows - 1, cols),
+                                  rmsnorm::make_matrix(gx.data(), rows, cols), rmsnorm::GradWeight<T>::none(), {}, opt,
+                                  be));
+  EXPECT_NE(std::string(rmsnorm::last_error()).find("g_h"), std::string::npos) << rmsnorm::last_error();
+}
+
 // Forward with rstd, then backward (rstd given, gw as f32 and in T, and
 // accumulated) through rmsnorm.hpp, against the float64 reference. The
 // tolerance is loose on purpose (a few units of T): the per-element bounds

@@ -374,6 +374,32 @@ Status backward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<Ve
                                               &backend.c()));
 }
 
+// The backward of add_forward (rmsnorm_add_backward): gx = T(T(gx_norm) + g_h)
+// for both x and residual, given h, gy and g_h (h's gradient from its other
+// consumer). gx may alias gy or g_h exactly. T is taken from gx.
+template <class T>
+Status add_backward(detail::nondeduced<MatrixView<const T>> h, detail::nondeduced<VectorView<const T>> weight,
+                    detail::nondeduced<MatrixView<const T>> gy, detail::nondeduced<VectorView<const float>> rstd,
+                    detail::nondeduced<MatrixView<const T>> g_h, MatrixView<T> gx,
+                    detail::nondeduced<GradWeight<T>> gw, Workspace workspace, const Options& opt,
+                    const Backend& backend) noexcept {
+  static_assert(!std::is_const<T>::value, "gx must be writable");
+  detail::clear_cpp_error();
+  Status s = detail::check_same_shape("gy", gy, h);
+  if (s == Status::kSuccess) s = detail::check_same_shape("g_h", g_h, h);
+  if (s == Status::kSuccess) s = detail::check_same_shape("gx", gx, h);
+  if (s == Status::kSuccess) s = detail::check_optional("weight", weight, h.cols, "cols");
+  if (s == Status::kSuccess) s = detail::check_optional("rstd", rstd, h.rows, "rows");
+  if (s == Status::kSuccess && gw.mode() != GwMode::kNone && gw.data() != nullptr)
+    s = detail::check_size("gw", gw.size(), "cols", h.cols);
+  if (s != Status::kSuccess) return s;
+  const rmsnorm_problem_t p = detail::make_problem<T>(h.rows, h.cols, opt);
+  return static_cast<Status>(rmsnorm_add_backward(&p, h.data, h.row_stride, weight.data, gy.data, gy.row_stride,
+                                                  rstd.data, g_h.data, g_h.row_stride, gx.data, gx.row_stride,
+                                                  gw.data(), static_cast<int32_t>(gw.mode()), workspace.data,
+                                                  workspace.bytes, &backend.c()));
+}
+
 // Throwing forms: the same calls, with check() applied.
 template <class T>
 void forward_or_throw(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<VectorView<const T>> weight,
