@@ -763,8 +763,12 @@ void check_add_forward(const Case& c, int over, std::mt19937_64& rng) {
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
   for (int64_t r = 0; r < c.rows; ++r) {
     ASSERT_EQ(0, std::memcmp(&rstd[r], &rstd_plain[r], 4)) << "rstd differs, row " << r;
+    const size_t es = y.esize();
     for (int64_t k = 0; k < c.cols; ++k)
-      ASSERT_EQ(y.get(r, k), y_plain.get(r, k)) << "y differs from the forward of h, row " << r << " col " << k;
+      ASSERT_EQ(0, std::memcmp(static_cast<const char*>(y.data()) + y.index(r, k) * es,
+                               static_cast<const char*>(y_plain.data()) + y_plain.index(r, k) * es, es))
+          << "y differs from the forward of h, row " << r << " col " << k << ": " << y.get(r, k) << " vs "
+          << y_plain.get(r, k);
   }
 }
 
@@ -772,7 +776,12 @@ TEST_F(Cuda, AddForward) {
   std::mt19937_64 rng(41);
   const plan::Device pd = current_plan_device();
   int fused = 0, unfused = 0;
-  for (int64_t d : kBandDs) {
+  // kBandDs, plus 22 and 4099: with the padded layout their rows are 16-byte aligned with a partial last chunk (the
+  // fused kernel's kPartial form).
+  std::vector<int64_t> ds(std::begin(kBandDs), std::end(kBandDs));
+  ds.push_back(22);
+  ds.push_back(4099);
+  for (int64_t d : ds) {
     for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32, RMSNORM_DTYPE_F16}) {
       for (Layout lay : {Layout::kAligned, Layout::kOffset, Layout::kPadded}) {
         Case c;
@@ -783,7 +792,8 @@ TEST_F(Cuda, AddForward) {
         c.weight = (d + dt) % 4 != 0;
         c.hetero = true;
         const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
-        const plan::Io io = lay == Layout::kAligned && (d * esize) % 16 == 0 ? plan::Io::kVector : plan::Io::kElement;
+        const plan::Io io = lay != Layout::kOffset && (stride_of(c) * esize) % 16 == 0 ? plan::Io::kVector
+                                                                                          : plan::Io::kElement;
         (plan::add_fused(plan::forward_launch(c.rows, d, esize, io, pd)) ? fused : unfused)++;
         check_add_forward(c, 0, rng);
         if (HasFatalFailure()) return;
@@ -810,7 +820,10 @@ TEST_F(Cuda, AddForward) {
 // device's rmsnorm_backward gx, and gw bit for bit its gw; then gx written over g_h.
 TEST_F(Cuda, AddBackward) {
   std::mt19937_64 rng(42);
-  for (int64_t d : kBandDs) {
+  std::vector<int64_t> ds(std::begin(kBandDs), std::end(kBandDs));
+  ds.push_back(22);  // padded: aligned rows, a partial last chunk
+  ds.push_back(4099);
+  for (int64_t d : ds) {
     for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32, RMSNORM_DTYPE_F16}) {
       for (Layout lay : {Layout::kAligned, Layout::kOffset, Layout::kPadded}) {
         for (bool over : {false, true}) {
@@ -836,8 +849,11 @@ TEST_F(Cuda, AddBackward) {
             for (int64_t k = 0; k < c.cols; ++k)
               want.set(r, k, static_cast<float>(plain.gx.get(r, k)) + static_cast<float>(gh.get(r, k)));
           for (int64_t r = 0; r < c.rows; ++r)
-            for (int64_t k = 0; k < c.cols; ++k)
-              ASSERT_EQ(fused.gx.get(r, k), want.get(r, k)) << "gx at row " << r << " col " << k;
+            for (int64_t k = 0; k < c.cols; ++k) {
+              const double g = fused.gx.get(r, k), e = want.get(r, k);
+              ASSERT_EQ(0, std::memcmp(&g, &e, sizeof(double))) << "gx at row " << r << " col " << k << ": " << g
+                                                                 << " vs " << e;
+            }
           ASSERT_EQ(plain.gw, fused.gw) << "gw differs from rmsnorm_backward's";
         }
       }

@@ -244,6 +244,9 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
       if (p.w != nullptr && c < p.chunks) wr[it] = load(p.w, c);
     }
     if constexpr (kAdd) {
+      // One residual chunk at a time: h may alias residual, so each load waits for the h store before it
+      // (a review found this in the PTX). Loading all four first, or w' after the reduction to make room, spilled
+      // 8-64 bytes at 64 registers; which costs less is for a GPU A/B.
       const T* rrow = p.res + row * p.res_stride;
       T* hrow = p.h + row * p.h_stride;
 #pragma unroll
@@ -397,7 +400,9 @@ __global__ void __launch_bounds__(plan::kAddThreads) add_kernel(const T* x, int6
     const T* xr = x + row * x_stride;
     const T* rr = res + row * res_stride;
     T* hr = h + row * h_stride;
-    for (int j = threadIdx.x; j < cols; j += plan::kAddThreads) hr[j] = from_float<T>(to_float(xr[j]) + to_float(rr[j]));
+    // 64-bit: cols may come within kAddThreads of 2^31.
+    for (int64_t j = threadIdx.x; j < cols; j += plan::kAddThreads)
+      hr[j] = from_float<T>(to_float(xr[j]) + to_float(rr[j]));
   }
 }
 
