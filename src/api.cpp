@@ -437,6 +437,68 @@ rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* problem, const voi
 #endif
 }
 
+rmsnorm_status_t rmsnorm_forward_quant(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
+                                       const void* weight, const rmsnorm_quant_t* quant, void* q, int64_t q_row_stride,
+                                       float* rstd, const rmsnorm_backend_t* backend) {
+  clear_last_error();
+  Common c;
+  RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
+  if (quant == nullptr) return fail(RMSNORM_STATUS_NULL_POINTER, "quant", "must not be NULL");
+  if (quant->kind != RMSNORM_QUANT_FP8_E4M3 && quant->kind != RMSNORM_QUANT_INT8)
+    return fail(RMSNORM_STATUS_INVALID_OPTION, "quant.kind", "unknown kind " + num(quant->kind));
+  if (quant->scale_mode != RMSNORM_QUANT_STATIC && quant->scale_mode != RMSNORM_QUANT_PER_ROW)
+    return fail(RMSNORM_STATUS_INVALID_OPTION, "quant.scale_mode", "unknown mode " + num(quant->scale_mode));
+  QuantArgs qa;
+  qa.fp8 = quant->kind == RMSNORM_QUANT_FP8_E4M3;
+  qa.per_row = quant->scale_mode == RMSNORM_QUANT_PER_ROW;
+  qa.scale = quant->scale;
+  qa.row_scales = quant->row_scales;
+  qa.scale_ub = quant->scale_ub;
+  qa.q = q;
+  qa.q_stride = q_row_stride;
+  if (!qa.per_row && qa.scale == nullptr)
+    return fail(RMSNORM_STATUS_NULL_POINTER, "quant.scale", "must not be NULL with RMSNORM_QUANT_STATIC");
+  if (qa.scale_ub != nullptr && !(qa.per_row && qa.fp8))
+    return fail(RMSNORM_STATUS_INVALID_OPTION, "quant.scale_ub", "is only for fp8 with per-row scales");
+  if (problem->rows == 0) return RMSNORM_STATUS_SUCCESS;
+  if (qa.per_row && qa.row_scales == nullptr)
+    return fail(RMSNORM_STATUS_NULL_POINTER, "quant.row_scales", "must not be NULL with RMSNORM_QUANT_PER_ROW");
+
+  ForwardArgs a;
+  set_problem_fields(*problem, c, &a);
+  a.round_xhat = (problem->flags & RMSNORM_FLAG_ROUND_XHAT) != 0;
+  a.x = x;
+  a.x_stride = x_row_stride;
+  a.weight = weight;
+  a.rstd = rstd;
+  RMSNORM_TRY(check_pointer("x", a.x, c.esize));
+  RMSNORM_TRY(check_pointer("q", qa.q, 1));
+  RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.esize));
+  RMSNORM_TRY(check_optional_pointer("rstd", a.rstd, sizeof(float)));
+  RMSNORM_TRY(check_optional_pointer("quant.scale", qa.scale, sizeof(float)));
+  RMSNORM_TRY(check_optional_pointer("quant.row_scales", qa.row_scales, sizeof(float)));
+  RMSNORM_TRY(check_optional_pointer("quant.scale_ub", qa.scale_ub, sizeof(float)));
+  RMSNORM_TRY(check_stride("x_row_stride", a.x_stride, a.cols));
+  RMSNORM_TRY(check_stride("q_row_stride", qa.q_stride, a.cols));
+
+  Extent ex, eq, ew, er, es, ers, eub;
+  RMSNORM_TRY(extent_of("x", a.x, a.rows, a.cols, a.x_stride, c.esize, &ex));
+  RMSNORM_TRY(extent_of("q", qa.q, a.rows, a.cols, qa.q_stride, 1, &eq));
+  RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.esize, &ew));
+  RMSNORM_TRY(vector_extent("rstd", a.rstd, a.rows, sizeof(float), &er));
+  RMSNORM_TRY(vector_extent("quant.scale", qa.per_row ? nullptr : qa.scale, 1, sizeof(float), &es));
+  RMSNORM_TRY(vector_extent("quant.row_scales", qa.per_row ? qa.row_scales : nullptr, a.rows, sizeof(float), &ers));
+  RMSNORM_TRY(vector_extent("quant.scale_ub", qa.scale_ub, 1, sizeof(float), &eub));
+  RMSNORM_TRY(check_memory_space({&ex, &eq, &ew, &er, &es, &ers, &eub}, c));
+  // Every output is disjoint from every other operand.
+  for (const Extent* other : {&ex, &ew, &er, &es, &ers, &eub}) RMSNORM_TRY(check_overlap(eq, *other));
+  for (const Extent* other : {&ex, &ew, &es, &ers, &eub}) RMSNORM_TRY(check_overlap(er, *other));
+  for (const Extent* other : {&ex, &ew, &es, &eub}) RMSNORM_TRY(check_overlap(ers, *other));
+  if (!qa.per_row) qa.row_scales = nullptr;
+  if (!c.cuda) return cpu::forward_quant(a, qa, cpu_threads(c.threads));
+  return fail(RMSNORM_STATUS_BACKEND_UNAVAILABLE, "backend", "rmsnorm_forward_quant has no CUDA kernel yet");
+}
+
 rmsnorm_status_t rmsnorm_backward_workspace_size(const rmsnorm_problem_t* problem, int32_t gw_mode,
                                                  const rmsnorm_backend_t* backend, size_t* bytes) {
   clear_last_error();

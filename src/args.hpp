@@ -50,6 +50,17 @@ struct ForwardArgs {
   int64_t h_stride = 0;
 };
 
+// rmsnorm_forward_quant: the forward's y quantized into q (src/common/quant.hpp).
+struct QuantArgs {
+  bool fp8 = true;       // else int8
+  bool per_row = false;  // else static
+  const float* scale = nullptr;
+  float* row_scales = nullptr;
+  const float* scale_ub = nullptr;
+  void* q = nullptr;
+  int64_t q_stride = 0;
+};
+
 struct BackwardArgs {
   int64_t rows = 0;
   int64_t cols = 0;

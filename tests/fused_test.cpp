@@ -6,6 +6,8 @@
 // call is refused), and rows == 0.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -17,6 +19,7 @@
 #include "harness/host_matrix.hpp"
 #include "harness/random.hpp"
 #include "harness/tolerance.hpp"
+#include "common/quant.hpp"
 #include "rmsnorm/rmsnorm.h"
 
 namespace rmsnorm::test {
@@ -332,6 +335,210 @@ TEST(AddBackward, ResidualGradientRules) {
                                  gx.data(), c.cols, nullptr, RMSNORM_GW_NONE, nullptr, 0, &be));
   EXPECT_NE(std::string(rmsnorm_last_error()).find("g_h_row_stride"), std::string::npos) << rmsnorm_last_error();
   EXPECT_TRUE(gx.storage == before) << "a refused call wrote gx";
+}
+
+// ---- quantized outputs ------------------------------------------------------------------------
+
+// e4m3fn by its definition: code k (0..126) is m 2^-9 for exponent field 0, else (1 + m / 8) 2^(e - 7).
+double fp8_value(int code) {
+  const int e = (code >> 3) & 15, m = code & 7;
+  const double mag = e == 0 ? m * std::ldexp(1.0, -9) : (1.0 + m / 8.0) * std::ldexp(1.0, e - 7);
+  return (code & 0x80) ? -mag : mag;
+}
+
+// The oracle: clamp to [-448, 448] (NaN to 448), then the nearest code by brute force, ties to the even code.
+uint8_t fp8_oracle(float v) {
+  double c = std::isnan(v) ? 448.0 : std::max(-448.0, std::min(448.0, static_cast<double>(v)));
+  const bool neg = std::signbit(c);
+  c = std::fabs(c);
+  int best = 0;
+  for (int k = 1; k <= 126; ++k) {
+    const double d = std::fabs(fp8_value(k) - c), db = std::fabs(fp8_value(best) - c);
+    if (d < db || (d == db && (k & 1) == 0)) best = k;
+  }
+  return static_cast<uint8_t>(best | (neg ? 0x80 : 0));
+}
+
+TEST(Quant, Fp8MatchesTheBruteForceOracle) {
+  std::vector<float> vs = {0.0f, -0.0f, 448.0f, 449.0f, 464.0f, 480.0f, 1e30f, -1e30f, INFINITY, -INFINITY, NAN,
+                           std::ldexp(1.0f, -10), std::ldexp(1.0f, -9), std::ldexp(3.0f, -11), 1e-30f};
+  for (int k = 0; k <= 126; ++k) {
+    const float a = static_cast<float>(fp8_value(k));
+    vs.push_back(a);
+    if (k < 126) {
+      const float mid = static_cast<float>((fp8_value(k) + fp8_value(k + 1)) / 2);  // exact in fp32: a tie
+      vs.push_back(mid);
+      vs.push_back(std::nextafter(mid, 0.0f));
+      vs.push_back(std::nextafter(mid, 1000.0f));
+    }
+  }
+  std::mt19937_64 rng(51);
+  std::uniform_real_distribution<float> u(-12.0f, 9.5f);
+  for (int i = 0; i < 20000; ++i) vs.push_back(std::exp2(u(rng)));
+  for (float v : std::vector<float>(vs)) vs.push_back(-v);
+  for (float v : vs) {
+    const uint8_t got = quant::fp8_e4m3_saturated(v), want = fp8_oracle(v);
+    ASSERT_EQ(got, want) << "v = " << v << ": got 0x" << std::hex << int(got) << " (" << fp8_value(got)
+                         << ") expected 0x" << int(want) << " (" << fp8_value(want) << ")";
+  }
+}
+
+TEST(Quant, Int8RoundsHalfToEvenAndSaturates) {
+  const std::vector<std::pair<float, int>> cases = {
+      {0.5f, 0},   {1.5f, 2},     {2.5f, 2},     {-0.5f, 0},   {-1.5f, -2},   {126.5f, 126}, {127.4f, 127},
+      {127.5f, 127}, {200.0f, 127}, {-128.4f, -128}, {-129.0f, -128}, {-1e30f, -128}, {INFINITY, 127},
+      {-INFINITY, -128}, {NAN, 0}, {0.49999997f, 0}, {3.0f, 3}};
+  for (const auto& [v, want] : cases) EXPECT_EQ(int(quant::int8_saturated(v)), want) << "v = " << v;
+}
+
+struct QuantRun {
+  std::vector<uint8_t> q;
+  std::vector<float> scales, rstd;
+  rmsnorm_status_t status;
+};
+
+QuantRun run_quant(const AddCase& c, const HostMatrix& x, const HostMatrix& w, int32_t kind, int32_t mode, float scale,
+                   const float* ub) {
+  const rmsnorm_problem_t p = problem(c);
+  const rmsnorm_backend_t be = rmsnorm_backend_cpu(2);
+  QuantRun r;
+  r.q.assign(static_cast<size_t>(c.rows * (c.cols + 5)), 0xAB);
+  r.scales.assign(static_cast<size_t>(c.rows), std::nanf(""));
+  r.rstd.assign(static_cast<size_t>(c.rows), std::nanf(""));
+  rmsnorm_quant_t qt;
+  qt.kind = kind;
+  qt.scale_mode = mode;
+  qt.scale = &scale;
+  qt.row_scales = r.scales.data();
+  qt.scale_ub = ub;
+  r.status = rmsnorm_forward_quant(&p, x.data(), x.stride, c.weight ? w.data() : nullptr, &qt, r.q.data(), c.cols + 5,
+                                   r.rstd.data(), &be);
+  return r;
+}
+
+// q is the documented rule applied to rmsnorm_forward's y (computed here from that y, with the oracle above), the
+// scales the documented formula, rstd the forward's; the row padding of q is left alone.
+TEST(Quant, ForwardQuantIsTheRuleAppliedToTheForwardsY) {
+  std::mt19937_64 rng(52);
+  for (int32_t dt : kDtypes)
+    for (int64_t cols : {1, 7, 64, 1000})
+      for (uint32_t flags : {0u, static_cast<uint32_t>(RMSNORM_FLAG_ROUND_XHAT)}) {
+        AddCase c;
+        c.dtype = dt;
+        c.rows = 9;
+        c.cols = cols;
+        c.flags = flags;
+        HostMatrix x(dt, c.rows, cols), w(dt, 1, cols);
+        harness::fill_normal(x, rng(), harness::hetero_row_scale);
+        harness::fill_normal(w, rng(), {}, 1.0);
+        for (int64_t k = 0; k < cols; ++k) x.set(2, k, 0.0);  // an all-zero row: the smallest scale
+        // y as the forward stores it.
+        const rmsnorm_problem_t p = problem(c);
+        const rmsnorm_backend_t be = rmsnorm_backend_cpu(1);
+        HostMatrix y(dt, c.rows, cols);
+        std::vector<float> rstd(static_cast<size_t>(c.rows));
+        ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                  rmsnorm_forward(&p, x.data(), cols, w.data(), y.data(), cols, rstd.data(), &be));
+        const float ub_value = 0.5f;
+        for (int32_t kind : {RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_INT8})
+          for (int32_t mode : {RMSNORM_QUANT_STATIC, RMSNORM_QUANT_PER_ROW})
+            for (bool with_ub : {false, true}) {
+              if (with_ub && !(kind == RMSNORM_QUANT_FP8_E4M3 && mode == RMSNORM_QUANT_PER_ROW)) continue;
+              SCOPED_TRACE(describe(c) + " kind " + std::to_string(kind) + " mode " + std::to_string(mode) +
+                           (with_ub ? " ub" : ""));
+              const bool fp8 = kind == RMSNORM_QUANT_FP8_E4M3;
+              const float scale = 0.037f;
+              const QuantRun r = run_quant(c, x, w, kind, mode, scale, with_ub ? &ub_value : nullptr);
+              ASSERT_EQ(RMSNORM_STATUS_SUCCESS, r.status) << rmsnorm_last_error();
+              EXPECT_EQ(0, std::memcmp(r.rstd.data(), rstd.data(), rstd.size() * sizeof(float)));
+              for (int64_t i = 0; i < c.rows; ++i) {
+                float s = 0.0f;
+                if (mode == RMSNORM_QUANT_PER_ROW) {
+                  double amax = 0.0;
+                  for (int64_t k = 0; k < cols; ++k) amax = std::max(amax, std::fabs(y.get(i, k)));
+                  float a = static_cast<float>(amax);
+                  if (with_ub) a = std::min(a, ub_value);
+                  s = std::max(a / (fp8 ? 448.0f : 127.0f), fp8 ? 1.0f / (448.0f * 512.0f) : FLT_EPSILON);
+                  ASSERT_EQ(r.scales[static_cast<size_t>(i)], s) << "row " << i;
+                }
+                for (int64_t k = 0; k < cols; ++k) {
+                  const float yv = static_cast<float>(y.get(i, k));
+                  const float v = mode == RMSNORM_QUANT_STATIC ? yv * (1.0f / scale) : fp8 ? yv / s : yv * (1.0f / s);
+                  int want;
+                  if (fp8) {
+                    want = fp8_oracle(v);
+                  } else {
+                    want = std::isnan(v) ? 0 : static_cast<int>(std::max(-128.0f, std::min(127.0f, std::nearbyint(v))));
+                    want &= 0xFF;
+                  }
+                  ASSERT_EQ(int(r.q[static_cast<size_t>(i * (cols + 5) + k)]), want)
+                      << "row " << i << " col " << k << " y " << yv << " v " << v;
+                }
+                for (int64_t k = cols; k < cols + 5; ++k)
+                  ASSERT_EQ(r.q[static_cast<size_t>(i * (cols + 5) + k)], 0xAB) << "padding written, row " << i;
+              }
+              if (mode == RMSNORM_QUANT_PER_ROW) {
+                EXPECT_EQ(r.scales[2], fp8 ? 1.0f / (448.0f * 512.0f) : FLT_EPSILON);
+              }
+            }
+      }
+}
+
+// A NaN in a row makes its every y NaN: max|y| is 0, the scale the smallest, and q 448 (fp8) or 0 (int8).
+TEST(Quant, NanRow) {
+  AddCase c;
+  c.dtype = RMSNORM_DTYPE_F32;
+  c.rows = 2;
+  c.cols = 8;
+  HostMatrix x(c.dtype, c.rows, c.cols), w(c.dtype, 1, c.cols);
+  for (int64_t k = 0; k < c.cols; ++k) {
+    x.set(0, k, 1.0 + k);
+    x.set(1, k, 1.0 + k);
+    w.set(0, k, 1.0);
+  }
+  x.set(1, 3, NAN);
+  const QuantRun f = run_quant(c, x, w, RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_PER_ROW, 1.0f, nullptr);
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, f.status) << rmsnorm_last_error();
+  EXPECT_EQ(f.scales[1], 1.0f / (448.0f * 512.0f));
+  for (int64_t k = 0; k < c.cols; ++k) EXPECT_EQ(f.q[static_cast<size_t>(c.cols + 5 + k)], 0x7E) << k;
+  const QuantRun n = run_quant(c, x, w, RMSNORM_QUANT_INT8, RMSNORM_QUANT_PER_ROW, 1.0f, nullptr);
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, n.status);
+  for (int64_t k = 0; k < c.cols; ++k) EXPECT_EQ(n.q[static_cast<size_t>(c.cols + 5 + k)], 0) << k;
+}
+
+TEST(Quant, ArgumentRules) {
+  AddCase c;
+  c.rows = 3;
+  c.cols = 16;
+  HostMatrix x(c.dtype, c.rows, c.cols), w(c.dtype, 1, c.cols);
+  std::mt19937_64 rng(53);
+  harness::fill_normal(x, rng());
+  harness::fill_normal(w, rng());
+  const float ub = 1.0f;
+  auto expect = [&](rmsnorm_status_t st, const char* arg, const QuantRun& r) {
+    EXPECT_EQ(r.status, st) << rmsnorm_last_error();
+    EXPECT_NE(std::string(rmsnorm_last_error()).find(arg), std::string::npos) << rmsnorm_last_error();
+    for (uint8_t v : r.q) EXPECT_EQ(v, 0xAB);
+  };
+  expect(RMSNORM_STATUS_INVALID_OPTION, "quant.kind", run_quant(c, x, w, 7, RMSNORM_QUANT_STATIC, 1.0f, nullptr));
+  expect(RMSNORM_STATUS_INVALID_OPTION, "quant.scale_mode",
+         run_quant(c, x, w, RMSNORM_QUANT_INT8, 5, 1.0f, nullptr));
+  expect(RMSNORM_STATUS_INVALID_OPTION, "quant.scale_ub",
+         run_quant(c, x, w, RMSNORM_QUANT_INT8, RMSNORM_QUANT_PER_ROW, 1.0f, &ub));
+  expect(RMSNORM_STATUS_INVALID_OPTION, "quant.scale_ub",
+         run_quant(c, x, w, RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_STATIC, 1.0f, &ub));
+  // q over x.
+  const rmsnorm_problem_t p = problem(c);
+  const rmsnorm_backend_t be = rmsnorm_backend_cpu(1);
+  float scale = 1.0f;
+  rmsnorm_quant_t qt{RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_STATIC, &scale, nullptr, nullptr};
+  EXPECT_EQ(RMSNORM_STATUS_OVERLAP,
+            rmsnorm_forward_quant(&p, x.data(), c.cols, w.data(), &qt, x.data(), c.cols, nullptr, &be));
+  qt.scale = nullptr;
+  EXPECT_EQ(RMSNORM_STATUS_NULL_POINTER,
+            rmsnorm_forward_quant(&p, x.data(), c.cols, w.data(), &qt, x.data(), c.cols, nullptr, &be));
+  EXPECT_EQ(RMSNORM_STATUS_NULL_POINTER,
+            rmsnorm_forward_quant(&p, x.data(), c.cols, w.data(), nullptr, x.data(), c.cols, nullptr, &be));
 }
 
 }  // namespace

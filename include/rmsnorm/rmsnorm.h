@@ -205,6 +205,37 @@ RMSNORM_API rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* proble
                                                  float* rstd,
                                                  const rmsnorm_backend_t* backend);
 
+/* Quantized output: q = quant(y), y exactly rmsnorm_forward's (in
+ * problem->dtype, with its flags; RMSNORM_FLAG_ROUND_XHAT gives vLLM's y).
+ *   RMSNORM_QUANT_STATIC:  v = y * (1 / *scale)
+ *   RMSNORM_QUANT_PER_ROW: s = max(min(max|y_row|, *scale_ub) / qmax, min_scale),
+ *                          written to row_scales (fp32, one per row; y ~ q s);
+ *                          fp8: v = y / s; int8: v = y * (1 / s)
+ * fp8 e4m3fn: v clamped to [-448, 448] (NaN gives 448), nearest, ties to even.
+ * int8: nearest, ties to even, saturated to [-128, 127]; NaN gives 0.
+ * qmax 448 (fp8) or 127 (int8); min_scale 1 / (448 * 512) (fp8) or
+ * FLT_EPSILON (int8); max|y| ignores NaN; scale_ub (optional) only with fp8
+ * per row. These are vLLM's rules (docs/fusions.md). scale and scale_ub are
+ * memory of the backend (device memory on CUDA). q: rows x cols bytes with
+ * its own row stride. CUDA backend: not yet (RMSNORM_STATUS_BACKEND_UNAVAILABLE). */
+typedef enum rmsnorm_quant_kind { RMSNORM_QUANT_FP8_E4M3 = 0, RMSNORM_QUANT_INT8 = 1 } rmsnorm_quant_kind_t;
+typedef enum rmsnorm_quant_scale { RMSNORM_QUANT_STATIC = 0, RMSNORM_QUANT_PER_ROW = 1 } rmsnorm_quant_scale_t;
+typedef struct rmsnorm_quant {
+  int32_t kind;           /* rmsnorm_quant_kind_t */
+  int32_t scale_mode;     /* rmsnorm_quant_scale_t */
+  const float* scale;     /* STATIC: the scale (one float) */
+  float* row_scales;      /* PER_ROW: rows floats, written */
+  const float* scale_ub;  /* PER_ROW, fp8: upper bound on max|y| (one float), or NULL */
+} rmsnorm_quant_t;
+
+RMSNORM_API rmsnorm_status_t rmsnorm_forward_quant(const rmsnorm_problem_t* problem,
+                                                   const void* x, int64_t x_row_stride,
+                                                   const void* weight,
+                                                   const rmsnorm_quant_t* quant,
+                                                   void* q, int64_t q_row_stride,
+                                                   float* rstd,
+                                                   const rmsnorm_backend_t* backend);
+
 /* Workspace that rmsnorm_backward needs for this problem, gw mode and backend.
  * 0 when gw_mode is RMSNORM_GW_NONE. On CUDA it never exceeds
  * 2 * (multiprocessors) * cols * 4 bytes, whatever the number of rows. */

@@ -34,6 +34,7 @@
 // the calling thread before anything is written, so running out of host
 // memory returns an error with the outputs untouched and workers never throw.
 #include "cpu/cpu_backend.hpp"
+#include "common/quant.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -354,6 +355,56 @@ rmsnorm_status_t forward(const ForwardArgs& a, int num_threads) {
       constexpr DType dt = decltype(tag)::value;
       parallel_for(a.rows, threads, [&](int t, int64_t i0, int64_t i1) {
         forward_rows<dt>(a, wp.data(), scratch.get(t, 0), i0, i1);
+      });
+    });
+  } catch (const std::bad_alloc&) {
+    return out_of_memory();
+  }
+  return RMSNORM_STATUS_SUCCESS;
+}
+
+rmsnorm_status_t forward_quant(const ForwardArgs& a, const QuantArgs& qa, int num_threads) {
+  if (a.rows <= 0) return RMSNORM_STATUS_SUCCESS;
+  try {
+    const std::vector<float> wp = weight_prime(a.weight, a.dtype, a.cols, a.weight_offset);
+    const int threads = threads_for(num_threads, a.rows, a.rows * a.cols);
+    Scratch scratch(threads, 2, a.cols);  // the widened row, and y of the row as forward stores it
+    const float inv_scale = qa.per_row ? 0.0f : 1.0f / *qa.scale;
+    dispatch_dtype(a.dtype, [&](auto tag) {
+      constexpr DType dt = decltype(tag)::value;
+      using T = typename Elem<dt>::T;
+      const size_t es = dtype_size(dt);
+      parallel_for(a.rows, threads, [&](int t, int64_t i0, int64_t i1) {
+        float* yf = scratch.get(t, 1);
+        // y in T, one row at a time, by the forward itself.
+        static_assert(sizeof(T) <= sizeof(float), "a row of T fits the float scratch");
+        T* yt = reinterpret_cast<T*>(yf);
+        for (int64_t i = i0; i < i1; ++i) {
+          ForwardArgs b = a;
+          b.rows = 1;
+          b.x = static_cast<const char*>(a.x) + static_cast<size_t>(i * a.x_stride) * es;
+          b.y = yt;
+          b.y_stride = a.cols;
+          b.rstd = a.rstd != nullptr ? a.rstd + i : nullptr;
+          forward_rows<dt>(b, wp.data(), scratch.get(t, 0), 0, 1);
+          float s = 0.0f, mul = inv_scale;
+          if (qa.per_row) {
+            float absmax = 0.0f;
+            for (int64_t j = 0; j < a.cols; ++j) absmax = fmaxf(absmax, std::fabs(Elem<dt>::load(yt[j])));
+            s = quant::row_scale(absmax, qa.scale_ub, qa.fp8);
+            qa.row_scales[i] = s;
+            mul = 1.0f / s;
+          }
+          unsigned char* qr = static_cast<unsigned char*>(qa.q) + i * qa.q_stride;
+          for (int64_t j = 0; j < a.cols; ++j) {
+            const float y = Elem<dt>::load(yt[j]);
+            if (qa.fp8) {
+              qr[j] = quant::fp8_e4m3_saturated(qa.per_row ? y / s : y * mul);
+            } else {
+              qr[j] = static_cast<unsigned char>(quant::int8_saturated(y * mul));
+            }
+          }
+        }
       });
     });
   } catch (const std::bad_alloc&) {

@@ -24,5 +24,7 @@ size_t backward_workspace_bytes(int64_t rows, int64_t cols, GwMode mode);
 // Both return RMSNORM_STATUS_SUCCESS; args are already validated.
 rmsnorm_status_t forward(const ForwardArgs& a, int num_threads);
 rmsnorm_status_t backward(const BackwardArgs& a, int num_threads);
+// y of a (a.y unused) quantized into qa.q.
+rmsnorm_status_t forward_quant(const ForwardArgs& a, const QuantArgs& qa, int num_threads);
 
 }  // namespace rmsnorm::cpu
