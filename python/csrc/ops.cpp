@@ -304,6 +304,54 @@ std::tuple<Tensor, std::optional<Tensor>> add_backward(Tensor gy, Tensor g_h, Te
   return backward_impl(gy, h, weight, rstd, flags, gw_dtype, g_h, "rmsnorm.add_backward");
 }
 
+// q = quant(y) (fp8 e4m3fn or int8, rmsnorm_forward_quant): with `scale` (a one-element fp32 tensor) the static
+// rule, else per-row scales, returned (fp32, x's leading shape; empty with a static scale), bounded by scale_ub.
+std::tuple<Tensor, Tensor> forward_quant(Tensor x, std::optional<Tensor> weight, double eps, int64_t flags,
+                                         ScalarType out_dtype, std::optional<Tensor> scale,
+                                         std::optional<Tensor> scale_ub) {
+  const char* op = "rmsnorm.forward_quant";
+  check_floating_input(x, op);
+  const int32_t dtype = library_dtype(x.scalar_type(), op, "x");
+  if (flags < 0 || flags > UINT32_MAX) fail(op, ": flags ", flags, " is not a set of RMSNORM_FLAG_* bits");
+  int32_t kind = 0;
+  if (out_dtype == ScalarType::Float8_e4m3fn) {
+    kind = RMSNORM_QUANT_FP8_E4M3;
+  } else if (out_dtype == ScalarType::Char) {
+    kind = RMSNORM_QUANT_INT8;
+  } else {
+    fail(op, ": out_dtype must be float8_e4m3fn or int8, got ", dtype_name(out_dtype));
+  }
+  for (const std::optional<Tensor>* t : {&scale, &scale_ub}) {
+    if (!t->has_value()) continue;
+    if ((*t)->scalar_type() != ScalarType::Float || (*t)->numel() != 1)
+      fail(op, ": ", t == &scale ? "scale" : "scale_ub", " must be a one-element float32 tensor");
+    check_same_device(**t, x, op, t == &scale ? "scale" : "scale_ub");
+  }
+  const Rows xr = as_rows(x);
+  std::optional<Tensor> w;
+  if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op);
+  Tensor q = torch::stable::empty(full_shape(x), out_dtype, std::nullopt, x.device());
+  Tensor scales = torch::stable::empty(scale.has_value() ? std::vector<int64_t>{0} : leading_shape(x),
+                                       ScalarType::Float, std::nullopt, x.device());
+  rmsnorm_quant_t qt;
+  qt.kind = kind;
+  qt.scale_mode = scale.has_value() ? RMSNORM_QUANT_STATIC : RMSNORM_QUANT_PER_ROW;
+  qt.scale = scale.has_value() ? static_cast<const float*>(scale->data_ptr()) : nullptr;
+  qt.row_scales = scale.has_value() ? nullptr : static_cast<float*>(scales.data_ptr());
+  qt.scale_ub = scale_ub.has_value() ? static_cast<const float*>(scale_ub->data_ptr()) : nullptr;
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = xr.rows;
+  p.cols = xr.cols;
+  p.dtype = dtype;
+  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY;  // as in forward
+  p.eps = static_cast<float>(eps);
+  const rmsnorm_backend_t be = backend_for(x, op);
+  check_status(rmsnorm_forward_quant(&p, xr.t.data_ptr(), xr.stride, w ? w->data_ptr() : nullptr, &qt, q.data_ptr(),
+                                     xr.cols, nullptr, &be),
+               op);
+  return {q, scales};
+}
+
 // h = T(x + residual), y = rms_norm(h) * w', and rstd: new contiguous tensors.
 std::tuple<Tensor, Tensor, Tensor> add_forward(Tensor x, Tensor residual, std::optional<Tensor> weight, double eps,
                                                int64_t flags) {
@@ -347,6 +395,9 @@ STABLE_TORCH_LIBRARY(rmsnorm, m) {
   m.def("forward_inference(Tensor x, Tensor? weight, float eps, int flags) -> Tensor y");
   m.def("add_forward(Tensor x, Tensor residual, Tensor? weight, float eps, int flags) -> (Tensor y, Tensor h, Tensor rstd)");
   m.def(
+      "forward_quant(Tensor x, Tensor? weight, float eps, int flags, ScalarType out_dtype, Tensor? scale, "
+      "Tensor? scale_ub) -> (Tensor q, Tensor scales)");
+  m.def(
       "add_backward(Tensor gy, Tensor g_h, Tensor h, Tensor? weight, Tensor rstd, int flags, ScalarType? gw_dtype) -> "
       "(Tensor gx, Tensor? gw)");
   m.def(
@@ -362,6 +413,7 @@ STABLE_TORCH_LIBRARY_IMPL(rmsnorm, CPU, m) {
   m.impl("backward", TORCH_BOX(&backward));
   m.impl("add_forward", TORCH_BOX(&add_forward));
   m.impl("add_backward", TORCH_BOX(&add_backward));
+  m.impl("forward_quant", TORCH_BOX(&forward_quant));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(rmsnorm, CUDA, m) {
@@ -370,4 +422,5 @@ STABLE_TORCH_LIBRARY_IMPL(rmsnorm, CUDA, m) {
   m.impl("backward", TORCH_BOX(&backward));
   m.impl("add_forward", TORCH_BOX(&add_forward));
   m.impl("add_backward", TORCH_BOX(&add_backward));
+  m.impl("forward_quant", TORCH_BOX(&forward_quant));
 }

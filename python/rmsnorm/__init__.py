@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["rms_norm", "add_rms_norm", "RMSNorm", "swap_rmsnorm", "FLAG_WEIGHT_OFFSET", "FLAG_ROUND_XHAT", "cuda_built"]
+__all__ = ["rms_norm", "add_rms_norm", "rms_norm_quant", "RMSNorm", "swap_rmsnorm", "FLAG_WEIGHT_OFFSET", "FLAG_ROUND_XHAT", "cuda_built"]
 __version__ = "0.1.0"
 
 # The library's RMSNORM_FLAG_* bits (include/rmsnorm/rmsnorm.h).
@@ -287,6 +287,53 @@ def add_rms_norm(
         with _below_autograd():  # no autograd kernel to pass through
             y, h, _rstd = torch.ops.rmsnorm.add_forward.default(x, r, w, eps, flags)
     return (y.view(shape), h.view(shape)) if k > 1 else (y, h)
+
+
+@torch.library.register_fake("rmsnorm::forward_quant")
+def _forward_quant_fake(x, weight, eps, flags, out_dtype, scale, scale_ub):
+    scales = x.new_empty((0,) if scale is not None else x.shape[:-1], dtype=torch.float32)
+    return x.new_empty(x.shape, dtype=out_dtype), scales
+
+
+def rms_norm_quant(
+    input: torch.Tensor,
+    normalized_shape: int | Sequence[int] | torch.Size,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    *,
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    scale: torch.Tensor | None = None,
+    scale_ub: torch.Tensor | None = None,
+    weight_offset: bool = False,
+    round_xhat: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rms_norm`` with its output quantized to ``dtype`` (``torch.float8_e4m3fn`` or ``torch.int8``), by vLLM's
+    rules (``docs/fusions.md``): with ``scale`` (a one-element float32 tensor) ``q = quant(y * (1 / scale))``;
+    without it a per-row scale ``s = max(min(max|y|, scale_ub) / qmax, min_scale)``, returned as the second value
+    (float32, ``input``'s shape without the normalized dims; empty with a static scale). ``y`` is exactly
+    ``rms_norm``'s output (``round_xhat=True`` gives vLLM's y). Not differentiable."""
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    elif not isinstance(normalized_shape, tuple):
+        normalized_shape = tuple(normalized_shape)
+    k = len(normalized_shape)
+    shape = input.shape
+    if k == 0 or len(shape) < k or shape[-k:] != normalized_shape:
+        raise RuntimeError(
+            f"rmsnorm.rms_norm_quant: normalized_shape={list(normalized_shape)} must be the last dims of input, "
+            f"whose shape is {list(shape)}"
+        )
+    if input.dtype not in _DTYPES:
+        raise TypeError(f"rmsnorm.rms_norm_quant: input has dtype {input.dtype}; supported: float32, float16, bfloat16")
+    flags = (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)
+    eps = _DEFAULT_EPS if eps is None else float(eps)
+    x, w = input, weight
+    if k > 1:
+        x = input.flatten(-k)
+        w = weight.flatten() if weight is not None else None
+    with _below_autograd():  # the outputs are not differentiable
+        q, scales = torch.ops.rmsnorm.forward_quant.default(x, w, eps, flags, dtype, scale, scale_ub)
+    return (q.view(shape) if k > 1 else q), scales
 
 
 class RMSNorm(torch.nn.RMSNorm):

@@ -111,3 +111,71 @@ def test_compiled_matches_eager():
     ye, he = step(x, r, w)
     yc, hc = compiled(x, r, w)
     assert torch.equal(ye, yc) and torch.equal(he, hc)
+
+
+# ---- quantized output: against torch's own conversions of rms_norm's y ------------------------------------------
+
+def _torch_quant(y, dtype, scale=None, scale_ub=None):
+    """The rules of docs/fusions.md with torch ops: fp8 through torch's float8_e4m3fn cast (nearest, ties to even)
+    after the clamp, int8 through round (half to even) and clamp; per-row scales from max|y|."""
+    yf = y.float()
+    fp8 = dtype == torch.float8_e4m3fn
+    qmax = 448.0 if fp8 else 127.0
+    if scale is not None:
+        v = yf * (1.0 / scale.float())
+        s = None
+    else:
+        amax = yf.abs().amax(dim=-1)
+        if scale_ub is not None:
+            amax = torch.minimum(amax, scale_ub.float())
+        s = torch.maximum(amax / qmax, torch.tensor(1.0 / (448.0 * 512.0) if fp8 else 2.0**-23))
+        v = yf / s.unsqueeze(-1) if fp8 else yf * (1.0 / s).unsqueeze(-1)
+    if fp8:
+        q = v.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    else:
+        q = torch.round(v).clamp(-128, 127).to(torch.int8)
+    return q, s
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qdtype", [torch.float8_e4m3fn, torch.int8])
+def test_quant_is_the_rule_on_rms_norms_output(device, dtype, qdtype):
+    if device == "cuda":
+        pytest.skip("rmsnorm_forward_quant has no CUDA kernel yet")
+    for shape in [(1, 8), (7, 64), (3, 5, 1000)]:
+        x, _r, w = _inputs(shape, dtype, device, seed=11 + shape[-1])
+        for round_xhat in (False, True):
+            y = rmsnorm.rms_norm(x, shape[-1], w, 1e-5, round_xhat=round_xhat)
+            scale = torch.tensor([0.05], device=device)
+            q, s = rmsnorm.rms_norm_quant(x, shape[-1], w, 1e-5, dtype=qdtype, scale=scale, round_xhat=round_xhat)
+            want, _ = _torch_quant(y, qdtype, scale=scale)
+            assert q.dtype == qdtype and q.shape == x.shape and s.numel() == 0
+            assert torch.equal(q.view(torch.uint8), want.view(torch.uint8))
+            q, s = rmsnorm.rms_norm_quant(x, shape[-1], w, 1e-5, dtype=qdtype, round_xhat=round_xhat)
+            want, s_want = _torch_quant(y, qdtype)
+            assert s.shape == x.shape[:-1] and torch.equal(s, s_want)
+            assert torch.equal(q.view(torch.uint8), want.view(torch.uint8))
+    if qdtype == torch.float8_e4m3fn:
+        ub = torch.tensor([0.25], device=device)
+        q, s = rmsnorm.rms_norm_quant(x, 1000, w, 1e-5, dtype=qdtype, scale_ub=ub)
+        want, s_want = _torch_quant(rmsnorm.rms_norm(x, 1000, w, 1e-5), qdtype, scale_ub=ub)
+        assert torch.equal(s, s_want) and torch.equal(q.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_quant_errors():
+    x, _r, w = _inputs((4, 16), torch.float32, "cpu", seed=12)
+    cases = [
+        (RuntimeError, "out_dtype must be", lambda: rmsnorm.rms_norm_quant(x, 16, w, dtype=torch.float16)),
+        (RuntimeError, "scale must be a one-element float32",
+         lambda: rmsnorm.rms_norm_quant(x, 16, w, scale=torch.ones(2))),
+        (RuntimeError, "scale_ub", lambda: rmsnorm.rms_norm_quant(x, 16, w, dtype=torch.int8,
+                                                                 scale_ub=torch.ones(1))),
+        (RuntimeError, "normalized_shape=[8]", lambda: rmsnorm.rms_norm_quant(x, 8, w)),
+    ]
+    for exc, text, fn in cases:
+        with pytest.raises(exc) as info:
+            fn()
+        assert text in str(info.value), f"{text!r} not in {str(info.value)!r}"
+    torch.library.opcheck(torch.ops.rmsnorm.forward_quant.default,
+                          (x, w, 1e-5, 0, torch.float8_e4m3fn, None, None))
