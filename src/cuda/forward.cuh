@@ -219,10 +219,8 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
       const int c = m.chunk(it);
-      if (valid && c < p.chunks)
-        xr[it] = kPartial ? load_chunk(xrow, c, p.cols, true) : as_chunk<T>(reinterpret_cast<const uint4*>(xrow)[c]);
-      if (p.w != nullptr && c < p.chunks)
-        wr[it] = kPartial ? load_chunk(p.w, c, p.cols, true) : as_chunk<T>(reinterpret_cast<const uint4*>(p.w)[c]);
+      if (valid && c < p.chunks) xr[it] = load_row_chunk<kPartial>(xrow, c, p.cols);
+      if (p.w != nullptr && c < p.chunks) wr[it] = load_row_chunk<kPartial>(p.w, c, p.cols);
     }
     const float ss = row_sum<kTpr, kSlots>(thread_squares(xr, m, p.chunks, valid), scratch, parity);
     if (valid) {
@@ -237,10 +235,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
 #pragma unroll
           for (int j = 0; j < kN; ++j) w[j] = p.w != nullptr ? wr[it].get(j) + p.w_offset : 1.0f;
           const Chunk<T> y = p.round_xhat ? normalize_chunk<T, true>(xr[it], w, r) : normalize_chunk<T, false>(xr[it], w, r);
-          if (kPartial)
-            store_chunk(yr, c, p.cols, true, y);
-          else
-            store16(yr + c * kN, y);
+          store_row_chunk<kPartial>(yr, c, p.cols, y);
         }
       }
     }
