@@ -114,8 +114,9 @@ typedef enum rmsnorm_dtype {
  * managed or registered host memory; for the CPU backend: host memory), as a
  * framework does that has already checked its tensors' devices. The library
  * then skips the one check that asks the CUDA runtime about each operand
- * (cudaPointerGetAttributes, about a microsecond each: four per forward call,
- * seven per backward call), so RMSNORM_STATUS_WRONG_MEMORY_SPACE is never
+ * (cudaPointerGetAttributes: four per forward call, seven per backward call;
+ * 0.3-0.7 us per call in all on an H200 machine), so
+ * RMSNORM_STATUS_WRONG_MEMORY_SPACE is never
  * returned and a wrong pointer faults (CUDA: an illegal-address error on the
  * stream; CPU: a crash) instead. Every other check still runs. */
 /* Programmatic dependent launch (CUDA, compute capability 9.0+, on unless

@@ -437,19 +437,16 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
   const int64_t row = m.unit * kSlots + m.slot;  // the plan: one group per CTA
   const bool valid = row < p.rows;
   Chunk<T> xr[kCpt], gyr[kCpt], wr[kCpt];
-  auto load = [&](const T* r, int c) {
-    return kPartial ? load_chunk(r, c, p.cols, true) : as_chunk<T>(reinterpret_cast<const uint4*>(r)[c]);
-  };
   const T* xrow = p.x + row * p.x_stride;
   const T* gyrow = p.gy + row * p.gy_stride;
 #pragma unroll
   for (int it = 0; it < kCpt; ++it) {
     const int c = m.chunk(it);
     if (valid && c < p.chunks) {
-      xr[it] = load(xrow, c);
-      gyr[it] = load(gyrow, c);
+      xr[it] = load_row_chunk<kPartial>(xrow, c, p.cols);
+      gyr[it] = load_row_chunk<kPartial>(gyrow, c, p.cols);
     }
-    if (p.w != nullptr && c < p.chunks) wr[it] = load(p.w, c);
+    if (p.w != nullptr && c < p.chunks) wr[it] = load_row_chunk<kPartial>(p.w, c, p.cols);
   }
   const float given_r = p.rstd != nullptr && valid ? p.rstd[row] : 0.0f;
   auto w_of = [&](int it, float (&w)[kN]) {
@@ -481,11 +478,8 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
       if (c < p.chunks) {
         float w[kN];
         w_of(it, w);
-        const Chunk<T> g = plus_g_h(grad_chunk(xr[it], gyr[it], w, s, acc[it]), ghr, c, p.cols, true);
-        if (kPartial)
-          store_chunk(gxr, c, p.cols, true, g);
-        else
-          store16(gxr + c * kN, g);
+        store_row_chunk<kPartial>(gxr, c, p.cols,
+                                  plus_g_h(grad_chunk(xr[it], gyr[it], w, s, acc[it]), ghr, c, p.cols, true));
       }
     }
   }

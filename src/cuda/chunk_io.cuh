@@ -80,6 +80,16 @@ __device__ __forceinline__ Chunk<T> load_chunk(const T* __restrict__ row, int ch
   return load_window(row, base, cols);  // the partial last chunk: by element
 }
 
+// Chunk `chunk` of a 16-byte aligned row in the direct kernels: kPartial ==
+// false (D a multiple of the chunk width, every chunk whole) takes one plain
+// 16-byte load and carries no element path; kPartial takes load_chunk (its
+// last chunk may be partial).
+template <bool kPartial, typename T>
+__device__ __forceinline__ Chunk<T> load_row_chunk(const T* __restrict__ row, int chunk, int cols) {
+  if constexpr (kPartial) return load_chunk(row, chunk, cols, true);
+  return as_chunk<T>(reinterpret_cast<const uint4*>(row)[chunk]);
+}
+
 // One 16-byte store to an address that is 16-byte aligned by construction.
 // Written as PTX: from plain C++ here nvcc emitted four 4-byte stores.
 template <typename T>
@@ -129,6 +139,15 @@ __device__ __forceinline__ void store_chunk(T* __restrict__ row, int chunk, int 
 #pragma unroll
   for (int j = 0; j < kN; ++j)
     if (base + j < cols) row[base + j] = p.elem(j);
+}
+
+// The store that goes with load_row_chunk.
+template <bool kPartial, typename T>
+__device__ __forceinline__ void store_row_chunk(T* __restrict__ row, int chunk, int cols, const Chunk<T>& v) {
+  if constexpr (kPartial)
+    store_chunk(row, chunk, cols, true, v);
+  else
+    store16(row + chunk * Chunk<T>::kN, v);
 }
 
 }  // namespace rmsnorm::cuda

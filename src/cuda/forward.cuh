@@ -234,14 +234,11 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     Chunk<T> xr[kCpt];
     Chunk<T> wr[kCpt];
     const T* xrow = p.x + row * p.x_stride;
-    auto load = [&](const T* r, int c) {
-      return kPartial ? load_chunk(r, c, p.cols, true) : as_chunk<T>(reinterpret_cast<const uint4*>(r)[c]);
-    };
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
       const int c = m.chunk(it);
-      if (valid && c < p.chunks) xr[it] = load(xrow, c);
-      if (p.w != nullptr && c < p.chunks) wr[it] = load(p.w, c);
+      if (valid && c < p.chunks) xr[it] = load_row_chunk<kPartial>(xrow, c, p.cols);
+      if (p.w != nullptr && c < p.chunks) wr[it] = load_row_chunk<kPartial>(p.w, c, p.cols);
     }
     if constexpr (kAdd) {
       // One residual chunk at a time: h may alias residual, so each load waits for the h store before it
@@ -253,11 +250,8 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
         if (valid && c < p.chunks) {
-          xr[it] = add_chunks(xr[it], load(rrow, c));
-          if (kPartial)
-            store_chunk(hrow, c, p.cols, true, xr[it]);
-          else
-            store16(hrow + c * kN, xr[it]);
+          xr[it] = add_chunks(xr[it], load_row_chunk<kPartial>(rrow, c, p.cols));
+          store_row_chunk<kPartial>(hrow, c, p.cols, xr[it]);
         }
       }
     }
@@ -274,10 +268,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
 #pragma unroll
           for (int j = 0; j < kN; ++j) w[j] = p.w != nullptr ? wr[it].get(j) + p.w_offset : 1.0f;
           const Chunk<T> y = p.round_xhat ? normalize_chunk<T, true>(xr[it], w, r) : normalize_chunk<T, false>(xr[it], w, r);
-          if (kPartial)
-            store_chunk(yr, c, p.cols, true, y);
-          else
-            store16(yr + c * kN, y);
+          store_row_chunk<kPartial>(yr, c, p.cols, y);
         }
       }
     }
