@@ -816,8 +816,32 @@ TEST_F(Cuda, AddForward) {
   }
 }
 
-// rmsnorm_add_backward in every band, layout and dtype: gx exactly T(T(gx_norm) + g_h), where T(gx_norm) is this
-// device's rmsnorm_backward gx, and gw bit for bit its gw; then gx written over g_h.
+// rmsnorm_add_backward of one case: gx exactly T(T(gx_norm) + g_h), where T(gx_norm) is this device's
+// rmsnorm_backward gx, and gw bit for bit its gw; with `over`, gx written over g_h.
+void check_add_backward(const Case& c, bool over, std::mt19937_64& rng) {
+  SCOPED_TRACE(describe(c) + (over ? " gx == g_h" : ""));
+  const Inputs in = make_inputs(c, rng);
+  HostMatrix gh(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
+  fill_random(gh, rng, [&](int64_t r) { return 0.25 * row_scale(c, r); });
+  BackwardOut plain, fused;
+  gpu_backward(c, in, {}, &plain, rng);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  gpu_backward(c, in, {}, &fused, rng, &gh, over);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  HostMatrix want(c.dtype, c.rows, c.cols);
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t k = 0; k < c.cols; ++k)
+      want.set(r, k, static_cast<float>(plain.gx.get(r, k)) + static_cast<float>(gh.get(r, k)));
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t k = 0; k < c.cols; ++k) {
+      const double g = fused.gx.get(r, k), e = want.get(r, k);
+      ASSERT_EQ(0, std::memcmp(&g, &e, sizeof(double))) << "gx at row " << r << " col " << k << ": " << g << " vs "
+                                                         << e;
+    }
+  ASSERT_EQ(plain.gw, fused.gw) << "gw differs from rmsnorm_backward's";
+}
+
+// rmsnorm_add_backward in every band, layout and dtype, and in place over g_h.
 TEST_F(Cuda, AddBackward) {
   std::mt19937_64 rng(42);
   std::vector<int64_t> ds(std::begin(kBandDs), std::end(kBandDs));
@@ -835,26 +859,8 @@ TEST_F(Cuda, AddBackward) {
           c.rows = d > 100000 ? 3 : d > 8192 ? 17 : 300;
           c.with_rstd = false;
           c.gw_mode = (d + dt) % 2 == 0 ? RMSNORM_GW_STORE_F32 : RMSNORM_GW_STORE;
-          SCOPED_TRACE(describe(c) + (over ? " gx == g_h" : ""));
-          const Inputs in = make_inputs(c, rng);
-          HostMatrix gh(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
-          fill_random(gh, rng, [&](int64_t r) { return 0.25 * row_scale(c, r); });
-          BackwardOut plain, fused;
-          gpu_backward(c, in, {}, &plain, rng);
-          ASSERT_FALSE(HasFatalFailure());
-          gpu_backward(c, in, {}, &fused, rng, &gh, over);
-          ASSERT_FALSE(HasFatalFailure());
-          HostMatrix want(c.dtype, c.rows, c.cols);
-          for (int64_t r = 0; r < c.rows; ++r)
-            for (int64_t k = 0; k < c.cols; ++k)
-              want.set(r, k, static_cast<float>(plain.gx.get(r, k)) + static_cast<float>(gh.get(r, k)));
-          for (int64_t r = 0; r < c.rows; ++r)
-            for (int64_t k = 0; k < c.cols; ++k) {
-              const double g = fused.gx.get(r, k), e = want.get(r, k);
-              ASSERT_EQ(0, std::memcmp(&g, &e, sizeof(double))) << "gx at row " << r << " col " << k << ": " << g
-                                                                 << " vs " << e;
-            }
-          ASSERT_EQ(plain.gw, fused.gw) << "gw differs from rmsnorm_backward's";
+          check_add_backward(c, over, rng);
+          if (HasFatalFailure()) return;
         }
       }
     }
@@ -1744,6 +1750,35 @@ TEST_F(CudaSanitizer, ClusterBand) {
 TEST_F(CudaSanitizer, LoopedBand) {
   std::mt19937_64 rng(13);
   sanitizer_cases({300000}, rng);
+}
+
+// The residual-add kernels under the sanitizers: the fused rows-band forward (aligned, a partial chunk), add_kernel
+// before the plain forward (misaligned, cluster band), and the backward's plus-g_h store in every backward kernel,
+// in place over the residual and over g_h.
+TEST_F(CudaSanitizer, AddKernels) {
+  std::mt19937_64 rng(16);
+  struct AddCase { int64_t d; int32_t dtype; int64_t rows; Layout layout; int over; };
+  const AddCase cases[] = {{4096, RMSNORM_DTYPE_BF16, 300, Layout::kAligned, 0},
+                           {4096, RMSNORM_DTYPE_BF16, 3, Layout::kAligned, 2},
+                           {22, RMSNORM_DTYPE_F16, 700, Layout::kPadded, 1},
+                           {1000, RMSNORM_DTYPE_F32, 200, Layout::kOffset, 0},
+                           {33, RMSNORM_DTYPE_BF16, 500, Layout::kPadded, 2},
+                           {20000, RMSNORM_DTYPE_BF16, 17, Layout::kAligned, 1},
+                           {300000, RMSNORM_DTYPE_BF16, 2, Layout::kAligned, 0}};
+  for (const AddCase& a : cases) {
+    Case c;
+    c.dtype = a.dtype;
+    c.cols = a.d;
+    c.rows = a.rows;
+    c.layout = a.layout;
+    c.hetero = true;
+    check_add_forward(c, a.over, rng);
+    if (HasFatalFailure()) return;
+    c.with_rstd = false;
+    c.gw_mode = a.rows == 3 ? RMSNORM_GW_STORE : RMSNORM_GW_STORE_F32;
+    check_add_backward(c, a.over != 0, rng);
+    if (HasFatalFailure()) return;
+  }
 }
 
 }  // namespace
