@@ -53,8 +53,14 @@ struct BackwardParams {
 // gx chunk c of a row plus the residual stream's gradient (ghr: that row of
 // g_h, or null), added in fp32 and rounded once. The owner of a gx chunk
 // loads the g_h chunk before any thread stores gx there, so gx == g_h is safe.
-template <typename T>
+// kMayAdd false: the plain backward, with no trace of g_h in the kernel. The
+// cluster and looped kernels are instantiated both ways: the runtime null
+// test there cost the plain backward 12-18% at 1024x65536 and 1024x262144
+// (A/B on the H200, 2026-12-01); in the rows kernels it cost nothing
+// measurable, so they keep one instantiation and the runtime test.
+template <bool kMayAdd, typename T>
 __device__ __forceinline__ Chunk<T> plus_g_h(const Chunk<T>& g, const T* ghr, int c, int cols, bool vector_io) {
+  if constexpr (!kMayAdd) return g;
   if (ghr == nullptr) return g;
   const Chunk<T> h = load_chunk(ghr, c, cols, vector_io);
   Chunk<T> o;
@@ -147,7 +153,7 @@ __device__ __forceinline__ void emit_thread_gw(const BackwardParams<T>& p, const
 // As forward_cluster_pipelined: row k's (sum x^2, sum x w' gy) is pushed to
 // every CTA (ClusterExchange); row k + 1's sums are computed; then the wait
 // for row k's values, row k + 1's push, and row k's gx and gw terms.
-template <typename T>
+template <typename T, bool kGh>
 __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<T>& p, uint4* stage,
                                                            RowScratch<float2, plan::kClusterTpr, 1>& scratch,
                                                            ClusterExchange<float2>& exchange) {
@@ -218,7 +224,7 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
           float w[kN];
           wv.get(it, w);
           store_chunk(gxr, c, p.cols, true,
-                      plus_g_h(grad_chunk(x_of(cur, it), gy_of(cur, it), w, s, acc[it]), ghr, c, p.cols, true));
+                      plus_g_h<kGh>(grad_chunk(x_of(cur, it), gy_of(cur, it), w, s, acc[it]), ghr, c, p.cols, true));
         }
       }
       stage_row(g + stages * m.units, cur);  // row k's stage is free
@@ -479,7 +485,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
         float w[kN];
         w_of(it, w);
         store_row_chunk<kPartial>(gxr, c, p.cols,
-                                  plus_g_h(grad_chunk(xr[it], gyr[it], w, s, acc[it]), ghr, c, p.cols, true));
+                                  plus_g_h<true>(grad_chunk(xr[it], gyr[it], w, s, acc[it]), ghr, c, p.cols, true));
       }
     }
   }
@@ -497,7 +503,8 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
 // in the cluster band element I/O into registers.
 // Each thread keeps the fp32 gw sums of its own columns in registers; at the
 // end the row slots' sums are added in slot order through shared memory.
-template <typename T, int kTpr, bool kClustered, bool kVec>
+// kGh: g_h may be added (plus_g_h); the rows band always passes true.
+template <typename T, int kTpr, bool kClustered, bool kVec, bool kGh>
 __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackwardCtasPerSm)
     backward_kernel(const BackwardParams<T> p) {
   constexpr int kCtaThreads = plan::backward_cta_threads(kTpr);
@@ -507,6 +514,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
   static_assert(kSlots * kTpr == kCtaThreads, "plan: rows_per_cta * threads_per_row == cta_threads");
   static_assert(!kClustered || (kTpr == plan::kClusterTpr && kSlots == 1), "plan: cluster CTAs hold one row slot");
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
+  static_assert(kClustered || kGh, "the rows band has one instantiation, g_h tested at run time");
   static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
   static_assert(plan::stage_bytes(kCtaThreads, 2) == 2 * sizeof(uint4) * kCpt * kCtaThreads, "plan: stage size");
   static_assert(plan::backward_combine_smem(kTpr, sizeof(T)) ==
@@ -524,7 +532,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
   pdl_enter();
   if constexpr (kClustered && kVec) {
     __shared__ ClusterExchange<float2> pushed;
-    backward_cluster_pipelined<T>(p, stage, scratch, pushed);
+    backward_cluster_pipelined<T, kGh>(p, stage, scratch, pushed);
     return;
   }
   const RowMap<kTpr, kClustered> m;
@@ -648,7 +656,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
         if (valid && c < p.chunks) {
           float w[kN];
           wv.get(it, w);
-          g = plus_g_h(grad_chunk(x_of(it), gy_of(it), w, s, acc[it]), ghr, c, p.cols, false);
+          g = plus_g_h<kGh>(grad_chunk(x_of(it), gy_of(it), w, s, acc[it]), ghr, c, p.cols, false);
         }
         // Chunk c - 1: the lane before's chunk, or for the slot's first lane
         // the slot's last lane's chunk of the step before.
@@ -676,7 +684,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
           const Chunk<T> x = x_of(it), gy = gy_of(it);
           float w[kN];
           wv.get(it, w);
-          store_chunk(gxr, c, p.cols, kVec, plus_g_h(grad_chunk(x, gy, w, s, acc[it]), ghr, c, p.cols, kVec));
+          store_chunk(gxr, c, p.cols, kVec, plus_g_h<kGh>(grad_chunk(x, gy, w, s, acc[it]), ghr, c, p.cols, kVec));
         }
       }
     }
@@ -689,7 +697,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
 }
 
 // ---- kLooped: any D; x and gy read twice; gw partial kept in this CTA's workspace row ----------
-template <typename T>
+template <typename T, bool kGh>
 __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(const BackwardParams<T> p) {
   constexpr int kCtaThreads = plan::kLoopedThreads;
   constexpr int kN = Chunk<T>::kN;
@@ -739,7 +747,7 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
       for (int j = 0; j < kN; ++j) a[j] = 0.0f;
       weights_of(p.w, c, p.cols, p.vector_io, p.w_offset, w);
       store_chunk(gxr, c, p.cols, p.vector_io,
-                  plus_g_h(grad_chunk(load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io),
+                  plus_g_h<kGh>(grad_chunk(load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io),
                                       w, s, a),
                            ghr, c, p.cols, p.vector_io));
       if (part != nullptr)
@@ -849,6 +857,7 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
     return store && l.finalize ? launch_finalize<T>(l, nullptr, a.cols, p.gw, pdl, stream) : RMSNORM_STATUS_SUCCESS;
   }
   auto launch = [&](auto kernel, int cta_threads) { return launch_planned(kernel, cta_threads, l, pdl, stream, p); };
+  const bool gh = a.g_h != nullptr;
   using plan::Kernel;
   rmsnorm_status_t st = RMSNORM_STATUS_SUCCESS;
   switch (l.kernel) {
@@ -861,17 +870,22 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
         if (l.kernel == Kernel::kBackwardRowsDirect)
           return a.cols % Chunk<T>::kN != 0 ? launch(backward_rows_direct_kernel<T, kTpr, true>, kCta)
                                             : launch(backward_rows_direct_kernel<T, kTpr, false>, kCta);
-        return l.kernel == Kernel::kBackwardRows ? launch(backward_kernel<T, kTpr, false, true>, kCta)
-                                                 : launch(backward_kernel<T, kTpr, false, false>, kCta);
+        return l.kernel == Kernel::kBackwardRows ? launch(backward_kernel<T, kTpr, false, true, true>, kCta)
+                                                 : launch(backward_kernel<T, kTpr, false, false, true>, kCta);
       });
       break;
     case Kernel::kBackwardCluster:
-      st = launch(backward_kernel<T, plan::kClusterTpr, true, true>, plan::kClusterTpr);
+      st = gh ? launch(backward_kernel<T, plan::kClusterTpr, true, true, true>, plan::kClusterTpr)
+              : launch(backward_kernel<T, plan::kClusterTpr, true, true, false>, plan::kClusterTpr);
       break;
     case Kernel::kBackwardClusterElement:
-      st = launch(backward_kernel<T, plan::kClusterTpr, true, false>, plan::kClusterTpr);
+      st = gh ? launch(backward_kernel<T, plan::kClusterTpr, true, false, true>, plan::kClusterTpr)
+              : launch(backward_kernel<T, plan::kClusterTpr, true, false, false>, plan::kClusterTpr);
       break;
-    case Kernel::kBackwardLooped: st = launch(backward_looped_kernel<T>, plan::kLoopedThreads); break;
+    case Kernel::kBackwardLooped:
+      st = gh ? launch(backward_looped_kernel<T, true>, plan::kLoopedThreads)
+              : launch(backward_looped_kernel<T, false>, plan::kLoopedThreads);
+      break;
     default:
       return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan",
                   std::string("no backward launch for ") + plan::kernel_name(l.kernel));
