@@ -496,7 +496,11 @@ rmsnorm_status_t rmsnorm_forward_quant(const rmsnorm_problem_t* problem, const v
   for (const Extent* other : {&ex, &ew, &es, &eub}) RMSNORM_TRY(check_overlap(ers, *other));
   if (!qa.per_row) qa.row_scales = nullptr;
   if (!c.cuda) return cpu::forward_quant(a, qa, cpu_threads(c.threads));
-  return fail(RMSNORM_STATUS_BACKEND_UNAVAILABLE, "backend", "rmsnorm_forward_quant has no CUDA kernel yet");
+#if defined(RMSNORM_WITH_CUDA)
+  return cuda::forward_quant(a, qa, c.device, c.stream);
+#else
+  return fail(RMSNORM_STATUS_INTERNAL_ERROR, "backend", "unreachable");
+#endif
 }
 
 rmsnorm_status_t rmsnorm_backward_workspace_size(const rmsnorm_problem_t* problem, int32_t gw_mode,

@@ -45,6 +45,17 @@ Kernel kernel_of(Direction direction, Band band, Io io) {
   return Kernel::kBackwardLooped;
 }
 
+// The looped band's geometry for p's chunks.
+RowPlan looped_row_plan(RowPlan p) {
+  p.band = Band::kLooped;
+  p.threads_per_row = kLoopedThreads;
+  p.chunks_per_thread = static_cast<int>((p.chunks + kLoopedThreads - 1) / kLoopedThreads);
+  p.cluster = 1;
+  p.cta_threads = kLoopedThreads;
+  p.rows_per_cta = 1;
+  return p;
+}
+
 }  // namespace
 
 const char* kernel_name(Kernel k) {
@@ -92,13 +103,7 @@ RowPlan row_plan(int64_t cols, int esize, Direction direction, const Device& dev
     p.rows_per_cta = 1;
     return p;
   }
-  p.band = Band::kLooped;
-  p.threads_per_row = kLoopedThreads;
-  p.chunks_per_thread = static_cast<int>((p.chunks + kLoopedThreads - 1) / kLoopedThreads);
-  p.cluster = 1;
-  p.cta_threads = kLoopedThreads;
-  p.rows_per_cta = 1;
-  return p;
+  return looped_row_plan(p);
 }
 
 Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev) {
@@ -137,6 +142,18 @@ Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device
     l.smem = per_stage * static_cast<size_t>(l.stages);
   }
   return l;
+}
+
+Launch quant_launch(int64_t rows, int64_t cols, int esize, Io io, bool q_aligned, const Device& dev) {
+  Launch l = forward_launch(rows, cols, esize, io, dev);
+  if (quant_fused(l, q_aligned)) return l;
+  Launch q;
+  q.direction = Direction::kForward;
+  q.io = io;
+  q.row = looped_row_plan(l.row);
+  q.kernel = Kernel::kForwardLooped;
+  q.grid = std::max<int64_t>(1, std::min(rows, kMaxGrid));
+  return q;
 }
 
 Launch add_launch(int64_t rows, const Device& dev) {

@@ -318,6 +318,24 @@ inline bool add_fused(const Launch& forward) { return forward.kernel == Kernel::
 inline constexpr int kAddThreads = 256;
 inline constexpr int kAddMaxCtasPerSm = 8;
 Launch add_launch(int64_t rows, const Device& dev);
+// Quantized output (rmsnorm_forward_quant). Where the forward is the rows
+// band's 16-byte kernel and q's rows are aligned to a chunk's q bytes
+// (q_rows_aligned: 8 bytes at 16-bit, 4 at fp32), that kernel
+// quantizes its y in registers (forward_rows_direct_kernel<..., kQuant>):
+// rstd and y are bit for bit rmsnorm_forward's. Everywhere else (misaligned
+// operands, the cluster and looped bands) forward_looped_kernel<..., kQuant>
+// runs with the looped band's geometry: one row per CTA of kLoopedThreads,
+// one CTA per row up to kMaxGrid; its rstd is summed in that kernel's order,
+// which in the cluster band and the rows band's element path is not
+// rmsnorm_forward's, so rstd (and y) may differ from it in the last bits.
+inline bool q_rows_aligned(const void* q, int64_t stride, int esize) {
+  const int n = vec_elems(esize);
+  return reinterpret_cast<uintptr_t>(q) % n == 0 && stride % n == 0;
+}
+inline bool quant_fused(const Launch& forward, bool q_aligned) {
+  return forward.kernel == Kernel::kForwardRows && q_aligned;
+}
+Launch quant_launch(int64_t rows, int64_t cols, int esize, Io io, bool q_aligned, const Device& dev);
 // with_gw: a gw mode other than none. The workspace does not depend on io
 // (the workspace query knows no pointers).
 Launch backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev);

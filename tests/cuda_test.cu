@@ -21,6 +21,7 @@
 #include <random>
 #include <vector>
 
+#include "common/quant.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "plan.hpp"
 #include "rmsnorm/rmsnorm.h"
@@ -865,6 +866,246 @@ TEST_F(Cuda, AddBackward) {
       }
     }
   }
+}
+
+// ---- quantized output (rmsnorm_forward_quant) ---------------------------------------------------
+
+struct QuantSpec {
+  int32_t kind = RMSNORM_QUANT_FP8_E4M3;
+  int32_t mode = RMSNORM_QUANT_PER_ROW;
+  bool ub = false;  // fp8 per row: scale_ub = 0.5
+};
+constexpr float kStaticScale = 0.037f;
+constexpr float kScaleUb = 0.5f;
+constexpr uint8_t kQPoison = 0xAB;
+
+std::string describe(const QuantSpec& q) {
+  return std::string(q.kind == RMSNORM_QUANT_FP8_E4M3 ? " fp8" : " int8") +
+         (q.mode == RMSNORM_QUANT_STATIC ? " static" : " per-row") + (q.ub ? " ub" : "");
+}
+
+// q's layout for a case: rows on 16 bytes (aligned), or on 8 bytes with padding past cols (padded: enough for a
+// chunk's q bytes), or 1 byte in with an odd stride (offset: never aligned to a chunk's q bytes).
+int64_t q_stride_of(const Case& c) {
+  return c.layout == Layout::kOffset ? c.cols + 3
+         : c.layout == Layout::kPadded ? (c.cols + 7) / 8 * 8 + 8
+                                       : (c.cols + 15) / 16 * 16;
+}
+
+struct QuantOut {
+  std::vector<uint8_t> q;  // rows x q_stride_of(c), from q's first byte
+  std::vector<float> scales, rstd;
+};
+
+void gpu_forward_quant(const Case& c, const Inputs& in, const QuantSpec& qs, QuantOut* out) {
+  Arena::get().reset();
+  const int64_t qstride = q_stride_of(c);
+  const int64_t qoff = c.layout == Layout::kOffset ? 1 : 0;
+  const size_t qbytes = static_cast<size_t>(c.rows * qstride);
+  const Dev dx = upload(in.x), dw = upload(in.w);
+  uint8_t* dq = static_cast<uint8_t*>(Arena::get().alloc(qbytes + 16));
+  float* dscales = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(c.rows) * 4 + 4));
+  float* drstd = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(c.rows) * 4 + 4));
+  float* dconst = static_cast<float*>(Arena::get().alloc(16));
+  const float consts[2] = {kStaticScale, kScaleUb};
+  CUDA_OK(cudaMemset(dq, kQPoison, qbytes + 16));
+  CUDA_OK(cudaMemset(dscales, 0xFF, static_cast<size_t>(c.rows) * 4));
+  CUDA_OK(cudaMemset(drstd, 0xFF, static_cast<size_t>(c.rows) * 4));
+  CUDA_OK(cudaMemcpy(dconst, consts, sizeof(consts), cudaMemcpyHostToDevice));
+  poison_shared_memory();
+  rmsnorm_quant_t qt;
+  qt.kind = qs.kind;
+  qt.scale_mode = qs.mode;
+  qt.scale = qs.mode == RMSNORM_QUANT_STATIC ? dconst : nullptr;
+  qt.row_scales = qs.mode == RMSNORM_QUANT_PER_ROW ? dscales : nullptr;
+  qt.scale_ub = qs.ub ? dconst + 1 : nullptr;
+  const rmsnorm_problem_t p = problem_of(c);
+  const rmsnorm_backend_t b = cuda_backend();
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward_quant(&p, dx.data(), stride_of(c), c.weight ? dw.data() : nullptr,
+                                                           &qt, dq + qoff, qstride, drstd, &b))
+      << rmsnorm_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint8_t> all(qbytes + 16);
+  CUDA_OK(cudaMemcpy(all.data(), dq, all.size(), cudaMemcpyDeviceToHost));
+  ASSERT_EQ(all[0], qoff == 1 ? kQPoison : all[0]) << "q written before its first byte";
+  out->q.assign(all.begin() + qoff, all.begin() + qoff + static_cast<int64_t>(qbytes));
+  for (size_t i = qoff + qbytes; i < all.size(); ++i) ASSERT_EQ(all[i], kQPoison) << "q written past its end";
+  out->scales.assign(static_cast<size_t>(c.rows), NAN);
+  out->rstd.assign(static_cast<size_t>(c.rows), NAN);
+  CUDA_OK(cudaMemcpy(out->scales.data(), dscales, out->scales.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(out->rstd.data(), drstd, out->rstd.size() * 4, cudaMemcpyDeviceToHost));
+}
+
+// q and the row scales by the documented rule (src/common/quant.hpp, whose fp8 encoder the CPU tests check against
+// a brute-force oracle) from y, given as y(row, col) in fp32; the row padding of q untouched.
+template <typename YFn>
+void expect_quant_rule(const Case& c, const QuantSpec& qs, const QuantOut& out, YFn&& y) {
+  const bool fp8 = qs.kind == RMSNORM_QUANT_FP8_E4M3;
+  const int64_t qstride = q_stride_of(c);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    float s = 0.0f, mul = 1.0f / kStaticScale;
+    if (qs.mode == RMSNORM_QUANT_PER_ROW) {
+      float amax = 0.0f;
+      for (int64_t k = 0; k < c.cols; ++k) amax = std::fmax(amax, std::fabs(y(r, k)));
+      s = quant::row_scale(amax, qs.ub ? &kScaleUb : nullptr, fp8);
+      mul = 1.0f / s;
+      ASSERT_EQ(0, std::memcmp(&out.scales[r], &s, 4)) << "scale of row " << r << ": " << out.scales[r] << " vs " << s;
+    }
+    for (int64_t k = 0; k < c.cols; ++k) {
+      const float yv = y(r, k);
+      const float v = qs.mode == RMSNORM_QUANT_PER_ROW && fp8 ? yv / s : yv * mul;
+      const uint8_t want = fp8 ? quant::fp8_e4m3_saturated(v) : static_cast<uint8_t>(quant::int8_saturated(v));
+      const uint8_t got = out.q[static_cast<size_t>(r * qstride + k)];
+      ASSERT_EQ(int(got), int(want)) << "q at row " << r << " col " << k << ": y " << yv << " v " << v;
+    }
+    for (int64_t k = c.cols; k < qstride; ++k)
+      ASSERT_EQ(out.q[static_cast<size_t>(r * qstride + k)], kQPoison) << "q padding written, row " << r << " col " << k;
+  }
+}
+
+// y(row, col) as every forward kernel computes it from x, w' and the row's rstd r: T(x r w'), or T(T(x r) w').
+struct YFromRstd {
+  const Case& c;
+  const Inputs& in;
+  const std::vector<float>& rstd;
+  float operator()(int64_t r, int64_t k) const {
+    const float wp = c.weight ? static_cast<float>(in.w.get(0, k)) + (c.weight_offset ? 1.0f : 0.0f) : 1.0f;
+    const float xh = static_cast<float>(in.x.get(r, k)) * rstd[static_cast<size_t>(r)];
+    const float v = c.round_xhat ? static_cast<float>(round_to(c.dtype, xh)) * wp : xh * wp;
+    return static_cast<float>(round_to(c.dtype, v));
+  }
+};
+
+// One case: rstd within the reference's tolerance; q and the scales by the rule from y computed from that rstd;
+// where the plan fuses the quantization into the rows forward (asked first), rstd bit for bit rmsnorm_forward's and
+// q the rule applied to rmsnorm_forward's y. Returns whether it was fused.
+bool check_forward_quant(const Case& c, const QuantSpec& qs, std::mt19937_64& rng) {
+  SCOPED_TRACE(describe(c) + describe(qs));
+  Inputs in = make_inputs(c, rng);
+  if (c.rows > 2)
+    for (int64_t k = 0; k < c.cols; ++k) in.x.set(2, k, 0.0);  // an all-zero row: the smallest scale
+  QuantOut out;
+  gpu_forward_quant(c, in, qs, &out);
+  if (::testing::Test::HasFatalFailure()) return false;
+  const std::vector<double> xd = in.x.to_double(), wd = in.w.to_double();
+  const size_t n = static_cast<size_t>(c.rows * c.cols);
+  std::vector<double> yr(n), xh(n), rr(static_cast<size_t>(c.rows));
+  reference::forward(c.rows, c.cols, xd.data(), c.weight ? wd.data() : nullptr, ref_options(c), yr.data(), rr.data(),
+                     xh.data());
+  EXPECT_TRUE(check_vector(
+      "rstd", c.rows, [&](int64_t r) { return static_cast<double>(out.rstd[r]); }, rr,
+      [&](int64_t r) { return rstd_tol(rr[r], c.cols); }));
+  expect_quant_rule(c, qs, out, YFromRstd{c, in, out.rstd});
+  if (::testing::Test::HasFatalFailure()) return false;
+  const int esize = c.dtype == RMSNORM_DTYPE_F32 ? 4 : 2;
+  const plan::Io io = c.layout != Layout::kOffset && (stride_of(c) * esize) % 16 == 0 ? plan::Io::kVector
+                                                                                     : plan::Io::kElement;
+  const bool fused = plan::quant_fused(plan::forward_launch(c.rows, c.cols, esize, io, current_plan_device()),
+                                       c.layout != Layout::kOffset);
+  if (fused) {
+    HostMatrix y;
+    std::vector<float> rstd;
+    Case f = c;
+    f.with_rstd = true;
+    gpu_forward(f, in, &y, &rstd);
+    if (::testing::Test::HasFatalFailure()) return fused;
+    EXPECT_EQ(0, std::memcmp(rstd.data(), out.rstd.data(), rstd.size() * 4)) << "rstd differs from rmsnorm_forward's";
+    expect_quant_rule(c, qs, out, [&](int64_t r, int64_t k) { return static_cast<float>(y.get(r, k)); });
+  }
+  return fused;
+}
+
+const QuantSpec kQuantSpecs[] = {{RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_STATIC, false},
+                                 {RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_PER_ROW, false},
+                                 {RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_PER_ROW, true},
+                                 {RMSNORM_QUANT_INT8, RMSNORM_QUANT_STATIC, false},
+                                 {RMSNORM_QUANT_INT8, RMSNORM_QUANT_PER_ROW, false}};
+
+// Every band, layout and dtype, both kinds and scale modes; weight, Gemma offset and round_xhat varied with the
+// case; both the fused and the looped path seen.
+TEST_F(Cuda, ForwardQuant) {
+  std::mt19937_64 rng(43);
+  std::vector<int64_t> ds(std::begin(kBandDs), std::end(kBandDs));
+  ds.push_back(22);  // padded: aligned rows, a partial last chunk
+  ds.push_back(4099);
+  int fused = 0, looped = 0, k = 0;
+  for (int64_t d : ds)
+    for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32, RMSNORM_DTYPE_F16})
+      for (Layout lay : {Layout::kAligned, Layout::kOffset, Layout::kPadded})
+        for (const QuantSpec& qs : kQuantSpecs) {
+          Case c;
+          c.dtype = dt;
+          c.cols = d;
+          c.layout = lay;
+          c.rows = d > 100000 ? 3 : d > 8192 ? 17 : 300;
+          c.hetero = true;
+          c.weight = k % 5 != 4;
+          c.weight_offset = k % 7 == 3;
+          c.round_xhat = k % 3 == 1;
+          ++k;
+          (check_forward_quant(c, qs, rng) ? fused : looped)++;
+          if (HasFatalFailure()) return;
+        }
+  EXPECT_GT(fused, 0);
+  EXPECT_GT(looped, 0);
+}
+
+// A NaN in a row makes all its y NaN: max|y| ignores them, so the scale is the smallest, and q is 448 (fp8: the
+// clamp maps NaN there) or 0 (int8); on the fused and the looped path.
+TEST_F(Cuda, ForwardQuantNanRow) {
+  std::mt19937_64 rng(44);
+  for (Layout lay : {Layout::kAligned, Layout::kOffset})
+    for (const QuantSpec& qs : kQuantSpecs) {
+      Case c;
+      c.cols = 64;
+      c.rows = 4;
+      c.layout = lay;
+      SCOPED_TRACE(describe(c) + describe(qs));
+      Inputs in = make_inputs(c, rng);
+      in.x.set(1, 3, NAN);
+      QuantOut out;
+      gpu_forward_quant(c, in, qs, &out);
+      ASSERT_FALSE(HasFatalFailure());
+      const bool fp8 = qs.kind == RMSNORM_QUANT_FP8_E4M3;
+      if (qs.mode == RMSNORM_QUANT_PER_ROW) EXPECT_EQ(out.scales[1], fp8 ? 1.0f / (448.0f * 512.0f) : FLT_EPSILON);
+      for (int64_t k = 0; k < c.cols; ++k)
+        ASSERT_EQ(int(out.q[static_cast<size_t>(q_stride_of(c) + k)]), fp8 ? 0x7E : 0) << "col " << k;
+      expect_quant_rule(c, qs, out, YFromRstd{c, in, out.rstd});
+    }
+}
+
+// q, the row scales and rstd of a row are the same bits alone as in a batch, on both paths.
+TEST_F(Cuda, ForwardQuantBatchInvariance) {
+  std::mt19937_64 rng(45);
+  for (int64_t d : {64, 4096, 4099, 40000, 300000})
+    for (Layout lay : {Layout::kAligned, Layout::kOffset}) {
+      Case c;
+      c.cols = d;
+      c.layout = lay;
+      c.rows = d > 100000 ? 5 : 2000;
+      c.hetero = true;
+      const QuantSpec qs{RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_PER_ROW, false};
+      SCOPED_TRACE(describe(c));
+      const Inputs in = make_inputs(c, rng);
+      QuantOut big;
+      gpu_forward_quant(c, in, qs, &big);
+      ASSERT_FALSE(HasFatalFailure());
+      const int64_t qs_big = q_stride_of(c);
+      for (int64_t pos : {int64_t{0}, c.rows / 2, c.rows - 1}) {
+        Case one = c;
+        one.rows = 1;
+        Inputs in1;
+        in1.x = HostMatrix(c.dtype, 1, d, stride_of(c), offset_of(c));
+        for (int64_t k = 0; k < d; ++k) in1.x.set(0, k, in.x.get(pos, k));
+        in1.w = in.w;
+        QuantOut small;
+        gpu_forward_quant(one, in1, qs, &small);
+        ASSERT_FALSE(HasFatalFailure());
+        ASSERT_EQ(0, std::memcmp(&small.rstd[0], &big.rstd[pos], 4)) << "rstd, row " << pos;
+        ASSERT_EQ(0, std::memcmp(&small.scales[0], &big.scales[pos], 4)) << "scale, row " << pos;
+        ASSERT_EQ(0, std::memcmp(small.q.data(), big.q.data() + pos * qs_big, static_cast<size_t>(d))) << "q, row " << pos;
+      }
+    }
 }
 
 // gx of a row is the same bits in a batch of 1 or 3 as in a batch of
@@ -1750,6 +1991,27 @@ TEST_F(CudaSanitizer, ClusterBand) {
 TEST_F(CudaSanitizer, LoopedBand) {
   std::mt19937_64 rng(13);
   sanitizer_cases({300000}, rng);
+}
+
+// The quantized forward under the sanitizers: the fused rows kernel (whole and partial chunks) and the looped
+// kernel (misaligned, cluster and looped bands), per-row and static scales.
+TEST_F(CudaSanitizer, QuantKernels) {
+  std::mt19937_64 rng(17);
+  struct QCase { int64_t d; int32_t dtype; int64_t rows; Layout layout; };
+  const QCase cases[] = {{4096, RMSNORM_DTYPE_BF16, 300, Layout::kAligned}, {22, RMSNORM_DTYPE_F16, 700, Layout::kPadded},
+                         {1000, RMSNORM_DTYPE_F32, 200, Layout::kOffset},   {33, RMSNORM_DTYPE_BF16, 500, Layout::kPadded},
+                         {20000, RMSNORM_DTYPE_BF16, 17, Layout::kAligned}, {300000, RMSNORM_DTYPE_BF16, 2, Layout::kAligned}};
+  for (const QCase& q : cases)
+    for (const QuantSpec& qs : {kQuantSpecs[1], kQuantSpecs[3]}) {
+      Case c;
+      c.dtype = q.dtype;
+      c.cols = q.d;
+      c.rows = q.rows;
+      c.layout = q.layout;
+      c.hetero = true;
+      check_forward_quant(c, qs, rng);
+      if (HasFatalFailure()) return;
+    }
 }
 
 // The residual-add kernels under the sanitizers: the fused rows-band forward (aligned, a partial chunk), add_kernel

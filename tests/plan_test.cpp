@@ -298,6 +298,44 @@ TEST(Plan, ForwardRowsOneGroupPerCta) {
   }
 }
 
+// rmsnorm_forward_quant: for every D, the forward's own launch where it is the
+// rows band's 16-byte kernel and q is aligned (fused: the same geometry, so
+// the same rstd bits), else the looped kernel's geometry over the same chunks
+// (one row per CTA of kLoopedThreads, a valid looped row plan).
+TEST(Plan, QuantFusedInTheRowsForwardElseLooped) {
+  for (const Device& dev : {hopper(), ampere()}) {
+    for (int esize : {2, 4}) {
+      for (int64_t d = 1; d <= kMaxD; d += d < 4096 ? 1 : 61) {
+        for (Io io : {Io::kVector, Io::kElement}) {
+          for (bool q_aligned : {true, false}) {
+            for (int64_t rows : {int64_t{1}, int64_t{1000}, (int64_t{1} << 25) + 1}) {
+              const Launch f = forward_launch(rows, d, esize, io, dev);
+              const Launch q = quant_launch(rows, d, esize, io, q_aligned, dev);
+              const bool fused = f.kernel == Kernel::kForwardRows && q_aligned;
+              ASSERT_EQ(quant_fused(f, q_aligned), fused) << d;
+              if (fused) {
+                ASSERT_EQ(q.kernel, f.kernel) << d;
+                ASSERT_EQ(q.grid, f.grid) << d;
+                ASSERT_EQ(q.row.threads_per_row, f.row.threads_per_row) << d;
+                ASSERT_EQ(q.row.rows_per_cta, f.row.rows_per_cta) << d;
+                continue;
+              }
+              ASSERT_EQ(q.kernel, Kernel::kForwardLooped) << d;
+              ASSERT_EQ(q.row.band, Band::kLooped) << d;
+              ASSERT_EQ(q.row.chunks, f.row.chunks) << d;
+              ASSERT_EQ(q.row.cta_threads, kLoopedThreads) << d;
+              ASSERT_EQ(q.row.rows_per_cta, 1) << d;
+              ASSERT_EQ(q.io, io) << d;
+              ASSERT_EQ(q.grid, std::min<int64_t>(rows, int64_t{1} << 24)) << d << " " << rows;
+              ASSERT_EQ(q.smem, 0u) << d;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // The rows band's element-I/O forward runs one CTA per row group only with
 // many short rows per CTA and many groups per resident CTA; otherwise its
 // grid is the resident CTAs.

@@ -218,7 +218,15 @@ RMSNORM_API rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* proble
  * FLT_EPSILON (int8); max|y| ignores NaN; scale_ub (optional) only with fp8
  * per row. These are vLLM's rules (docs/fusions.md). scale and scale_ub are
  * memory of the backend (device memory on CUDA). q: rows x cols bytes with
- * its own row stride. CUDA backend: not yet (RMSNORM_STATUS_BACKEND_UNAVAILABLE). */
+ * its own row stride. rstd (optional) is written as by rmsnorm_forward, and
+ * y is always T(x * rstd * w') (or T(T(x * rstd) * w') with ROUND_XHAT) of
+ * the rstd this call computes. CUDA: where rmsnorm_forward would run its
+ * rows-band 16-byte kernel (D <= 16384 at 16-bit, 8192 at fp32; every row of
+ * x and the weight 16-byte aligned) and q's rows are aligned to 8 bytes
+ * (16-bit) or 4 (fp32), that kernel quantizes in registers: rstd and y are
+ * bit for bit rmsnorm_forward's. Elsewhere one CTA per row sums in its own
+ * order, so rstd may differ from rmsnorm_forward's in the last bits (within
+ * the same tolerance). */
 typedef enum rmsnorm_quant_kind { RMSNORM_QUANT_FP8_E4M3 = 0, RMSNORM_QUANT_INT8 = 1 } rmsnorm_quant_kind_t;
 typedef enum rmsnorm_quant_scale { RMSNORM_QUANT_STATIC = 0, RMSNORM_QUANT_PER_ROW = 1 } rmsnorm_quant_scale_t;
 typedef struct rmsnorm_quant {

@@ -27,6 +27,7 @@ rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtyp
                                           size_t* bytes);
 
 rmsnorm_status_t forward(const ForwardArgs& a, int device, void* stream);
+rmsnorm_status_t forward_quant(const ForwardArgs& a, const QuantArgs& qa, int device, void* stream);
 rmsnorm_status_t backward(const BackwardArgs& a, int device, void* stream);
 
 namespace testing {

@@ -225,6 +225,17 @@ rmsnorm_status_t forward(const ForwardArgs& a, int device, void* stream) {
   });
 }
 
+rmsnorm_status_t forward_quant(const ForwardArgs& a, const QuantArgs& qa, int device, void* stream) {
+  DeviceGuard guard(device);
+  RMSNORM_CUDA_TRY(guard.status());
+  plan::Device dev;
+  const rmsnorm_status_t st = check_device(device, &dev);
+  if (st != RMSNORM_STATUS_SUCCESS) return st;
+  return dispatch_dtype(a.dtype, [&](auto tag) {
+    return launch_forward_quant<decltype(tag)>(a, qa, dev, static_cast<cudaStream_t>(stream));
+  });
+}
+
 rmsnorm_status_t backward(const BackwardArgs& a, int device, void* stream) {
   DeviceGuard guard(device);
   RMSNORM_CUDA_TRY(guard.status());

@@ -19,6 +19,7 @@
 #pragma once
 
 #include "cuda/launch.hpp"
+#include "cuda/quant.cuh"
 #include "cuda/row_map.cuh"
 #include "cuda/rstd.cuh"
 #include "cuda/weights.cuh"
@@ -47,6 +48,8 @@ struct ForwardParams {
   int64_t res_stride = 0;
   T* h = nullptr;
   int64_t h_stride = 0;
+  // Quantized output (kQuant kernels): q in place of y.
+  QuantParams quant;
 };
 
 // h = T(x + r) element by element (the sum in fp32, one rounding).
@@ -198,6 +201,61 @@ __device__ __forceinline__ void forward_cluster_pipelined(const ForwardParams<T>
   cluster_sync();  // no CTA exits while pushes to it may be in flight
 }
 
+// y of one chunk in T, as every forward kernel computes it.
+template <typename T>
+__device__ __forceinline__ Chunk<T> y_chunk(const Chunk<T>& x, const float (&w)[Chunk<T>::kN], float r,
+                                            bool round_xhat) {
+  return round_xhat ? normalize_chunk<T, true>(x, w, r) : normalize_chunk<T, false>(x, w, r);
+}
+
+// The quantized epilogue of forward_rows_direct_kernel<..., kQuant>: this
+// thread's chunks of y (from x and w' in registers) overwrite x; with
+// per-row scales the row's max|y| is reduced (every thread of the CTA takes
+// part) and lane 0 writes the scale; then q.
+template <int kTpr, int kSlots, bool kPartial, typename T, typename Map>
+__device__ __forceinline__ void quantize_row(const ForwardParams<T>& p, Chunk<T> (&xr)[plan::kChunksPerThread],
+                                             const Chunk<T> (&wr)[plan::kChunksPerThread], float ss, int64_t row,
+                                             bool valid, const Map& m, RowScratch<AbsMax, kTpr, kSlots>& max_scratch,
+                                             int parity) {
+  constexpr int kCpt = plan::kChunksPerThread;
+  constexpr int kN = Chunk<T>::kN;
+  const QuantParams& qp = p.quant;
+  float absmax = 0.0f;
+  if (valid) {
+    const float r = rms_from_sum(ss, p.cols, p.eps);  // no rescaled path in this band: rstd.cuh
+    if (p.rstd != nullptr && m.pos == 0) p.rstd[row] = r;
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) {
+      const int c = m.chunk(it);
+      if (c < p.chunks) {
+        float w[kN];
+#pragma unroll
+        for (int j = 0; j < kN; ++j) w[j] = p.w != nullptr ? wr[it].get(j) + p.w_offset : 1.0f;
+        xr[it] = y_chunk(xr[it], w, r, p.round_xhat);
+        if (qp.per_row) absmax = chunk_absmax(absmax, xr[it], kPartial ? p.cols - c * kN : kN);
+      }
+    }
+  }
+  QuantRow qr;
+  if (qp.per_row) {
+    absmax = row_sum<kTpr, kSlots>(AbsMax{absmax}, max_scratch, parity).v;
+    qr = per_row_quant(qp, absmax);
+    if (valid && m.pos == 0) qp.row_scales[row] = qr.s;
+  } else {
+    qr = static_quant_row(qp);
+  }
+  if (!valid) return;
+  uint8_t* qrow = qp.q + row * qp.q_stride;
+#pragma unroll
+  for (int it = 0; it < kCpt; ++it) {
+    const int c = m.chunk(it);
+    if (c < p.chunks) {
+      const int n = kPartial ? min(kN, p.cols - c * kN) : kN;
+      store_q_chunk<T>(qrow, c, n, true, quantize_chunk(xr[it], qr, qp.fp8));
+    }
+  }
+}
+
 // ---- kRows with 16-byte I/O: one row group per CTA, the row in registers ----------------------
 // No shared-memory stages and no persistence: each CTA loads its rows' x and
 // w' chunks (all of them in flight at once), reduces, and stores y; the
@@ -213,7 +271,9 @@ __device__ __forceinline__ void forward_cluster_pipelined(const ForwardParams<T>
 // residual chunks to its x chunks, stores h = T(x + res) and goes on with h as
 // x. A thread reads its x and residual chunks before it writes its h chunks,
 // so h == x and h == res are safe.
-template <typename T, int kTpr, bool kPartial, bool kAdd>
+// kQuant: q = quant(y) in place of y (rmsnorm_forward_quant), y computed as
+// above; with per-row scales the row's max|y| is reduced like its sum.
+template <typename T, int kTpr, bool kPartial, bool kAdd, bool kQuant = false>
 __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr))
     forward_rows_direct_kernel(const ForwardParams<T> p) {
   constexpr int kCtaThreads = plan::forward_cta_threads(kTpr);
@@ -223,7 +283,9 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   static_assert(kSlots * kTpr == kCtaThreads, "plan: rows_per_cta * threads_per_row == cta_threads");
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
+  static_assert(!(kAdd && kQuant), "the residual add with a quantized output is not built");
   __shared__ RowScratch<float, kTpr, kSlots> scratch;
+  __shared__ RowScratch<AbsMax, kTpr, kQuant ? kSlots : 1> max_scratch;
   pdl_enter();
   const RowMap<kTpr, false> m;
   const int64_t groups = (p.rows + kSlots - 1) / kSlots;
@@ -256,6 +318,10 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
       }
     }
     const float ss = row_sum<kTpr, kSlots>(thread_squares(xr, m, p.chunks, valid), scratch, parity);
+    if constexpr (kQuant) {
+      quantize_row<kTpr, kSlots, kPartial>(p, xr, wr, ss, row, valid, m, max_scratch, parity);
+      continue;
+    }
     if (valid) {
       const float r = rms_from_sum(ss, p.cols, p.eps);  // no rescaled path in this band: rstd.cuh
       if (p.rstd != nullptr && m.pos == 0) p.rstd[row] = r;
@@ -349,10 +415,15 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
 }
 
 // ---- kLooped: any D, one CTA per row, x read twice ---------------------------------------------
-template <typename T>
+// kQuant: q = quant(y) in place of y (rmsnorm_forward_quant), at any D and
+// alignment (plan::quant_launch): y is computed again for each pass over the
+// row (max|y| with per-row scales, then q); x and w' come from L1 or L2.
+template <typename T, bool kQuant = false>
 __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(const ForwardParams<T> p) {
   constexpr int kCtaThreads = plan::kLoopedThreads;
+  constexpr int kN = Chunk<T>::kN;
   __shared__ RowScratch<float, kCtaThreads, 1> scratch;
+  __shared__ RowScratch<AbsMax, kQuant ? kCtaThreads : 1, 1> max_scratch;
   pdl_enter();
   int parity = 0;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
@@ -367,11 +438,33 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(co
                                                       return v;
                                                     });
     if (p.rstd != nullptr && threadIdx.x == 0) p.rstd[row] = r;
-    T* yr = p.y + row * p.y_stride;
-    for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
-      float w[Chunk<T>::kN];
+    auto y_of = [&](int c) {
+      float w[kN];
       weights_of(p.w, c, p.cols, p.vector_io, p.w_offset, w);
-      store_normalized(yr, c, p.cols, p.vector_io, p.round_xhat, load_chunk(xr, c, p.cols, p.vector_io), w, r);
+      return y_chunk(load_chunk(xr, c, p.cols, p.vector_io), w, r, p.round_xhat);
+    };
+    if constexpr (kQuant) {
+      const QuantParams& qp = p.quant;
+      QuantRow qrule;
+      if (qp.per_row) {
+        float absmax = 0.0f;
+        for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) absmax = chunk_absmax(absmax, y_of(c), p.cols - c * kN);
+        absmax = row_sum<kCtaThreads, 1>(AbsMax{absmax}, max_scratch, parity).v;
+        qrule = per_row_quant(qp, absmax);
+        if (threadIdx.x == 0) qp.row_scales[row] = qrule.s;
+      } else {
+        qrule = static_quant_row(qp);
+      }
+      uint8_t* qrow = qp.q + row * qp.q_stride;
+      for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads)
+        store_q_chunk<T>(qrow, c, min(kN, p.cols - c * kN), qp.q_vector, quantize_chunk(y_of(c), qrule, qp.fp8));
+    } else {
+      T* yr = p.y + row * p.y_stride;
+      for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
+        float w[kN];
+        weights_of(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+        store_normalized(yr, c, p.cols, p.vector_io, p.round_xhat, load_chunk(xr, c, p.cols, p.vector_io), w, r);
+      }
     }
   }
 }
@@ -474,6 +567,38 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
     default: break;
   }
   return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", std::string("no forward launch for ") + plan::kernel_name(l.kernel));
+}
+
+// rmsnorm_forward_quant: fused into the rows band's 16-byte forward where q's
+// rows are aligned to a chunk's bytes as well (plan::quant_fused), else the looped
+// kernel with plan::quant_launch's geometry.
+template <typename T>
+rmsnorm_status_t launch_forward_quant(const ForwardArgs& a, const QuantArgs& qa, const plan::Device& dev,
+                                      cudaStream_t stream) {
+  constexpr int kEs = static_cast<int>(sizeof(T));
+  const plan::Io io = plan::io_of({{a.x, a.x_stride}, {a.weight, 0}}, kEs);
+  const bool q_aligned = plan::q_rows_aligned(qa.q, qa.q_stride, kEs);
+  const plan::Launch l = plan::quant_launch(a.rows, a.cols, kEs, io, q_aligned, dev);
+  ForwardParams<T> p = forward_params<T>(a, l);
+  p.quant.q = static_cast<uint8_t*>(qa.q);
+  p.quant.q_stride = qa.q_stride;
+  p.quant.scale = qa.scale;
+  p.quant.row_scales = qa.row_scales;
+  p.quant.scale_ub = qa.scale_ub;
+  p.quant.fp8 = qa.fp8;
+  p.quant.per_row = qa.per_row;
+  p.quant.q_vector = q_aligned;
+  const bool pdl = a.pdl && dev.sm90_code;
+  auto launch = [&](auto kernel, int cta_threads) { return launch_planned(kernel, cta_threads, l, pdl, stream, p); };
+  if (l.kernel == plan::Kernel::kForwardLooped) return launch(forward_looped_kernel<T, true>, plan::kLoopedThreads);
+  if (l.kernel != plan::Kernel::kForwardRows)
+    return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", std::string("no quantized forward for ") + plan::kernel_name(l.kernel));
+  return dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
+    constexpr int kTpr = decltype(tpr)::value;
+    constexpr int kCta = plan::forward_cta_threads(kTpr);
+    return a.cols % Chunk<T>::kN != 0 ? launch(forward_rows_direct_kernel<T, kTpr, true, false, true>, kCta)
+                                      : launch(forward_rows_direct_kernel<T, kTpr, false, false, true>, kCta);
+  });
 }
 
 }  // namespace rmsnorm::cuda

@@ -44,6 +44,9 @@ rmsnorm_status_t device_properties(int device, plan::Device* out);
 template <typename T>
 rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, cudaStream_t stream);
 template <typename T>
+rmsnorm_status_t launch_forward_quant(const ForwardArgs& a, const QuantArgs& qa, const plan::Device& dev,
+                                      cudaStream_t stream);
+template <typename T>
 rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev, cudaStream_t stream);
 
 // Kernels whose attributes device.cu queries: the bf16 cluster kernels with

@@ -1,0 +1,8 @@
+// Quantized-output forward kernels for __half (their own unit, so that they
+// compile in parallel with the plain forward's).
+#include "cuda/forward.cuh"
+
+namespace rmsnorm::cuda {
+template rmsnorm_status_t launch_forward_quant<__half>(const ForwardArgs&, const QuantArgs&, const plan::Device&,
+                                                        cudaStream_t);
+}  // namespace rmsnorm::cuda

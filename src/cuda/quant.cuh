@@ -1,0 +1,122 @@
+// Quantized output of the forward (rmsnorm_forward_quant) on the device: a
+// row's max|y|, its scale, and a chunk of y to fp8 e4m3 or int8 bytes. The
+// rules are src/common/quant.hpp's; the fp8 conversion here is the
+// hardware's (cvt.rn.satfinite.e4m3x2.f32 on sm_89 and later), after the same
+// clamp to [-448, 448] that maps NaN to 448, so that it gives the encoder's
+// bits (Cuda.ForwardQuant compares every q with the host rule).
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include "common/quant.hpp"
+#include "cuda/element.cuh"
+
+namespace rmsnorm::cuda {
+
+// Where q goes and how it is scaled (ForwardParams::quant); q null: no quantized output.
+struct QuantParams {
+  uint8_t* q = nullptr;
+  int64_t q_stride = 0;
+  const float* scale = nullptr;     // static: the scale
+  float* row_scales = nullptr;      // per row: written
+  const float* scale_ub = nullptr;  // per row, fp8: bound on max|y|, or null
+  bool fp8 = true;
+  bool per_row = false;
+  bool q_vector = false;  // every q row aligned to a chunk's kN bytes (plan::q_rows_aligned)
+};
+
+// A running max for row_sum (max|y| over a row): fmaxf, so NaN is ignored and
+// the order does not change the result.
+struct AbsMax {
+  float v;
+};
+__device__ __forceinline__ AbsMax add(AbsMax a, AbsMax b) { return {fmaxf(a.v, b.v)}; }
+__device__ __forceinline__ AbsMax shfl_xor(AbsMax a, int off) { return {__shfl_xor_sync(0xffffffffu, a.v, off)}; }
+
+// max(m, |y_j|) over the first n elements of a chunk.
+template <typename T>
+__device__ __forceinline__ float chunk_absmax(float m, const Chunk<T>& y, int n) {
+#pragma unroll
+  for (int j = 0; j < Chunk<T>::kN; ++j)
+    if (j < n) m = fmaxf(m, fabsf(y.get(j)));
+  return m;
+}
+
+// How a row's y become the values that are rounded: v = y / s (fp8 per row,
+// as vLLM divides) or v = y * mul (mul = 1 / scale: static, and int8 per row).
+struct QuantRow {
+  float s = 1.0f;
+  float mul = 1.0f;
+  bool divide = false;
+};
+
+// The static scale's row rule (the same for every row).
+__device__ __forceinline__ QuantRow static_quant_row(const QuantParams& q) {
+  QuantRow r;
+  r.mul = 1.0f / *q.scale;
+  return r;
+}
+
+// A row's rule from its max|y| (per row).
+__device__ __forceinline__ QuantRow per_row_quant(const QuantParams& q, float absmax) {
+  QuantRow r;
+  r.s = quant::row_scale(absmax, q.scale_ub, q.fp8);
+  r.divide = q.fp8;
+  r.mul = 1.0f / r.s;
+  return r;
+}
+
+// The kN bytes of a chunk of y, packed little-endian into words (element j in
+// byte j).
+template <typename T>
+struct QuantBytes {
+  static constexpr int kN = Chunk<T>::kN;
+  uint32_t w[kN / 4];
+};
+
+template <typename T>
+__device__ __forceinline__ QuantBytes<T> quantize_chunk(const Chunk<T>& y, const QuantRow& r, bool fp8) {
+  constexpr int kN = Chunk<T>::kN;
+  QuantBytes<T> b;
+#pragma unroll
+  for (int k = 0; k < kN / 4; ++k) b.w[k] = 0;
+#pragma unroll
+  for (int j = 0; j < kN; j += 2) {
+    float v[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) v[k] = r.divide ? y.get(j + k) / r.s : y.get(j + k) * r.mul;
+    uint32_t pair;
+    if (fp8) {
+      const float2 c = make_float2(fmaxf(-quant::kFp8Max, fminf(v[0], quant::kFp8Max)),
+                                   fmaxf(-quant::kFp8Max, fminf(v[1], quant::kFp8Max)));
+      pair = static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(c, __NV_SATFINITE, __NV_E4M3));
+    } else {
+      pair = (static_cast<uint32_t>(static_cast<uint8_t>(quant::int8_saturated(v[0])))) |
+             (static_cast<uint32_t>(static_cast<uint8_t>(quant::int8_saturated(v[1]))) << 8);
+    }
+    b.w[j / 4] |= pair << (8 * (j % 4));
+  }
+  return b;
+}
+
+// Stores the bytes of chunk `chunk` of a q row: the first n (elements past
+// the row's end are not written). vec: q's rows are aligned to kN bytes, so
+// a whole chunk is one kN-byte store.
+template <typename T>
+__device__ __forceinline__ void store_q_chunk(uint8_t* __restrict__ qrow, int chunk, int n, bool vec,
+                                              const QuantBytes<T>& b) {
+  constexpr int kN = Chunk<T>::kN;
+  uint8_t* dst = qrow + static_cast<int64_t>(chunk) * kN;
+  if (vec && n == kN) {
+    if constexpr (kN == 8)
+      *reinterpret_cast<uint2*>(dst) = make_uint2(b.w[0], b.w[1]);
+    else
+      *reinterpret_cast<uint32_t*>(dst) = b.w[0];
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+    if (j < n) dst[j] = static_cast<uint8_t>(b.w[j / 4] >> (8 * (j % 4)));
+}
+
+}  // namespace rmsnorm::cuda
