@@ -10,6 +10,7 @@
 # 3. runs the pytest suite, GPU tests included, with a junit report in $OUT/pytest.xml;
 # 4. with BENCH=1, runs bench/torch_ops_bench.py (JSON and PNG under $OUT). Liger's RMSNorm is timed when
 #    liger_kernel imports: carry its wheel in .whl/ and this script installs it into /tmp/site first.
+# 5. with FUSED_BENCH=1, runs bench/fused_bench.py ($OUT/fused.json; FUSED_ARGS, e.g. "--quick").
 #
 # scripts/gpu_check.sh runs this as its `python` step. Knobs: JOBS (16), PYTEST (1; 0 skips the tests),
 # PYTEST_ARGS (e.g. "-k cuda -x"), BENCH (0), BENCH_ARGS (e.g. "--quick"), RMSNORM_COMMIT. The benchmark after the
@@ -56,5 +57,11 @@ if [ "${BENCH:-0}" = 1 ]; then
   # shellcheck disable=SC2086
   python3 bench/torch_ops_bench.py --json "$OUT/torch_ops.json" --png "$OUT/torch_ops.png" \
     --commit "${RMSNORM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" ${BENCH_ARGS:-} || rc=1
+fi
+if [ "${FUSED_BENCH:-0}" = 1 ]; then
+  echo "== bench/fused_bench.py"
+  # shellcheck disable=SC2086
+  (cd bench && python3 fused_bench.py --json "$OUT/fused.json" \
+    --commit "${RMSNORM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" ${FUSED_ARGS:-}) || rc=1
 fi
 exit "$rc"

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""The fused operations of the rmsnorm PyTorch package against the same work done another way, in one run.
+
+Operations and implementations (bf16 x, residual and w, eps 1e-5, the same tensors for all):
+  add forward    h = x + residual, y = rms_norm(h) * w; returns y and h
+    fused          rmsnorm.add_rms_norm (one kernel on the fused path)
+    2 passes       torch's add, then rmsnorm.rms_norm of h (our norm, the add separate)
+    eager          torch's add, then F.rms_norm
+    compile        torch.compile of the eager formula (x + r, then the fp32 formula; Inductor fuses them)
+  add fwd+bwd    the same with autograd: y, h = f(x, r, w); grad of (y, h) against (gy, g_h) for x, r and w
+  quant fp8/row  y quantized to float8_e4m3fn with per-row scales (vLLM's rule, docs/fusions.md); returns q, scales
+    fused          rmsnorm.rms_norm_quant
+    2 passes       rmsnorm.rms_norm, then the quantization in eager torch ops
+    eager          F.rms_norm, then the same eager quantization
+    compile        torch.compile of the fp32 formula and the quantization
+  quant fp8/static, int8/row: the same with a static scale, and int8 per row.
+
+Timing as in bench/torch_ops_bench.py (its Bench class does it): kernel_us is the CUPTI span of one call's kernels
+with the L2 flushed before it, call_us the CUDA-event time per call; medians of --reps calls.
+Bytes (minimal): add forward reads x, residual, w and writes h and y: (4nD + D) * 2; add fwd+bwd adds the backward's
+reads of gy, g_h, x (h), w and writes of gx and gw: (9nD + 3D) * 2 for the whole; quant reads x and w and writes q
+(1 byte each) and the per-row scales: 2nD + 2D + nD (+ 4n).
+
+The verdict per shape and operation: the fused op against the fastest other implementation (kernel time).
+Output: a table, --json FILE. Without CUDA it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch_ops_bench as tob  # bench/torch_ops_bench.py: Bench (timing), call_spans, write_json
+from run_meta import git_commit, utc_now  # bench/run_meta.py
+
+EPS = 1e-5
+SHAPES = [(1, 4096), (128, 4096), (8192, 4096), (16384, 7168), (4096, 16384), (65536, 2048)]
+QUICK_SHAPES = [(1, 4096), (8192, 4096)]
+OPS = ["add forward", "add fwd+bwd", "quant fp8/row", "quant fp8/static", "quant int8/row"]
+IMPLS = ["fused", "2 passes", "eager", "compile"]
+
+
+def eager_quant(torch, y, fp8, scale):
+    """vLLM's rule in eager torch ops (as python/tests/test_fused.py checks it)."""
+    yf = y.float()
+    if scale is not None:
+        v = yf * (1.0 / scale)
+        s = None
+    else:
+        amax = yf.abs().amax(dim=-1, keepdim=True)
+        s = torch.clamp(amax / (448.0 if fp8 else 127.0), min=1.0 / (448.0 * 512.0) if fp8 else 2.0**-23)
+        v = yf / s if fp8 else yf * (1.0 / s)
+    if fp8:
+        return v.clamp(-448.0, 448.0).to(torch.float8_e4m3fn), s
+    return torch.round(v).clamp(-128, 127).to(torch.int8), s
+
+
+def make(torch, rmsnorm, op, impl, cols):
+    F = torch.nn.functional
+
+    def formula(h, w):
+        hf = h.float()
+        return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + EPS) * w.float()).to(h.dtype)
+
+    if op.startswith("add"):
+        if impl == "fused":
+            return lambda x, r, w: rmsnorm.add_rms_norm(x, r, cols, w, EPS)
+        if impl == "2 passes":
+            return lambda x, r, w: (lambda h: (rmsnorm.rms_norm(h, cols, w, EPS), h))(x + r)
+        if impl == "eager":
+            return lambda x, r, w: (lambda h: (F.rms_norm(h, (cols,), w, EPS), h))(x + r)
+
+        def add_formula(x, r, w):
+            h = x + r
+            return formula(h, w), h
+
+        return torch.compile(add_formula, fullgraph=True, dynamic=False)
+    fp8 = "fp8" in op
+    qdtype = torch.float8_e4m3fn if fp8 else torch.int8
+    static = "static" in op
+    if impl == "fused":
+        return lambda x, w, scale: rmsnorm.rms_norm_quant(x, cols, w, EPS, dtype=qdtype,
+                                                          scale=scale if static else None)
+    if impl == "2 passes":
+        return lambda x, w, scale: eager_quant(torch, rmsnorm.rms_norm(x, cols, w, EPS), fp8, scale if static else None)
+    if impl == "eager":
+        return lambda x, w, scale: eager_quant(torch, F.rms_norm(x, (cols,), w, EPS), fp8, scale if static else None)
+
+    def quant_formula(x, w, scale):
+        return eager_quant(torch, formula(x, w), fp8, scale if static else None)
+
+    return torch.compile(quant_formula, fullgraph=True, dynamic=False)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--json", default="")
+    ap.add_argument("--commit", default="")
+    args = ap.parse_args()
+    args.profile = False
+    meta = {"tool": "fused_bench", "date_utc": utc_now(), "commit": git_commit(args.commit)}
+    import torch
+
+    if not torch.cuda.is_available():
+        print("fused_bench: skipped: no CUDA device")
+        tob.write_json(args.json, {**meta, "skipped": "no CUDA device", "cases": []})
+        return 0
+    b = tob.Bench(torch, args)
+    rmsnorm = b.rmsnorm
+    props = torch.cuda.get_device_properties(0)
+    copy_us, copy_gbps = b.measure_copy()
+    meta.update({"gpu": props.name, "cuda": torch.version.cuda, "torch": torch.__version__, "reps": args.reps,
+                 "copy_gbps": copy_gbps})
+    print(f"{props.name}, CUDA {torch.version.cuda}, torch {torch.__version__}, commit {meta['commit']}; "
+          f"copy ceiling {copy_gbps:.0f} GB/s")
+    dev = torch.device("cuda")
+    ops = [o for o in args.ops.split(",") if o]
+    cases = []
+    print(f"\n{'shape':<12} {'op':<17} {'impl':<9} {'kernel us':>9} {'call us':>9} {'GB/s':>8} {'%copy':>7}")
+    for rows, cols in QUICK_SHAPES if args.quick else SHAPES:
+        gen = torch.Generator(device=dev).manual_seed(rows * 7 + cols)
+        x = torch.randn(rows, cols, dtype=torch.bfloat16, device=dev, generator=gen)
+        r = torch.randn(rows, cols, dtype=torch.bfloat16, device=dev, generator=gen)
+        w = (1.0 + 0.25 * torch.randn(cols, device=dev, generator=gen)).to(torch.bfloat16)
+        gy = torch.randn_like(x)
+        gh = torch.randn_like(x)
+        scale = torch.tensor([0.05], device=dev)
+        n, d = rows * cols, cols
+        for op in ops:
+            nbytes = {"add forward": (4 * n + d) * 2, "add fwd+bwd": (9 * n + 3 * d) * 2,
+                      "quant fp8/row": 2 * n + 2 * d + n + 4 * rows, "quant fp8/static": 2 * n + 2 * d + n,
+                      "quant int8/row": 2 * n + 2 * d + n + 4 * rows}[op]
+            for impl in IMPLS:
+                try:
+                    f = make(torch, rmsnorm, op, impl, cols)
+                    if op == "add forward":
+                        def call(f=f):
+                            with torch.no_grad():
+                                return f(x, r, w)
+                    elif op == "add fwd+bwd":
+                        xl, rl, wl = (t.detach().requires_grad_(True) for t in (x, r, w))
+
+                        def call(f=f, xl=xl, rl=rl, wl=wl):
+                            y, h = f(xl, rl, wl)
+                            return torch.autograd.grad((y, h), (xl, rl, wl), (gy, gh))
+                    else:
+                        def call(f=f):
+                            with torch.no_grad():
+                                return f(x, w, scale)
+                    for _ in range(3):
+                        call()
+                    torch.cuda.synchronize()
+                    ks = sorted(b.kernel_times(call))
+                    es = sorted(b.event_times(call))
+                    k = statistics.median(ks)
+                    c = {"rows": rows, "cols": cols, "op": op, "impl": impl, "bytes": nbytes, "kernel_us": k,
+                         "call_us": statistics.median(es), "gbps": nbytes / k / 1e3}
+                    c["pct_copy"] = 100.0 * c["gbps"] / copy_gbps
+                    print(f"{f'{rows}x{cols}':<12} {op:<17} {impl:<9} {k:9.2f} {c['call_us']:9.2f} "
+                          f"{c['gbps']:8.1f} {c['pct_copy']:6.1f}%", flush=True)
+                except Exception as e:  # noqa: BLE001
+                    torch.cuda.synchronize()
+                    c = {"rows": rows, "cols": cols, "op": op, "impl": impl, "error": str(e).splitlines()[0][:200]}
+                    print(f"{f'{rows}x{cols}':<12} {op:<17} {impl:<9} ERROR {c['error']}", flush=True)
+                cases.append(c)
+                torch._dynamo.reset()
+    print()
+    lines = [f"{'shape':<12} {'op':<17} {'fused us':>9} {'%copy':>6} {'best other':>20} {'fused/best':>10}  verdict"]
+    keyed = {}
+    for c in cases:
+        keyed.setdefault((c["rows"], c["cols"], c["op"]), {})[c["impl"]] = c
+    for (rows, cols, op), by in keyed.items():
+        fu = by.get("fused", {}).get("kernel_us")
+        others = [(v["kernel_us"], k) for k, v in by.items() if k != "fused" and "kernel_us" in v]
+        best = min(others) if others else (None, "-")
+        if fu is None or best[0] is None:
+            lines.append(f"{f'{rows}x{cols}':<12} {op:<17} -")
+            continue
+        ratio = fu / best[0]
+        lines.append(f"{f'{rows}x{cols}':<12} {op:<17} {fu:9.2f} {by['fused']['pct_copy']:6.1f} "
+                     f"{f'{best[1]} {best[0]:.2f}':>20} {ratio:10.3f}  {'ahead' if ratio <= 1 else 'BEHIND'}")
+    print("\n".join(lines))
+    tob.write_json(args.json, {**meta, "cases": cases, "summary": lines})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
