@@ -227,6 +227,26 @@ def _add_backward(ctx, gy, g_h, _grstd):
 
 torch.library.register_autograd("rmsnorm::add_forward", _add_backward, setup_context=_add_setup_context)
 
+_add_forward_op = torch.ops.rmsnorm.add_forward.default
+
+
+class _EagerAddRMSNorm(torch.autograd.Function):
+    """add_forward's registered formula for eager calls, for the reason _EagerRMSNorm gives. Gradients are not
+    materialized: a None g_h (h has no other consumer) takes the plain backward, as in the registered path."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps, flags):
+        with _below_autograd():
+            y, h, rstd = _add_forward_op(x, residual, weight, eps, flags)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(h, weight, rstd)
+        ctx.flags = flags
+        return y, h
+
+    @staticmethod
+    def backward(ctx, gy, g_h):
+        return _add_backward(ctx, gy, g_h, None)
+
 
 def add_rms_norm(
     input: torch.Tensor,
@@ -281,11 +301,13 @@ def add_rms_norm(
     needs_grad = _grad_enabled() and (
         input.requires_grad or residual.requires_grad or (weight is not None and weight.requires_grad)
     )
-    if needs_grad or _is_compiling() or _functorch_active():
+    if _is_compiling() or _functorch_active():
         y, h, _rstd = torch.ops.rmsnorm.add_forward(x, r, w, eps, flags)
+    elif needs_grad:
+        y, h = _EagerAddRMSNorm.apply(x, r, w, eps, flags)
     else:
         with _below_autograd():  # no autograd kernel to pass through
-            y, h, _rstd = torch.ops.rmsnorm.add_forward.default(x, r, w, eps, flags)
+            y, h, _rstd = _add_forward_op(x, r, w, eps, flags)
     return (y.view(shape), h.view(shape)) if k > 1 else (y, h)
 
 
