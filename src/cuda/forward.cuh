@@ -226,7 +226,7 @@ template <int kTpr, int kSlots, bool kPartial, typename T, typename Map>
 __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chunk<T> (&xr)[plan::kChunksPerThread],
                                              const Chunk<T> (&wr)[plan::kChunksPerThread], float ss, int64_t row,
                                              bool valid, const Map& m, RowScratch<AbsMax, kTpr, kSlots>& max_scratch,
-                                             int parity) {
+                                             int parity, const QuantConsts& qk) {
   constexpr int kCpt = plan::kChunksPerThread;
   constexpr int kN = Chunk<T>::kN;
   const QuantParams& qp = p.quant;
@@ -249,10 +249,10 @@ __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chu
   QuantRow qr;
   if (qp.per_row) {
     absmax = row_sum<kTpr, kSlots>(AbsMax{absmax}, max_scratch, parity).v;
-    qr = per_row_quant(qp, absmax);
+    qr = per_row_quant(qp, qk, absmax);
     if (valid && m.pos == 0) qp.row_scales[row] = qr.s;
   } else {
-    qr = static_quant_row(qp);
+    qr = qk.fixed;
   }
   if (!valid) return;
   uint8_t* qrow = qp.q + row * qp.q_stride;
@@ -297,6 +297,8 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   __shared__ RowScratch<float, kTpr, kSlots> scratch;
   __shared__ RowScratch<AbsMax, kTpr, kQuant ? kSlots : 1> max_scratch;
   pdl_enter();
+  QuantConsts qk;
+  if constexpr (kQuant) qk = load_quant_consts(p.quant);
   const RowMap<kTpr, false> m;
   const int64_t groups = (p.rows + kSlots - 1) / kSlots;
   int parity = 0;
@@ -329,7 +331,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     }
     const float ss = row_sum<kTpr, kSlots>(thread_squares(xr, m, p.chunks, valid), scratch, parity);
     if constexpr (kQuant) {
-      quantize_row<kTpr, kSlots, kPartial>(p, xr, wr, ss, row, valid, m, max_scratch, parity);
+      quantize_row<kTpr, kSlots, kPartial>(p, xr, wr, ss, row, valid, m, max_scratch, parity, qk);
       continue;
     }
     if (valid) {
@@ -435,6 +437,8 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(co
   __shared__ RowScratch<float, kCtaThreads, 1> scratch;
   __shared__ RowScratch<AbsMax, kQuant ? kCtaThreads : 1, 1> max_scratch;
   pdl_enter();
+  QuantConsts qk;
+  if constexpr (kQuant) qk = load_quant_consts(p.quant);
   int parity = 0;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
     const T* xr = p.x + row * p.x_stride;
@@ -460,10 +464,10 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(co
         float absmax = 0.0f;
         for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) absmax = chunk_absmax(absmax, y_of(c), p.cols - c * kN);
         absmax = row_sum<kCtaThreads, 1>(AbsMax{absmax}, max_scratch, parity).v;
-        qrule = per_row_quant(qp, absmax);
+        qrule = per_row_quant(qp, qk, absmax);
         if (threadIdx.x == 0) qp.row_scales[row] = qrule.s;
       } else {
-        qrule = static_quant_row(qp);
+        qrule = qk.fixed;
       }
       uint8_t* qrow = qp.q + row * qp.q_stride;
       for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads)

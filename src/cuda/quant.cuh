@@ -50,17 +50,29 @@ struct QuantRow {
   bool divide = false;
 };
 
-// The static scale's row rule (the same for every row).
-__device__ __forceinline__ QuantRow static_quant_row(const QuantParams& q) {
-  QuantRow r;
-  r.mul = 1.0f / *q.scale;
-  return r;
+// The scalars a kernel reads once, right after pdl_enter() and before its
+// rows' loads, so that their latency is not added after the row's reduction:
+// the static rule (1 / scale), or scale_ub.
+struct QuantConsts {
+  QuantRow fixed;  // static: the rule of every row
+  float ub = 0.0f;
+  bool has_ub = false;
+};
+__device__ __forceinline__ QuantConsts load_quant_consts(const QuantParams& q) {
+  QuantConsts k;
+  if (!q.per_row) {
+    k.fixed.mul = 1.0f / *q.scale;
+  } else if (q.scale_ub != nullptr) {
+    k.ub = *q.scale_ub;
+    k.has_ub = true;
+  }
+  return k;
 }
 
 // A row's rule from its max|y| (per row).
-__device__ __forceinline__ QuantRow per_row_quant(const QuantParams& q, float absmax) {
+__device__ __forceinline__ QuantRow per_row_quant(const QuantParams& q, const QuantConsts& k, float absmax) {
   QuantRow r;
-  r.s = quant::row_scale(absmax, q.scale_ub, q.fp8);
+  r.s = quant::row_scale(absmax, k.has_ub ? &k.ub : nullptr, q.fp8);
   r.divide = q.fp8;
   r.mul = 1.0f / r.s;
   return r;
