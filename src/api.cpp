@@ -36,7 +36,8 @@ rmsnorm_status_t fail(rmsnorm_status_t status, const std::string& what, const st
 namespace {
 
 constexpr uint32_t kKnownFlags =
-    RMSNORM_FLAG_WEIGHT_OFFSET | RMSNORM_FLAG_ROUND_XHAT | RMSNORM_FLAG_NO_PDL | RMSNORM_FLAG_TRUSTED_MEMORY;
+    RMSNORM_FLAG_WEIGHT_OFFSET | RMSNORM_FLAG_ROUND_XHAT | RMSNORM_FLAG_NO_PDL | RMSNORM_FLAG_TRUSTED_MEMORY |
+    RMSNORM_FLAG_WEIGHT_F32;
 
 std::string num(int64_t v) { return std::to_string(v); }
 
@@ -128,6 +129,8 @@ bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % 
 struct Common {
   DType dtype = DType::kF32;
   size_t esize = 4;  // dtype_size(dtype)
+  size_t wsize = 4;  // the weight's element size (RMSNORM_FLAG_WEIGHT_F32: 4)
+  bool weight_f32 = false;  // RMSNORM_FLAG_WEIGHT_F32 with 16-bit x
   bool cuda = false;
   int device = -1;
   void* stream = nullptr;
@@ -160,6 +163,8 @@ rmsnorm_status_t check_problem_and_backend(const rmsnorm_problem_t* p, const rms
   }
   c->dtype = static_cast<DType>(p->dtype);
   c->esize = dtype_size(c->dtype);
+  c->weight_f32 = (p->flags & RMSNORM_FLAG_WEIGHT_F32) != 0 && c->dtype != DType::kF32;
+  c->wsize = c->weight_f32 ? sizeof(float) : c->esize;
   if (b->kind == RMSNORM_BACKEND_CPU) {
     if (b->num_threads < 0)
       return fail(RMSNORM_STATUS_INVALID_OPTION, "backend.num_threads", "must be >= 0 (got " + num(b->num_threads) + ")");
@@ -234,6 +239,7 @@ void set_problem_fields(const rmsnorm_problem_t& p, const Common& c, Args* a) {
   a->dtype = c.dtype;
   a->eps = p.eps;
   a->weight_offset = (p.flags & RMSNORM_FLAG_WEIGHT_OFFSET) != 0;
+  a->weight_f32 = c.weight_f32;
   a->pdl = (p.flags & RMSNORM_FLAG_NO_PDL) == 0;
 }
 
@@ -331,7 +337,7 @@ rmsnorm_status_t rmsnorm_forward(const rmsnorm_problem_t* problem, const void* x
 
   RMSNORM_TRY(check_pointer("x", a.x, c.esize));
   RMSNORM_TRY(check_pointer("y", a.y, c.esize));
-  RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.esize));
+  RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.wsize));
   RMSNORM_TRY(check_optional_pointer("rstd", a.rstd, sizeof(float)));
   RMSNORM_TRY(check_stride("x_row_stride", a.x_stride, a.cols));
   RMSNORM_TRY(check_stride("y_row_stride", a.y_stride, a.cols));
@@ -339,7 +345,7 @@ rmsnorm_status_t rmsnorm_forward(const rmsnorm_problem_t* problem, const void* x
   Extent ex, ey, ew, er;
   RMSNORM_TRY(extent_of("x", a.x, a.rows, a.cols, a.x_stride, c.esize, &ex));
   RMSNORM_TRY(extent_of("y", a.y, a.rows, a.cols, a.y_stride, c.esize, &ey));
-  RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.esize, &ew));
+  RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.wsize, &ew));
   RMSNORM_TRY(vector_extent("rstd", a.rstd, a.rows, sizeof(float), &er));
   RMSNORM_TRY(check_memory_space({&ex, &ey, &ew, &er}, c));
   // y may alias x exactly (in place); any other overlap is rejected.
@@ -401,7 +407,7 @@ rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* problem, const voi
   RMSNORM_TRY(check_pointer("residual", a.residual, c.esize));
   RMSNORM_TRY(check_pointer("h", a.h, c.esize));
   RMSNORM_TRY(check_pointer("y", a.y, c.esize));
-  RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.esize));
+  RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.wsize));
   RMSNORM_TRY(check_optional_pointer("rstd", a.rstd, sizeof(float)));
   RMSNORM_TRY(check_stride("x_row_stride", a.x_stride, a.cols));
   RMSNORM_TRY(check_stride("residual_row_stride", a.residual_stride, a.cols));
@@ -413,7 +419,7 @@ rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* problem, const voi
   RMSNORM_TRY(extent_of("residual", a.residual, a.rows, a.cols, a.residual_stride, c.esize, &eres));
   RMSNORM_TRY(extent_of("h", a.h, a.rows, a.cols, a.h_stride, c.esize, &eh));
   RMSNORM_TRY(extent_of("y", a.y, a.rows, a.cols, a.y_stride, c.esize, &ey));
-  RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.esize, &ew));
+  RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.wsize, &ew));
   RMSNORM_TRY(vector_extent("rstd", a.rstd, a.rows, sizeof(float), &er));
   RMSNORM_TRY(check_memory_space({&ex, &eres, &eh, &ey, &ew, &er}, c));
   // h may be x or residual exactly (each element is read before it is written, by the same thread), and x may
@@ -473,7 +479,7 @@ rmsnorm_status_t rmsnorm_forward_quant(const rmsnorm_problem_t* problem, const v
   a.rstd = rstd;
   RMSNORM_TRY(check_pointer("x", a.x, c.esize));
   RMSNORM_TRY(check_pointer("q", qa.q, 1));
-  RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.esize));
+  RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.wsize));
   RMSNORM_TRY(check_optional_pointer("rstd", a.rstd, sizeof(float)));
   RMSNORM_TRY(check_optional_pointer("quant.scale", qa.scale, sizeof(float)));
   RMSNORM_TRY(check_optional_pointer("quant.row_scales", qa.row_scales, sizeof(float)));
@@ -484,7 +490,7 @@ rmsnorm_status_t rmsnorm_forward_quant(const rmsnorm_problem_t* problem, const v
   Extent ex, eq, ew, er, es, ers, eub;
   RMSNORM_TRY(extent_of("x", a.x, a.rows, a.cols, a.x_stride, c.esize, &ex));
   RMSNORM_TRY(extent_of("q", qa.q, a.rows, a.cols, qa.q_stride, 1, &eq));
-  RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.esize, &ew));
+  RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.wsize, &ew));
   RMSNORM_TRY(vector_extent("rstd", a.rstd, a.rows, sizeof(float), &er));
   RMSNORM_TRY(vector_extent("quant.scale", qa.per_row ? nullptr : qa.scale, 1, sizeof(float), &es));
   RMSNORM_TRY(vector_extent("quant.row_scales", qa.per_row ? qa.row_scales : nullptr, a.rows, sizeof(float), &ers));
@@ -538,6 +544,9 @@ static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const v
   a.g_h = g_h;
   a.g_h_stride = g_h_row_stride;
   a.gw_mode = static_cast<GwMode>(gw_mode);
+  // gw in the weight's dtype: fp32 with RMSNORM_FLAG_WEIGHT_F32.
+  if (c.weight_f32 && a.gw_mode == GwMode::kStore) a.gw_mode = GwMode::kStoreF32;
+  if (c.weight_f32 && a.gw_mode == GwMode::kAccumulate) a.gw_mode = GwMode::kAccumulateF32;
   a.gw = a.gw_mode == GwMode::kNone ? nullptr : gw;
   a.workspace = workspace;
   a.workspace_bytes = workspace_bytes;
@@ -560,7 +569,7 @@ static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const v
     RMSNORM_TRY(check_stride("gx_row_stride", a.gx_stride, a.cols));
     if (a.g_h != nullptr) RMSNORM_TRY(check_stride("g_h_row_stride", a.g_h_stride, a.cols));
   }
-  RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.esize));
+  RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.wsize));
 
   size_t needed = 0;
   RMSNORM_TRY(workspace_size_impl(problem, gw_mode, c, &needed));
@@ -579,7 +588,7 @@ static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const v
   RMSNORM_TRY(extent_of("x", rows_present ? a.x : nullptr, a.rows, a.cols, a.x_stride, c.esize, &ex));
   RMSNORM_TRY(extent_of("gy", rows_present ? a.gy : nullptr, a.rows, a.cols, a.gy_stride, c.esize, &egy));
   RMSNORM_TRY(extent_of("gx", rows_present ? a.gx : nullptr, a.rows, a.cols, a.gx_stride, c.esize, &egx));
-  RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.esize, &ew));
+  RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.wsize, &ew));
   RMSNORM_TRY(vector_extent("rstd", rows_present ? a.rstd : nullptr, a.rows, sizeof(float), &er));
   RMSNORM_TRY(vector_extent("gw", a.gw, a.cols, gw_esize, &egw));
   // The backends touch the first `needed` bytes only, so a larger capacity is not held against the caller.

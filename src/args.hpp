@@ -34,6 +34,7 @@ struct ForwardArgs {
   DType dtype = DType::kF32;
   float eps = 1e-5f;
   bool weight_offset = false;  // w' = 1 + w
+  bool weight_f32 = false;     // the weight is float (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x)
   bool round_xhat = false;     // y = T(T(x_hat) * w')
   bool pdl = true;             // CUDA: programmatic dependent launch (rmsnorm.h)
   const void* x = nullptr;
@@ -67,6 +68,7 @@ struct BackwardArgs {
   DType dtype = DType::kF32;
   float eps = 1e-5f;
   bool weight_offset = false;
+  bool weight_f32 = false;  // the weight is float (gw modes already mapped to the fp32 ones)
   bool pdl = true;  // CUDA: programmatic dependent launch (rmsnorm.h)
   const void* x = nullptr;
   int64_t x_stride = 0;

@@ -373,7 +373,7 @@ TEST(ApiOptions, UnknownDtype) {
 }
 
 TEST(ApiOptions, UnknownFlags) {
-  for (uint32_t flags : {16u, 0x80000000u, RMSNORM_FLAG_WEIGHT_OFFSET | 32u}) {
+  for (uint32_t flags : {32u, 0x80000000u, RMSNORM_FLAG_WEIGHT_OFFSET | 64u}) {
     Call c;
     c.p.flags = flags;
     expect_rejected(c, FWD, RMSNORM_STATUS_INVALID_OPTION, {"flags"});

@@ -868,6 +868,41 @@ TEST_F(Cuda, AddBackward) {
   }
 }
 
+// RMSNORM_FLAG_WEIGHT_F32 with 16-bit x has no CUDA kernel yet: every operation refuses it, naming the weight,
+// and writes nothing; with fp32 x the flag changes nothing.
+TEST_F(Cuda, WeightF32RefusedWith16BitX) {
+  std::mt19937_64 rng(46);
+  Case c;
+  c.cols = 64;
+  c.rows = 4;
+  const Inputs in = make_inputs(c, rng);
+  HostMatrix w32(RMSNORM_DTYPE_F32, 1, c.cols);
+  fill_random(w32, rng);
+  HostMatrix y(c.dtype, c.rows, c.cols), gx(c.dtype, c.rows, c.cols), gw(RMSNORM_DTYPE_F32, 1, c.cols);
+  Arena::get().reset();
+  const Dev dx = upload(in.x), dgy = upload(in.gy), dw = upload(w32), dy = upload(y), dgx = upload(gx), dgw = upload(gw);
+  rmsnorm_problem_t p = problem_of(c);
+  p.flags |= RMSNORM_FLAG_WEIGHT_F32;
+  const rmsnorm_backend_t b = cuda_backend();
+  EXPECT_EQ(RMSNORM_STATUS_BACKEND_UNAVAILABLE,
+            rmsnorm_forward(&p, dx.data(), c.cols, dw.data(), dy.data(), c.cols, nullptr, &b));
+  EXPECT_NE(std::string(rmsnorm_last_error()).find("weight"), std::string::npos) << rmsnorm_last_error();
+  size_t ws = 0;
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, RMSNORM_GW_STORE, &b, &ws));
+  void* dws = ws > 0 ? Arena::get().alloc(ws) : nullptr;
+  EXPECT_EQ(RMSNORM_STATUS_BACKEND_UNAVAILABLE,
+            rmsnorm_backward(&p, dx.data(), c.cols, dw.data(), dgy.data(), c.cols, nullptr, dgx.data(), c.cols,
+                             dgw.data(), RMSNORM_GW_STORE, dws, ws, &b));
+  CUDA_OK(cudaDeviceSynchronize());
+  HostMatrix y_after = y, gx_after = gx, gw_after = gw;
+  download(dy, y_after);
+  download(dgx, gx_after);
+  download(dgw, gw_after);
+  EXPECT_EQ(0, std::memcmp(y_after.storage.data(), y.storage.data(), y.storage.size())) << "y written";
+  EXPECT_EQ(0, std::memcmp(gx_after.storage.data(), gx.storage.data(), gx.storage.size())) << "gx written";
+  EXPECT_EQ(0, std::memcmp(gw_after.storage.data(), gw.storage.data(), gw.storage.size())) << "gw written";
+}
+
 // ---- quantized output (rmsnorm_forward_quant) ---------------------------------------------------
 
 struct QuantSpec {

@@ -109,6 +109,14 @@ typedef enum rmsnorm_dtype {
 #define RMSNORM_FLAG_ROUND_XHAT 2u    /* forward: y = T(T(x_hat) * w') (HF Llama style) */
 #define RMSNORM_FLAG_NO_PDL 4u        /* CUDA: launch without programmatic dependent launch */
 #define RMSNORM_FLAG_TRUSTED_MEMORY 8u /* skip the memory-space check (below) */
+#define RMSNORM_FLAG_WEIGHT_F32 16u   /* the weight is fp32 (float*) whatever problem->dtype (below) */
+/* RMSNORM_FLAG_WEIGHT_F32: mixed precision, as AMP and FSDP keep master
+ * weights: x, y, gy and gx in problem->dtype, the weight in fp32, w' =
+ * float(w) (+ 1), and gw in fp32 in every gw mode (RMSNORM_GW_STORE and
+ * RMSNORM_GW_ACCUMULATE write the weight's dtype, which is now fp32). With
+ * RMSNORM_DTYPE_F32 it changes nothing. The weight must be 4-byte aligned.
+ * CPU backend: every operation. CUDA backend: not yet with 16-bit x
+ * (RMSNORM_STATUS_BACKEND_UNAVAILABLE, nothing written). */
 /* RMSNORM_FLAG_TRUSTED_MEMORY: the caller vouches that every operand lies in
  * memory the backend can use (for CUDA: memory of the backend's device, or
  * managed or registered host memory; for the CPU backend: host memory), as a

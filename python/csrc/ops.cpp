@@ -130,14 +130,22 @@ Tensor checked_weight(const Tensor& w, const Tensor& x, int64_t cols, const char
   if (w.dim() != 1 || w.size(0) != cols) {
     fail(op, ": weight has shape ", shape_string(w), ", expected [", cols, "] (the last dim of x)");
   }
-  if (w.scalar_type() != x.scalar_type()) {
+  const bool f32_weight = w.scalar_type() == ScalarType::Float &&
+                          (x.scalar_type() == ScalarType::Half || x.scalar_type() == ScalarType::BFloat16);
+  if (w.scalar_type() != x.scalar_type() && !f32_weight) {
     fail(op, ": weight has dtype ", dtype_name(w.scalar_type()), " but x has ", dtype_name(x.scalar_type()),
-         "; they must match");
+         "; the weight must have x's dtype, or be float32 with a float16 or bfloat16 x");
   }
   if (w.is_cuda() != x.is_cuda() || w.get_device_index() != x.get_device_index()) {
     fail(op, ": weight is on another device than x");
   }
   return w.stride(0) == 1 ? w : torch::stable::contiguous(w);
+}
+
+// RMSNORM_FLAG_WEIGHT_F32 where a checked weight is fp32 and x is not.
+uint32_t weight_f32_flag(const std::optional<Tensor>& w, const Tensor& x) {
+  return w && w->scalar_type() == ScalarType::Float && x.scalar_type() != ScalarType::Float ? RMSNORM_FLAG_WEIGHT_F32
+                                                                                           : 0u;
 }
 
 void check_same_device(const Tensor& t, const Tensor& x, const char* op, const char* arg) {
@@ -189,7 +197,7 @@ std::tuple<Tensor, std::optional<Tensor>> forward_impl(const Tensor& x, const st
   p.dtype = dtype;
   // Every operand is a tensor on x's device (checked above, or allocated here), so the library's per-operand
   // memory-space queries are skipped (rmsnorm.h, RMSNORM_FLAG_TRUSTED_MEMORY).
-  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY;
+  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_f32_flag(w, x);
   p.eps = static_cast<float>(eps);
   const rmsnorm_backend_t be = backend_for(x, op);
   check_status(rmsnorm_forward(&p, xr.t.data_ptr(), xr.stride, w ? w->data_ptr() : nullptr, y.data_ptr(), xr.cols,
@@ -245,12 +253,12 @@ std::tuple<Tensor, std::optional<Tensor>> backward_impl(const Tensor& gy, const 
   int32_t gw_mode = RMSNORM_GW_NONE;
   if (gw_dtype.has_value()) {
     if (!w) fail(op, ": gw_dtype is given but there is no weight");
-    if (*gw_dtype == x.scalar_type()) {
-      gw_mode = RMSNORM_GW_STORE;
-    } else if (*gw_dtype == ScalarType::Float) {
+    if (*gw_dtype == ScalarType::Float) {
       gw_mode = RMSNORM_GW_STORE_F32;
+    } else if (*gw_dtype == x.scalar_type() && w->scalar_type() == x.scalar_type()) {
+      gw_mode = RMSNORM_GW_STORE;
     } else {
-      fail(op, ": gw_dtype must be x's dtype or float32, got ", dtype_name(*gw_dtype));
+      fail(op, ": gw_dtype must be the weight's dtype or float32, got ", dtype_name(*gw_dtype));
     }
   }
   if (flags < 0 || flags > UINT32_MAX) fail(op, ": flags ", flags, " is not a set of RMSNORM_FLAG_* bits");
@@ -267,7 +275,7 @@ std::tuple<Tensor, std::optional<Tensor>> backward_impl(const Tensor& gy, const 
   p.rows = xr.rows;
   p.cols = xr.cols;
   p.dtype = dtype;
-  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY;  // as in forward
+  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_f32_flag(w, x);  // as in forward
   const rmsnorm_backend_t be = backend_for(x, op);
   size_t ws_bytes = 0;
   check_status(rmsnorm_backward_workspace_size(&p, gw_mode, &be, &ws_bytes), op);
@@ -343,7 +351,7 @@ std::tuple<Tensor, Tensor> forward_quant(Tensor x, std::optional<Tensor> weight,
   p.rows = xr.rows;
   p.cols = xr.cols;
   p.dtype = dtype;
-  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY;  // as in forward
+  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_f32_flag(w, x);  // as in forward
   p.eps = static_cast<float>(eps);
   const rmsnorm_backend_t be = backend_for(x, op);
   check_status(rmsnorm_forward_quant(&p, xr.t.data_ptr(), xr.stride, w ? w->data_ptr() : nullptr, &qt, q.data_ptr(),
@@ -378,7 +386,7 @@ std::tuple<Tensor, Tensor, Tensor> add_forward(Tensor x, Tensor residual, std::o
   p.rows = xr.rows;
   p.cols = xr.cols;
   p.dtype = dtype;
-  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY;  // as in forward
+  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_f32_flag(w, x);  // as in forward
   p.eps = static_cast<float>(eps);
   const rmsnorm_backend_t be = backend_for(x, op);
   check_status(rmsnorm_add_forward(&p, xr.t.data_ptr(), xr.stride, rr.t.data_ptr(), rr.stride,

@@ -25,6 +25,7 @@ FLAG_WEIGHT_OFFSET = 1
 FLAG_ROUND_XHAT = 2
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _load_extension() -> None:
@@ -176,10 +177,10 @@ def rms_norm(
                 f"rmsnorm.rms_norm: weight has shape {list(weight.shape)}, expected normalized_shape="
                 f"{list(normalized_shape)}"
             )
-        if weight.dtype != dtype:
+        if weight.dtype != dtype and not (weight.dtype == torch.float32 and dtype in _HALF_DTYPES):
             raise TypeError(
-                f"rmsnorm.rms_norm: weight has dtype {weight.dtype} but input has {dtype}; mixed dtypes are "
-                "not supported yet (cast one of them)"
+                f"rmsnorm.rms_norm: weight has dtype {weight.dtype} but input has {dtype}; the weight must have "
+                "the input's dtype, or be float32 with a float16 or bfloat16 input"
             )
         if weight.device != input.device:
             raise RuntimeError(f"rmsnorm.rms_norm: weight is on {weight.device} but input is on {input.device}")
@@ -288,8 +289,11 @@ def add_rms_norm(
                 f"rmsnorm.add_rms_norm: weight has shape {list(weight.shape)}, expected normalized_shape="
                 f"{list(normalized_shape)}"
             )
-        if weight.dtype != dtype:
-            raise TypeError(f"rmsnorm.add_rms_norm: weight has dtype {weight.dtype} but input has {dtype}")
+        if weight.dtype != dtype and not (weight.dtype == torch.float32 and dtype in _HALF_DTYPES):
+            raise TypeError(
+                f"rmsnorm.add_rms_norm: weight has dtype {weight.dtype} but input has {dtype}; the weight must "
+                "have the input's dtype, or be float32 with a float16 or bfloat16 input"
+            )
         if weight.device != input.device:
             raise RuntimeError(f"rmsnorm.add_rms_norm: weight is on {weight.device} but input is on {input.device}")
     flags = (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)

@@ -84,8 +84,10 @@ def test_errors_name_the_argument(device):
         (RuntimeError, "weight has shape [8]", lambda: rmsnorm.rms_norm(x, 16, w[:8])),
         (RuntimeError, "normalized_shape=[8]", lambda: rmsnorm.rms_norm(x, 8)),
         (RuntimeError, "normalized_shape=[2, 16]", lambda: rmsnorm.rms_norm(x, (2, 16))),
-        (TypeError, "weight has dtype torch.float32 but input has torch.bfloat16",
-         lambda: rmsnorm.rms_norm(x.bfloat16(), 16, w)),
+        (TypeError, "weight has dtype torch.float64 but input has torch.bfloat16",
+         lambda: rmsnorm.rms_norm(x.bfloat16(), 16, w.double())),
+        (TypeError, "weight has dtype torch.bfloat16 but input has torch.float16",
+         lambda: rmsnorm.rms_norm(x.half(), 16, w.bfloat16())),
         (RuntimeError, "eps", lambda: rmsnorm.rms_norm(x, 16, w, -1.0)),
         (RuntimeError, "eps", lambda: rmsnorm.rms_norm(x, 16, w, float("nan"))),
         # The operators themselves check what the Python layer would (direct calls, compiled graphs).

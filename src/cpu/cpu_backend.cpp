@@ -347,7 +347,7 @@ size_t backward_workspace_bytes(int64_t rows, int64_t cols, GwMode mode) {
 rmsnorm_status_t forward(const ForwardArgs& a, int num_threads) {
   if (a.rows <= 0) return RMSNORM_STATUS_SUCCESS;
   try {
-    const std::vector<float> wp = weight_prime(a.weight, a.dtype, a.cols, a.weight_offset);
+    const std::vector<float> wp = weight_prime(a.weight, a.weight_f32 ? DType::kF32 : a.dtype, a.cols, a.weight_offset);
     const int threads = threads_for(num_threads, a.rows, a.rows * a.cols);
     // The residual add widens h into scratch at every dtype.
     Scratch scratch(threads, 1, a.residual != nullptr ? a.cols : widen_len(a.dtype, a.cols));
@@ -366,7 +366,7 @@ rmsnorm_status_t forward(const ForwardArgs& a, int num_threads) {
 rmsnorm_status_t forward_quant(const ForwardArgs& a, const QuantArgs& qa, int num_threads) {
   if (a.rows <= 0) return RMSNORM_STATUS_SUCCESS;
   try {
-    const std::vector<float> wp = weight_prime(a.weight, a.dtype, a.cols, a.weight_offset);
+    const std::vector<float> wp = weight_prime(a.weight, a.weight_f32 ? DType::kF32 : a.dtype, a.cols, a.weight_offset);
     const int threads = threads_for(num_threads, a.rows, a.rows * a.cols);
     Scratch scratch(threads, 2, a.cols);  // the widened row, and y of the row as forward stores it
     const float inv_scale = qa.per_row ? 0.0f : 1.0f / *qa.scale;
@@ -424,7 +424,7 @@ rmsnorm_status_t backward(const BackwardArgs& a, int num_threads) {
     return RMSNORM_STATUS_SUCCESS;
   }
   try {
-    const std::vector<float> wp = weight_prime(a.weight, a.dtype, a.cols, a.weight_offset);
+    const std::vector<float> wp = weight_prime(a.weight, a.weight_f32 ? DType::kF32 : a.dtype, a.cols, a.weight_offset);
     dispatch_dtype(a.dtype, [&](auto tag) {
       constexpr DType dt = decltype(tag)::value;
       if (a.gw_mode != GwMode::kNone) {

@@ -215,6 +215,9 @@ rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtyp
 }
 
 rmsnorm_status_t forward(const ForwardArgs& a, int device, void* stream) {
+  if (a.weight_f32 && a.weight != nullptr)
+    return fail(RMSNORM_STATUS_BACKEND_UNAVAILABLE, "weight",
+                "an fp32 weight with 16-bit x (RMSNORM_FLAG_WEIGHT_F32) has no CUDA kernel yet");
   DeviceGuard guard(device);
   RMSNORM_CUDA_TRY(guard.status());
   plan::Device dev;
@@ -226,6 +229,9 @@ rmsnorm_status_t forward(const ForwardArgs& a, int device, void* stream) {
 }
 
 rmsnorm_status_t forward_quant(const ForwardArgs& a, const QuantArgs& qa, int device, void* stream) {
+  if (a.weight_f32 && a.weight != nullptr)
+    return fail(RMSNORM_STATUS_BACKEND_UNAVAILABLE, "weight",
+                "an fp32 weight with 16-bit x (RMSNORM_FLAG_WEIGHT_F32) has no CUDA kernel yet");
   DeviceGuard guard(device);
   RMSNORM_CUDA_TRY(guard.status());
   plan::Device dev;
@@ -237,6 +243,9 @@ rmsnorm_status_t forward_quant(const ForwardArgs& a, const QuantArgs& qa, int de
 }
 
 rmsnorm_status_t backward(const BackwardArgs& a, int device, void* stream) {
+  if (a.weight_f32 && a.weight != nullptr)
+    return fail(RMSNORM_STATUS_BACKEND_UNAVAILABLE, "weight",
+                "an fp32 weight with 16-bit x (RMSNORM_FLAG_WEIGHT_F32) has no CUDA kernel yet");
   DeviceGuard guard(device);
   RMSNORM_CUDA_TRY(guard.status());
   plan::Device dev;

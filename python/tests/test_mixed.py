@@ -1,0 +1,86 @@
+"""An fp32 weight with float16 / bfloat16 input (AMP and FSDP master weights; RMSNORM_FLAG_WEIGHT_F32).
+
+The identity checked: x widened to fp32 (exact) with the same fp32 weight is the fp32 problem, whose y and gx rounded
+once to the input dtype are the mixed call's, and whose gw is its gw bit for bit. Values also against float64. The
+CUDA backend has no kernel for it yet and says so."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rmsnorm
+from helpers import randn, requires_cuda, row_scaled
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("weight_offset", [False, True])
+def test_fp32_weight_is_the_fp32_problem_rounded_once(dtype, weight_offset):
+    gen = torch.Generator().manual_seed(71)
+    for shape in [(5, 64), (2, 3, 1000)]:
+        d = shape[-1]
+        x = row_scaled(randn(*shape, dtype=dtype, gen=gen), gen).requires_grad_(True)
+        w = (1.0 + 0.3 * randn(d, gen=gen)).requires_grad_(True)  # fp32, most values not representable in dtype
+        gy = randn(*shape, dtype=dtype, gen=gen)
+        y = rmsnorm.rms_norm(x, d, w, 1e-5, weight_offset=weight_offset)
+        assert y.dtype == dtype
+        gx, gw = torch.autograd.grad(y, (x, w), gy)
+        assert gx.dtype == dtype and gw.dtype == torch.float32
+
+        xf = x.detach().float().requires_grad_(True)
+        wf = w.detach().clone().requires_grad_(True)
+        yf = rmsnorm.rms_norm(xf, d, wf, 1e-5, weight_offset=weight_offset)
+        gxf, gwf = torch.autograd.grad(yf, (xf, wf), gy.float())
+        assert torch.equal(y, yf.to(dtype))
+        assert torch.equal(gx, gxf.to(dtype))
+        assert torch.equal(gw, gwf)
+
+        # float64: the weight's fp32 values are used (a weight rounded to dtype first is off by its rounding).
+        x64, w64 = x.detach().double(), w.detach().double() + (1.0 if weight_offset else 0.0)
+        ref = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * w64
+        unit = 2.0**-11 if dtype == torch.float16 else 2.0**-8
+        assert ((y.double() - ref).abs() <= 2 * unit * ref.abs() + 1e-6).all()
+        wt = w.detach().to(dtype)
+        y_rounded = rmsnorm.rms_norm(x.detach(), d, wt, 1e-5, weight_offset=weight_offset)
+        assert not torch.equal(y.detach(), y_rounded)
+
+
+def test_module_with_fp32_parameters_and_16_bit_input():
+    """nn.RMSNorm's default fp32 parameters with bf16 activations, as under autocast: the drop-in takes them."""
+    gen = torch.Generator().manual_seed(72)
+    norm = rmsnorm.RMSNorm(256, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(1.0 + 0.2 * randn(256, gen=gen))
+    x = randn(4, 256, dtype=torch.bfloat16, gen=gen).requires_grad_(True)
+    y = norm(x)
+    y.float().square().sum().backward()
+    assert y.dtype == torch.bfloat16 and x.grad.dtype == torch.bfloat16 and norm.weight.grad.dtype == torch.float32
+    want = rmsnorm.rms_norm(x.detach().float(), 256, norm.weight.detach(), 1e-6).to(torch.bfloat16)
+    assert torch.equal(y.detach(), want)
+
+
+def test_add_and_quant_take_the_fp32_weight():
+    gen = torch.Generator().manual_seed(73)
+    x, r = randn(3, 128, dtype=torch.bfloat16, gen=gen), randn(3, 128, dtype=torch.bfloat16, gen=gen)
+    w = 1.0 + 0.3 * randn(128, gen=gen)
+    y, h = rmsnorm.add_rms_norm(x, r, 128, w, 1e-5)
+    assert torch.equal(y, rmsnorm.rms_norm(h, 128, w, 1e-5))
+    q, s = rmsnorm.rms_norm_quant(h, 128, w, 1e-5)
+    yq = rmsnorm.rms_norm(h, 128, w, 1e-5).float()
+    assert torch.equal(s, torch.clamp(yq.abs().amax(-1) / 448.0, min=1.0 / (448.0 * 512.0)))
+
+
+def test_other_mixed_dtypes_are_errors():
+    x = randn(2, 16, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="weight has dtype torch.float16 but input has torch.bfloat16"):
+        rmsnorm.rms_norm(x, 16, randn(16, dtype=torch.float16))
+    with pytest.raises(RuntimeError, match="weight has dtype float32 but x has float32|gw_dtype must be"):
+        torch.ops.rmsnorm.backward(x, x, randn(16), x[:, 0].float(), 0, torch.bfloat16)
+
+
+@requires_cuda
+def test_cuda_says_it_has_no_kernel_yet():
+    x = randn(2, 64, dtype=torch.bfloat16, device="cuda")
+    w = randn(64, device="cuda")
+    with pytest.raises(RuntimeError, match="no CUDA kernel yet"):
+        rmsnorm.rms_norm(x, 64, w)

@@ -1,0 +1,212 @@
+// RMSNORM_FLAG_WEIGHT_F32 (an fp32 weight with f16 / bf16 x) on the CPU backend, through the C ABI. The identity
+// checked: with x, gy widened to fp32 (exactly), the fp32 problem with the same fp32 weight computes the same fp32
+// values, so the mixed call's rstd and gw are bit for bit the fp32 call's and its y and gx are those values rounded
+// once to the dtype. y also against the float64 reference (the tests' tolerance model), and against the call with the
+// weight rounded to the dtype first, which must differ somewhere (the fp32 weight is used as fp32). Then the
+// argument rules, and the CUDA backend's refusal with nothing written.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "harness/host_matrix.hpp"
+#include "harness/random.hpp"
+#include "harness/tolerance.hpp"
+#include "rmsnorm/rmsnorm.h"
+#include "rmsnorm_reference.hpp"
+
+namespace rmsnorm::test {
+namespace {
+
+using harness::HostMatrix;
+
+rmsnorm_problem_t problem(int32_t dtype, int64_t rows, int64_t cols, uint32_t flags) {
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = rows;
+  p.cols = cols;
+  p.dtype = dtype;
+  p.flags = flags;
+  return p;
+}
+
+// m widened to fp32 (every f16 / bf16 value is exact in fp32), same layout.
+HostMatrix widened(const HostMatrix& m) {
+  HostMatrix f(RMSNORM_DTYPE_F32, m.rows, m.cols, m.stride, m.offset);
+  for (int64_t r = 0; r < m.rows; ++r)
+    for (int64_t k = 0; k < m.cols; ++k) f.set(r, k, m.get(r, k));
+  return f;
+}
+
+const rmsnorm_backend_t kCpu = rmsnorm_backend_cpu(2);
+
+struct Fwd {
+  HostMatrix y;
+  std::vector<float> rstd;
+};
+
+Fwd forward(const HostMatrix& x, const HostMatrix& w, int32_t dtype, uint32_t flags) {
+  Fwd f;
+  f.y = HostMatrix(dtype, x.rows, x.cols, x.stride, x.offset);
+  f.rstd.assign(static_cast<size_t>(x.rows), NAN);
+  const rmsnorm_problem_t p = problem(dtype, x.rows, x.cols, flags);
+  EXPECT_EQ(RMSNORM_STATUS_SUCCESS,
+            rmsnorm_forward(&p, x.data(), x.stride, w.data(), f.y.data(), f.y.stride, f.rstd.data(), &kCpu))
+      << rmsnorm_last_error();
+  return f;
+}
+
+TEST(WeightF32, ForwardIsTheFp32ProblemRoundedOnce) {
+  std::mt19937_64 rng(61);
+  for (int32_t dt : {RMSNORM_DTYPE_F16, RMSNORM_DTYPE_BF16})
+    for (int64_t cols : {1, 7, 64, 1000, 4096})
+      for (uint32_t extra : {0u, static_cast<uint32_t>(RMSNORM_FLAG_WEIGHT_OFFSET)})
+        for (bool strided : {false, true}) {
+          SCOPED_TRACE("dtype " + std::to_string(dt) + " cols " + std::to_string(cols) + " flags " +
+                       std::to_string(extra) + (strided ? " strided" : ""));
+          const int64_t rows = 9;
+          HostMatrix x = strided ? HostMatrix(dt, rows, cols, cols + 5, 1) : HostMatrix(dt, rows, cols);
+          HostMatrix w(RMSNORM_DTYPE_F32, 1, cols, cols, strided ? 1 : 0);  // fp32, 4-byte aligned either way
+          harness::fill_normal(x, rng(), harness::hetero_row_scale);
+          harness::fill_normal(w, rng(), {}, 1.0);
+          const Fwd mixed = forward(x, w, dt, RMSNORM_FLAG_WEIGHT_F32 | extra);
+          const HostMatrix xf = widened(x);
+          const Fwd wide = forward(xf, w, RMSNORM_DTYPE_F32, extra);
+          ASSERT_EQ(0, std::memcmp(mixed.rstd.data(), wide.rstd.data(), mixed.rstd.size() * sizeof(float)))
+              << "rstd differs from the fp32 problem's";
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t k = 0; k < cols; ++k)
+              ASSERT_EQ(mixed.y.get(r, k), harness::round_to(dt, wide.y.get(r, k)))
+                  << "y at row " << r << " col " << k;
+          // Against float64, with the fp32 weight's values.
+          const std::vector<double> xd = x.to_double(), wd = w.to_double();
+          std::vector<double> yr(static_cast<size_t>(rows * cols)), rr(static_cast<size_t>(rows)),
+              xh(static_cast<size_t>(rows * cols));
+          reference::Options o;
+          o.eps = 1e-5;
+          o.weight_offset = extra != 0;
+          reference::forward(rows, cols, xd.data(), wd.data(), o, yr.data(), rr.data(), xh.data());
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t k = 0; k < cols; ++k) {
+              const double want = yr[static_cast<size_t>(r * cols + k)];
+              ASSERT_LE(std::fabs(mixed.y.get(r, k) - want), harness::y_tol(dt, want, cols))
+                  << "y against float64 at row " << r << " col " << k;
+            }
+          // The weight rounded to the dtype first gives other bits somewhere: the fp32 values were used.
+          HostMatrix wt(dt, 1, cols);
+          for (int64_t k = 0; k < cols; ++k) wt.set(0, k, w.get(0, k));
+          const Fwd rounded = forward(x, wt, dt, extra);
+          if (cols >= 64) {
+            EXPECT_NE(0, std::memcmp(rounded.y.data(), mixed.y.data(), mixed.y.data_bytes()))
+                << "the same y with the weight rounded to the dtype";
+          }
+        }
+}
+
+// gx is the fp32 problem's rounded once; gw (fp32 in every mode) and the accumulate modes' sums bit for bit.
+TEST(WeightF32, BackwardIsTheFp32ProblemRoundedOnce) {
+  std::mt19937_64 rng(62);
+  for (int32_t dt : {RMSNORM_DTYPE_F16, RMSNORM_DTYPE_BF16})
+    for (int64_t cols : {1, 33, 1000})
+      for (int32_t mode : {RMSNORM_GW_STORE, RMSNORM_GW_STORE_F32, RMSNORM_GW_ACCUMULATE, RMSNORM_GW_ACCUMULATE_F32}) {
+        SCOPED_TRACE("dtype " + std::to_string(dt) + " cols " + std::to_string(cols) + " gw_mode " +
+                     std::to_string(mode));
+        const int64_t rows = 40;
+        HostMatrix x(dt, rows, cols), gy(dt, rows, cols), w(RMSNORM_DTYPE_F32, 1, cols);
+        harness::fill_normal(x, rng(), harness::hetero_row_scale);
+        harness::fill_normal(gy, rng());
+        harness::fill_normal(w, rng(), {}, 1.0);
+        HostMatrix gw0(RMSNORM_DTYPE_F32, 1, cols);
+        harness::fill_normal(gw0, rng());
+        const bool accumulate = mode == RMSNORM_GW_ACCUMULATE || mode == RMSNORM_GW_ACCUMULATE_F32;
+        auto run = [&](const HostMatrix& xs, const HostMatrix& gys, int32_t dtype, uint32_t flags, int32_t m,
+                       HostMatrix* gx, HostMatrix* gw) {
+          *gx = HostMatrix(dtype, rows, cols);
+          *gw = accumulate ? gw0 : HostMatrix(RMSNORM_DTYPE_F32, 1, cols);
+          const rmsnorm_problem_t p = problem(dtype, rows, cols, flags);
+          size_t ws = 0;
+          ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, m, &kCpu, &ws));
+          std::vector<unsigned char> workspace(ws + 16);
+          ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                    rmsnorm_backward(&p, xs.data(), cols, w.data(), gys.data(), cols, nullptr, gx->data(), cols,
+                                     gw->data(), m, ws > 0 ? workspace.data() : nullptr, ws, &kCpu))
+              << rmsnorm_last_error();
+        };
+        HostMatrix gx, gw, gxf, gwf;
+        run(x, gy, dt, RMSNORM_FLAG_WEIGHT_F32, mode, &gx, &gw);
+        ASSERT_FALSE(HasFatalFailure());
+        // The fp32 problem: gw's fp32 modes (the dtype of an fp32 weight).
+        run(widened(x), widened(gy), RMSNORM_DTYPE_F32, 0,
+            accumulate ? RMSNORM_GW_ACCUMULATE_F32 : RMSNORM_GW_STORE_F32, &gxf, &gwf);
+        ASSERT_FALSE(HasFatalFailure());
+        ASSERT_EQ(0, std::memcmp(gw.data(), gwf.data(), static_cast<size_t>(cols) * 4)) << "gw";
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t k = 0; k < cols; ++k)
+            ASSERT_EQ(gx.get(r, k), harness::round_to(dt, gxf.get(r, k))) << "gx at row " << r << " col " << k;
+      }
+}
+
+// The residual add and the quantized forward take the flag too: each is its unfused composition with it.
+TEST(WeightF32, AddAndQuantFollowTheForward) {
+  std::mt19937_64 rng(63);
+  const int32_t dt = RMSNORM_DTYPE_BF16;
+  const int64_t rows = 5, cols = 200;
+  HostMatrix x(dt, rows, cols), res(dt, rows, cols), w(RMSNORM_DTYPE_F32, 1, cols);
+  harness::fill_normal(x, rng(), harness::hetero_row_scale);
+  harness::fill_normal(res, rng());
+  harness::fill_normal(w, rng(), {}, 1.0);
+  const rmsnorm_problem_t p = problem(dt, rows, cols, RMSNORM_FLAG_WEIGHT_F32);
+  HostMatrix h(dt, rows, cols), y(dt, rows, cols);
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_add_forward(&p, x.data(), cols, res.data(), cols, w.data(), h.data(), cols,
+                                                         y.data(), cols, nullptr, &kCpu))
+      << rmsnorm_last_error();
+  const Fwd plain = forward(h, w, dt, RMSNORM_FLAG_WEIGHT_F32);
+  EXPECT_EQ(0, std::memcmp(plain.y.data(), y.data(), y.data_bytes())) << "add: y differs from the forward of h";
+  std::vector<uint8_t> q(static_cast<size_t>(rows * cols)), q_plain(q.size());
+  std::vector<float> s(static_cast<size_t>(rows)), s_plain(s.size());
+  rmsnorm_quant_t qt{RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_PER_ROW, nullptr, s.data(), nullptr};
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+            rmsnorm_forward_quant(&p, h.data(), cols, w.data(), &qt, q.data(), cols, nullptr, &kCpu))
+      << rmsnorm_last_error();
+  // The same call with the weight rounded to bf16.
+  HostMatrix wt(dt, 1, cols);
+  for (int64_t k = 0; k < cols; ++k) wt.set(0, k, w.get(0, k));
+  qt.row_scales = s_plain.data();
+  const rmsnorm_problem_t pt = problem(dt, rows, cols, 0);
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+            rmsnorm_forward_quant(&pt, h.data(), cols, wt.data(), &qt, q_plain.data(), cols, nullptr, &kCpu));
+  // Quantized from the fp32-weight y, not the rounded-weight one: the scales differ somewhere.
+  EXPECT_NE(0, std::memcmp(s.data(), s_plain.data(), s.size() * 4));
+  for (int64_t r = 0; r < rows; ++r) {
+    double amax = 0.0;
+    for (int64_t k = 0; k < cols; ++k) amax = std::max(amax, std::fabs(plain.y.get(r, k)));
+    EXPECT_EQ(s[static_cast<size_t>(r)], std::max(static_cast<float>(amax) / 448.0f, 1.0f / (448.0f * 512.0f)))
+        << "scale of row " << r << " (from the y of the forward with the flag)";
+  }
+}
+
+TEST(WeightF32, ArgumentRules) {
+  const int64_t rows = 2, cols = 8;
+  HostMatrix x(RMSNORM_DTYPE_BF16, rows, cols), y(RMSNORM_DTYPE_BF16, rows, cols);
+  harness::fill_normal(x, 5);
+  std::vector<float> wbuf(cols + 1, 1.0f);
+  // A weight 2 bytes past a float boundary: aligned for bf16, not for the fp32 weight the flag announces.
+  const void* w_misaligned = reinterpret_cast<const unsigned char*>(wbuf.data()) + 2;
+  const rmsnorm_problem_t p = problem(RMSNORM_DTYPE_BF16, rows, cols, RMSNORM_FLAG_WEIGHT_F32);
+  const HostMatrix y0 = y;
+  EXPECT_EQ(RMSNORM_STATUS_MISALIGNED, rmsnorm_forward(&p, x.data(), cols, w_misaligned, y.data(), cols, nullptr, &kCpu));
+  EXPECT_NE(std::string(rmsnorm_last_error()).find("weight"), std::string::npos) << rmsnorm_last_error();
+  EXPECT_EQ(0, std::memcmp(y.storage.data(), y0.storage.data(), y.storage.size())) << "written although refused";
+  // With fp32 x the flag changes nothing.
+  HostMatrix xf(RMSNORM_DTYPE_F32, rows, cols), w(RMSNORM_DTYPE_F32, 1, cols);
+  harness::fill_normal(xf, 6);
+  harness::fill_normal(w, 7);
+  const Fwd a = forward(xf, w, RMSNORM_DTYPE_F32, RMSNORM_FLAG_WEIGHT_F32);
+  const Fwd b = forward(xf, w, RMSNORM_DTYPE_F32, 0);
+  EXPECT_EQ(0, std::memcmp(a.y.data(), b.y.data(), a.y.data_bytes()));
+}
+
+}  // namespace
+}  // namespace rmsnorm::test
