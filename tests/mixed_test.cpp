@@ -16,6 +16,7 @@
 #include "harness/random.hpp"
 #include "harness/tolerance.hpp"
 #include "rmsnorm/rmsnorm.h"
+#include "rmsnorm/rmsnorm.hpp"
 #include "rmsnorm_reference.hpp"
 
 namespace rmsnorm::test {
@@ -185,6 +186,44 @@ TEST(WeightF32, AddAndQuantFollowTheForward) {
     EXPECT_EQ(s[static_cast<size_t>(r)], std::max(static_cast<float>(amax) / 448.0f, 1.0f / (448.0f * 512.0f)))
         << "scale of row " << r << " (from the y of the forward with the flag)";
   }
+}
+
+// The C++ API's forward_mixed / backward_mixed are the C ABI with the flag.
+TEST(WeightF32, CppForwardAndBackwardMixedAreTheCAbi) {
+  const int64_t rows = 6, cols = 96;
+  HostMatrix x(RMSNORM_DTYPE_BF16, rows, cols), gy(RMSNORM_DTYPE_BF16, rows, cols), w(RMSNORM_DTYPE_F32, 1, cols);
+  harness::fill_normal(x, 81, harness::hetero_row_scale);
+  harness::fill_normal(gy, 82);
+  harness::fill_normal(w, 83, {}, 1.0);
+  const Fwd c = forward(x, w, RMSNORM_DTYPE_BF16, RMSNORM_FLAG_WEIGHT_F32);
+  using B = rmsnorm::bfloat16;
+  HostMatrix y(RMSNORM_DTYPE_BF16, rows, cols);
+  std::vector<float> rstd(static_cast<size_t>(rows));
+  const auto xv = rmsnorm::make_matrix(static_cast<const B*>(x.data()), rows, cols);
+  const auto wv = rmsnorm::make_vector(static_cast<const float*>(w.data()), cols);
+  const rmsnorm::Backend be = rmsnorm::Backend::cpu(2);
+  ASSERT_EQ(rmsnorm::Status::kSuccess,
+            rmsnorm::forward_mixed<B>(xv, wv, rmsnorm::make_matrix(static_cast<B*>(y.data()), rows, cols),
+                                      rmsnorm::make_vector(rstd.data(), rows), rmsnorm::Options{}, be))
+      << rmsnorm::last_error();
+  EXPECT_EQ(0, std::memcmp(y.data(), c.y.data(), y.data_bytes()));
+  EXPECT_EQ(0, std::memcmp(rstd.data(), c.rstd.data(), rstd.size() * 4));
+  HostMatrix gx(RMSNORM_DTYPE_BF16, rows, cols), gx_c(RMSNORM_DTYPE_BF16, rows, cols);
+  std::vector<float> gw(static_cast<size_t>(cols)), gw_c(static_cast<size_t>(cols));
+  std::vector<double> ws(1 << 16);
+  ASSERT_EQ(rmsnorm::Status::kSuccess,
+            rmsnorm::backward_mixed<B>(xv, wv, rmsnorm::make_matrix(static_cast<const B*>(gy.data()), rows, cols),
+                                       rmsnorm::make_vector(static_cast<const float*>(rstd.data()), rows),
+                                       rmsnorm::make_matrix(static_cast<B*>(gx.data()), rows, cols),
+                                       rmsnorm::GradWeight<float>::store(rmsnorm::make_vector(gw.data(), cols)),
+                                       rmsnorm::Workspace{ws.data(), ws.size() * sizeof(double)}, rmsnorm::Options{}, be))
+      << rmsnorm::last_error();
+  const rmsnorm_problem_t p = problem(RMSNORM_DTYPE_BF16, rows, cols, RMSNORM_FLAG_WEIGHT_F32);
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+            rmsnorm_backward(&p, x.data(), cols, w.data(), gy.data(), cols, rstd.data(), gx_c.data(), cols, gw_c.data(),
+                             RMSNORM_GW_STORE_F32, ws.data(), ws.size() * sizeof(double), &kCpu));
+  EXPECT_EQ(0, std::memcmp(gx.data(), gx_c.data(), gx.data_bytes()));
+  EXPECT_EQ(0, std::memcmp(gw.data(), gw_c.data(), gw.size() * 4));
 }
 
 TEST(WeightF32, ArgumentRules) {

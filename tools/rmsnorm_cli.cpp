@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include "common/parallel.hpp"
+#include "common/quant.hpp"
 #include "harness/check.hpp"
 #include "harness/host_matrix.hpp"
 #include "harness/json.hpp"
@@ -141,6 +142,7 @@ struct Config {
   int threads = 0;
   uint64_t seed = 20240611;
   std::string json;
+  std::string op = "norm";  // norm | add | quant-fp8 | quant-int8
 };
 
 const char* kUsage =
@@ -158,6 +160,8 @@ const char* kUsage =
     "  --threads N         CPU backend threads, 0 = all (default 0)\n"
     "  --seed N            random seed (default 20240611)\n"
     "  --json FILE         also write every result as JSON\n"
+    "  --op OP             norm (the forward and backward) | add (residual add + norm forward) |\n"
+    "                      quant-fp8 | quant-int8 (forward quantized with per-row scales) (default norm)\n"
     "  --help              this text\n"
     "\n"
     "Exit status: 0 on success, 1 when the check fails or an error occurs, 2 on bad usage.\n";
@@ -225,6 +229,10 @@ Config parse_args(int argc, char** argv) {
     } else if (a == "--json") {
       c.json = value();
       if (c.json.empty()) usage_error("--json: empty file name");
+    } else if (a == "--op") {
+      c.op = value();
+      if (c.op != "norm" && c.op != "add" && c.op != "quant-fp8" && c.op != "quant-int8")
+        usage_error("--op: expected norm, add, quant-fp8 or quant-int8, got '" + c.op + "'");
     } else {
       usage_error("unknown option '" + a + "'");
     }
@@ -314,6 +322,7 @@ void write_json(const Config& cfg, const Report& rep, bool passed) {
     j.field("threads", rep.threads).field("backward_threads", rep.backward_threads);
     j.field("threads_requested", cfg.threads);
   }
+  j.field("op", cfg.op);
   j.field("rows", cfg.rows).field("cols", cfg.cols).field("dtype", dtype_name(cfg.dtype)).field("eps", cfg.eps);
   j.field("seed", cfg.seed).field("reps", rep.reps).field("input_sets", rep.input_sets);
   j.key("check").begin_object().field("passed", passed).key("items").begin_array();
@@ -780,6 +789,227 @@ int run_cuda(const Config& cfg) {
 
 #endif  // RMSNORM_WITH_CUDA
 
+// ---- fused operations (--op add | quant-fp8 | quant-int8), either backend ------------------------------
+//
+// add:   h = T(x + residual) and y = rms_norm(h) * w (rmsnorm_add_forward). Checked: every h exactly by the rule
+//        (the sum in fp32, one rounding), y against the float64 reference of h as stored.
+// quant: q = quant(y) with per-row scales (rmsnorm_forward_quant, vLLM's rule: src/common/quant.hpp), rstd
+//        written. Checked: rstd against the float64 reference; every scale and every q byte exactly by the rule
+//        from y = T(x * rstd * w), the forward's formula for the rstd returned.
+// Timed: the one call, median over --reps after warm-up, bytes as the minimal ones (add: read x, residual, w,
+// write h, y; quant: read x, w, write q and the scales). One input set (no rotation): at sizes under the L2 the
+// times are the L2's.
+
+// A buffer on the host or on the device, with copies to and from host memory.
+class Buf {
+ public:
+  Buf(size_t bytes, bool cuda) : cuda_(cuda), bytes_(bytes) {
+#if defined(RMSNORM_WITH_CUDA)
+    if (cuda) {
+      dev_ = rmsnorm::harness::DeviceBuffer(bytes);
+      return;
+    }
+#endif
+    host_.assign(bytes + 16, 0);
+  }
+  void* get() {
+#if defined(RMSNORM_WITH_CUDA)
+    if (cuda_) return dev_.get();
+#endif
+    return host_.data();
+  }
+  void upload(const void* src) {
+    if (bytes_ == 0) return;
+#if defined(RMSNORM_WITH_CUDA)
+    if (cuda_) {
+      CUDA_CHECK(cudaMemcpy(dev_.get(), src, bytes_, cudaMemcpyHostToDevice));
+      return;
+    }
+#endif
+    std::memcpy(host_.data(), src, bytes_);
+  }
+  void download(void* dst) {
+    if (bytes_ == 0) return;
+#if defined(RMSNORM_WITH_CUDA)
+    if (cuda_) {
+      CUDA_CHECK(cudaMemcpy(dst, dev_.get(), bytes_, cudaMemcpyDeviceToHost));
+      return;
+    }
+#endif
+    std::memcpy(dst, host_.data(), bytes_);
+  }
+  void poison() {  // 0xFF: NaN in every float dtype
+#if defined(RMSNORM_WITH_CUDA)
+    if (cuda_) {
+      if (bytes_ > 0) CUDA_CHECK(cudaMemset(dev_.get(), 0xFF, bytes_));
+      return;
+    }
+#endif
+    std::fill(host_.begin(), host_.end(), static_cast<unsigned char>(0xFF));
+  }
+
+ private:
+  bool cuda_;
+  size_t bytes_;
+  std::vector<unsigned char> host_;
+#if defined(RMSNORM_WITH_CUDA)
+  rmsnorm::harness::DeviceBuffer dev_;
+#endif
+};
+
+int run_fused(const Config& cfg, bool cuda) {
+  Report rep;
+  rep.backend = cuda ? "cuda" : "cpu";
+  rep.device = "host";
+  rep.reps = cfg.reps > 0 ? cfg.reps : cuda ? 100 : 5;
+  rep.threads = rep.backward_threads = rmsnorm::threads_for(cfg.threads, cfg.rows, cfg.rows * cfg.cols);
+  void* stream = nullptr;
+#if defined(RMSNORM_WITH_CUDA)
+  cudaStream_t cstream = nullptr;
+  if (cuda) {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    rep.device = prop.name;
+    rep.sms = prop.multiProcessorCount;
+    CUDA_CHECK(cudaRuntimeGetVersion(&rep.cuda_runtime));
+    CUDA_CHECK(cudaDriverGetVersion(&rep.cuda_driver));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cstream, cudaStreamNonBlocking));
+    stream = cstream;
+  }
+#endif
+  const rmsnorm_backend_t be = cuda ? rmsnorm_backend_cuda(-1, stream) : rmsnorm_backend_cpu(cfg.threads);
+  std::printf("backend: %s, op %s\n", rep.backend.c_str(), cfg.op.c_str());
+  Problem pr = make_problem(cfg);
+  const int64_t rows = cfg.rows, cols = cfg.cols;
+  const size_t mat = pr.elems * pr.esize, vec = static_cast<size_t>(cols) * pr.esize;
+  const double nd = static_cast<double>(pr.elems), d = static_cast<double>(cols), e = static_cast<double>(pr.esize);
+  Buf x(mat, cuda), w(vec, cuda), rstd(static_cast<size_t>(rows) * 4, cuda);
+  x.upload(pr.x.data());
+  w.upload(pr.w.data());
+  rstd.poison();
+  auto sync = [&] {
+#if defined(RMSNORM_WITH_CUDA)
+    if (cuda) CUDA_CHECK(cudaStreamSynchronize(cstream));
+#endif
+  };
+  auto timed = [&](const std::string& name, double bytes, const std::function<void()>& call) {
+#if defined(RMSNORM_WITH_CUDA)
+    if (cuda) return time_cuda(name, bytes, rep.reps, 1, cstream, [&](int) { call(); });
+#endif
+    return time_cpu(name, bytes, rep.reps, call);
+  };
+  bool ok = true;
+  auto report = [&](CheckResult c) {
+    if (!c.worst.passed()) {
+      std::fprintf(stderr, "rmsnorm: CHECK FAILED: %s\n", c.worst.describe(c.name, c.vector).c_str());
+      ok = false;
+    }
+    rep.checks.push_back(std::move(c));
+  };
+
+  if (cfg.op == "add") {
+    HostMatrix res(cfg.dtype, rows, cols);
+    rmsnorm::harness::fill_normal(res, cfg.seed + 3);
+    Buf r(mat, cuda), h(mat, cuda), y(mat, cuda);
+    r.upload(res.data());
+    h.poison();
+    y.poison();
+    auto call = [&] {
+      lib_check(rmsnorm_add_forward(&pr.p, x.get(), cols, r.get(), cols, w.get(), h.get(), cols, y.get(), cols,
+                                    static_cast<float*>(rstd.get()), &be),
+                "add forward");
+    };
+    {
+      Progress progress("running the residual add and checking it");
+      call();
+      sync();
+      HostMatrix hh = matrix_like(pr), yh = matrix_like(pr);
+      h.download(hh.data());
+      y.download(yh.data());
+      CheckResult ch;
+      ch.name = "h (exact)";
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t k = 0; k < cols; ++k)
+          ch.worst.add(i, k, hh.get(i, k),
+                       rmsnorm::harness::round_to(cfg.dtype, static_cast<float>(pr.x.get(i, k)) +
+                                                                 static_cast<float>(res.get(i, k))),
+                       0.0);
+      report(std::move(ch));
+      rmsnorm::reference::Options opt;
+      opt.eps = static_cast<double>(cfg.eps);
+      Outputs out;
+      out.y_name = "y (forward of h)";
+      out.y = &yh;
+      for (CheckResult& c : rmsnorm::harness::check_against_reference(hh, &pr.w, nullptr, opt, out))
+        report(std::move(c));
+    }
+    print_checks(rep.checks);
+    if (ok && rows > 0) rep.timings.push_back(timed("add forward", (4 * nd + d) * e, call));
+  } else {
+    const bool fp8 = cfg.op == "quant-fp8";
+    Buf q(pr.elems, cuda), scales(static_cast<size_t>(rows) * 4, cuda);
+    q.poison();
+    scales.poison();
+    rmsnorm_quant_t qt{fp8 ? RMSNORM_QUANT_FP8_E4M3 : RMSNORM_QUANT_INT8, RMSNORM_QUANT_PER_ROW, nullptr,
+                       static_cast<float*>(scales.get()), nullptr};
+    auto call = [&] {
+      lib_check(rmsnorm_forward_quant(&pr.p, x.get(), cols, w.get(), &qt, q.get(), cols,
+                                      static_cast<float*>(rstd.get()), &be),
+                "quantized forward");
+    };
+    {
+      Progress progress("running the quantized forward and checking it");
+      call();
+      sync();
+      std::vector<uint8_t> qh(pr.elems);
+      std::vector<float> sh(static_cast<size_t>(rows)), rh(static_cast<size_t>(rows));
+      q.download(qh.data());
+      scales.download(sh.data());
+      rstd.download(rh.data());
+      CheckResult cr, cs, cq;
+      cr.name = "rstd";
+      cr.vector = false;
+      cs.name = "row scales (exact)";
+      cq.name = "q (exact)";
+      for (int64_t i = 0; i < rows; ++i) {
+        double ss = 0;
+        for (int64_t k = 0; k < cols; ++k) ss += pr.x.get(i, k) * pr.x.get(i, k);
+        const double r_ref = 1.0 / std::sqrt(ss / static_cast<double>(cols) + static_cast<double>(cfg.eps));
+        cr.worst.add(i, 0, rh[static_cast<size_t>(i)], r_ref, rmsnorm::harness::rstd_tol(r_ref, cols));
+        std::vector<float> yrow(static_cast<size_t>(cols));
+        float amax = 0.0f;
+        for (int64_t k = 0; k < cols; ++k) {
+          const float xh = static_cast<float>(pr.x.get(i, k)) * rh[static_cast<size_t>(i)];
+          yrow[static_cast<size_t>(k)] =
+              static_cast<float>(rmsnorm::harness::round_to(cfg.dtype, xh * static_cast<float>(pr.w.get(0, k))));
+          amax = std::fmax(amax, std::fabs(yrow[static_cast<size_t>(k)]));
+        }
+        const float s = rmsnorm::quant::row_scale(amax, nullptr, fp8);
+        cs.worst.add(i, 0, sh[static_cast<size_t>(i)], s, 0.0);
+        for (int64_t k = 0; k < cols; ++k) {
+          const float v = yrow[static_cast<size_t>(k)];
+          const int want = fp8 ? rmsnorm::quant::fp8_e4m3_saturated(v / s)
+                               : static_cast<uint8_t>(rmsnorm::quant::int8_saturated(v * (1.0f / s)));
+          cq.worst.add(i, k, qh[static_cast<size_t>(i * cols + k)], want, 0.0);
+        }
+      }
+      report(std::move(cr));
+      report(std::move(cs));
+      report(std::move(cq));
+    }
+    print_checks(rep.checks);
+    if (ok && rows > 0) rep.timings.push_back(timed(cfg.op, nd * e + nd + 4.0 * static_cast<double>(rows) + d * e, call));
+  }
+  if (!rep.timings.empty()) print_timings(rep);
+#if defined(RMSNORM_WITH_CUDA)
+  if (cuda) CUDA_CHECK(cudaStreamDestroy(cstream));
+#endif
+  if (!cfg.json.empty()) write_json(cfg, rep, ok);
+  return ok ? 0 : 1;
+}
+
 // Why a CUDA call is refused: the library's message ("this build has no CUDA
 // backend" or "no CUDA device is present"), with the runtime's own error
 // where this CLI was built with CUDA (no device, or a missing or too old
@@ -852,6 +1082,7 @@ int main(int argc, char** argv) {
     out_of_host_memory(cfg, on_gpu, buf);
   }
   try {
+    if (cfg.op != "norm") return run_fused(cfg, on_gpu);
     if (on_gpu) {
 #if defined(RMSNORM_WITH_CUDA)
       return run_cuda(cfg);

@@ -400,6 +400,48 @@ Status add_backward(detail::nondeduced<MatrixView<const T>> h, detail::nondeduce
                                                   workspace.bytes, &backend.c()));
 }
 
+// Mixed precision (RMSNORM_FLAG_WEIGHT_F32): an fp32 weight with 16-bit x, y,
+// gy and gx, as AMP and FSDP keep master weights; gw is fp32 (any GradWeight
+// mode). Named apart from forward/backward so that an empty weight view ({})
+// stays unambiguous there. CUDA backend: not yet (Status::kBackendUnavailable).
+template <class T>
+Status forward_mixed(detail::nondeduced<MatrixView<const T>> x, VectorView<const float> weight, MatrixView<T> y,
+                     VectorView<float> rstd, const Options& opt, const Backend& backend) noexcept {
+  static_assert(!std::is_const<T>::value, "y must be writable");
+  static_assert(!std::is_same<T, float>::value, "fp32 x takes forward()");
+  detail::clear_cpp_error();
+  Status s = detail::check_same_shape("y", y, x);
+  if (s == Status::kSuccess) s = detail::check_optional("weight", weight, x.cols, "cols");
+  if (s == Status::kSuccess) s = detail::check_optional("rstd", rstd, x.rows, "rows");
+  if (s != Status::kSuccess) return s;
+  rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
+  p.flags |= RMSNORM_FLAG_WEIGHT_F32;
+  return static_cast<Status>(rmsnorm_forward(&p, x.data, x.row_stride, weight.data, y.data, y.row_stride, rstd.data,
+                                             &backend.c()));
+}
+
+template <class T>
+Status backward_mixed(detail::nondeduced<MatrixView<const T>> x, VectorView<const float> weight,
+                      detail::nondeduced<MatrixView<const T>> gy, VectorView<const float> rstd, MatrixView<T> gx,
+                      GradWeight<float> gw, Workspace workspace, const Options& opt, const Backend& backend) noexcept {
+  static_assert(!std::is_const<T>::value, "gx must be writable");
+  static_assert(!std::is_same<T, float>::value, "fp32 x takes backward()");
+  detail::clear_cpp_error();
+  Status s = detail::check_same_shape("gy", gy, x);
+  if (s == Status::kSuccess) s = detail::check_same_shape("gx", gx, x);
+  if (s == Status::kSuccess) s = detail::check_optional("weight", weight, x.cols, "cols");
+  if (s == Status::kSuccess) s = detail::check_optional("rstd", rstd, x.rows, "rows");
+  if (s == Status::kSuccess && gw.mode() != GwMode::kNone && gw.data() != nullptr)
+    s = detail::check_size("gw", gw.size(), "cols", x.cols);
+  if (s != Status::kSuccess) return s;
+  rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
+  p.flags |= RMSNORM_FLAG_WEIGHT_F32;
+  return static_cast<Status>(rmsnorm_backward(&p, x.data, x.row_stride, weight.data, gy.data, gy.row_stride,
+                                              rstd.data, gx.data, gx.row_stride, gw.data(),
+                                              static_cast<int32_t>(gw.mode()), workspace.data, workspace.bytes,
+                                              &backend.c()));
+}
+
 // Throwing forms: the same calls, with check() applied.
 template <class T>
 void forward_or_throw(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<VectorView<const T>> weight,
