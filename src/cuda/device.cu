@@ -214,8 +214,14 @@ rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtyp
   return RMSNORM_STATUS_SUCCESS;
 }
 
-rmsnorm_status_t forward(const ForwardArgs& a, int device, void* stream) {
-  if (a.weight_f32 && a.weight != nullptr)
+namespace {
+
+// The entry points' common part: refuses an fp32 weight with 16-bit x (no
+// kernel for it yet), makes `device` current for the call (restored after),
+// checks it, and calls launch(T{}, properties) with the element type of dtype.
+template <typename Launch>
+rmsnorm_status_t run_on_device(DType dtype, bool weight_f32, const void* weight, int device, Launch&& launch) {
+  if (weight_f32 && weight != nullptr)
     return fail(RMSNORM_STATUS_BACKEND_UNAVAILABLE, "weight",
                 "an fp32 weight with 16-bit x (RMSNORM_FLAG_WEIGHT_F32) has no CUDA kernel yet");
   DeviceGuard guard(device);
@@ -223,35 +229,25 @@ rmsnorm_status_t forward(const ForwardArgs& a, int device, void* stream) {
   plan::Device dev;
   const rmsnorm_status_t st = check_device(device, &dev);
   if (st != RMSNORM_STATUS_SUCCESS) return st;
-  return dispatch_dtype(a.dtype, [&](auto tag) {
+  return dispatch_dtype(dtype, [&](auto tag) { return launch(tag, dev); });
+}
+
+}  // namespace
+
+rmsnorm_status_t forward(const ForwardArgs& a, int device, void* stream) {
+  return run_on_device(a.dtype, a.weight_f32, a.weight, device, [&](auto tag, const plan::Device& dev) {
     return launch_forward<decltype(tag)>(a, dev, static_cast<cudaStream_t>(stream));
   });
 }
 
 rmsnorm_status_t forward_quant(const ForwardArgs& a, const QuantArgs& qa, int device, void* stream) {
-  if (a.weight_f32 && a.weight != nullptr)
-    return fail(RMSNORM_STATUS_BACKEND_UNAVAILABLE, "weight",
-                "an fp32 weight with 16-bit x (RMSNORM_FLAG_WEIGHT_F32) has no CUDA kernel yet");
-  DeviceGuard guard(device);
-  RMSNORM_CUDA_TRY(guard.status());
-  plan::Device dev;
-  const rmsnorm_status_t st = check_device(device, &dev);
-  if (st != RMSNORM_STATUS_SUCCESS) return st;
-  return dispatch_dtype(a.dtype, [&](auto tag) {
+  return run_on_device(a.dtype, a.weight_f32, a.weight, device, [&](auto tag, const plan::Device& dev) {
     return launch_forward_quant<decltype(tag)>(a, qa, dev, static_cast<cudaStream_t>(stream));
   });
 }
 
 rmsnorm_status_t backward(const BackwardArgs& a, int device, void* stream) {
-  if (a.weight_f32 && a.weight != nullptr)
-    return fail(RMSNORM_STATUS_BACKEND_UNAVAILABLE, "weight",
-                "an fp32 weight with 16-bit x (RMSNORM_FLAG_WEIGHT_F32) has no CUDA kernel yet");
-  DeviceGuard guard(device);
-  RMSNORM_CUDA_TRY(guard.status());
-  plan::Device dev;
-  const rmsnorm_status_t st = check_device(device, &dev);
-  if (st != RMSNORM_STATUS_SUCCESS) return st;
-  return dispatch_dtype(a.dtype, [&](auto tag) {
+  return run_on_device(a.dtype, a.weight_f32, a.weight, device, [&](auto tag, const plan::Device& dev) {
     return launch_backward<decltype(tag)>(a, dev, static_cast<cudaStream_t>(stream));
   });
 }
