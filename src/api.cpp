@@ -443,9 +443,12 @@ rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* problem, const voi
 #endif
 }
 
-rmsnorm_status_t rmsnorm_forward_quant(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
-                                       const void* weight, const rmsnorm_quant_t* quant, void* q, int64_t q_row_stride,
-                                       float* rstd, const rmsnorm_backend_t* backend) {
+// rmsnorm_forward_quant, and with a residual (non-null) rmsnorm_add_forward_quant: h = T(x + residual) written to
+// h, then quantized as rmsnorm_forward_quant of h. The add's operand and aliasing rules are rmsnorm_add_forward's.
+static rmsnorm_status_t forward_quant_impl(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
+                                           const void* residual, int64_t residual_row_stride, const void* weight,
+                                           void* h, int64_t h_row_stride, const rmsnorm_quant_t* quant, void* q,
+                                           int64_t q_row_stride, float* rstd, const rmsnorm_backend_t* backend) {
   clear_last_error();
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
@@ -477,6 +480,17 @@ rmsnorm_status_t rmsnorm_forward_quant(const rmsnorm_problem_t* problem, const v
   a.x_stride = x_row_stride;
   a.weight = weight;
   a.rstd = rstd;
+  const bool add = residual != nullptr || h != nullptr;
+  if (add) {
+    a.residual = residual;
+    a.residual_stride = residual_row_stride;
+    a.h = h;
+    a.h_stride = h_row_stride;
+    RMSNORM_TRY(check_pointer("residual", a.residual, c.esize));
+    RMSNORM_TRY(check_pointer("h", a.h, c.esize));
+    RMSNORM_TRY(check_stride("residual_row_stride", a.residual_stride, a.cols));
+    RMSNORM_TRY(check_stride("h_row_stride", a.h_stride, a.cols));
+  }
   RMSNORM_TRY(check_pointer("x", a.x, c.esize));
   RMSNORM_TRY(check_pointer("q", qa.q, 1));
   RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.wsize));
@@ -487,19 +501,32 @@ rmsnorm_status_t rmsnorm_forward_quant(const rmsnorm_problem_t* problem, const v
   RMSNORM_TRY(check_stride("x_row_stride", a.x_stride, a.cols));
   RMSNORM_TRY(check_stride("q_row_stride", qa.q_stride, a.cols));
 
-  Extent ex, eq, ew, er, es, ers, eub;
+  Extent ex, eq, ew, er, es, ers, eub, eres, eh;
   RMSNORM_TRY(extent_of("x", a.x, a.rows, a.cols, a.x_stride, c.esize, &ex));
+  RMSNORM_TRY(extent_of("residual", a.residual, a.rows, a.cols, a.residual_stride, c.esize, &eres));
+  RMSNORM_TRY(extent_of("h", a.h, a.rows, a.cols, a.h_stride, c.esize, &eh));
   RMSNORM_TRY(extent_of("q", qa.q, a.rows, a.cols, qa.q_stride, 1, &eq));
   RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.wsize, &ew));
   RMSNORM_TRY(vector_extent("rstd", a.rstd, a.rows, sizeof(float), &er));
   RMSNORM_TRY(vector_extent("quant.scale", qa.per_row ? nullptr : qa.scale, 1, sizeof(float), &es));
   RMSNORM_TRY(vector_extent("quant.row_scales", qa.per_row ? qa.row_scales : nullptr, a.rows, sizeof(float), &ers));
   RMSNORM_TRY(vector_extent("quant.scale_ub", qa.scale_ub, 1, sizeof(float), &eub));
-  RMSNORM_TRY(check_memory_space({&ex, &eq, &ew, &er, &es, &ers, &eub}, c));
-  // Every output is disjoint from every other operand.
-  for (const Extent* other : {&ex, &ew, &er, &es, &ers, &eub}) RMSNORM_TRY(check_overlap(eq, *other));
-  for (const Extent* other : {&ex, &ew, &es, &ers, &eub}) RMSNORM_TRY(check_overlap(er, *other));
-  for (const Extent* other : {&ex, &ew, &es, &eub}) RMSNORM_TRY(check_overlap(ers, *other));
+  RMSNORM_TRY(check_memory_space({&ex, &eq, &ew, &er, &es, &ers, &eub, &eres, &eh}, c));
+  // h may be x or residual exactly, and x may be residual exactly (rmsnorm_add_forward's rules); every other
+  // output is disjoint from every other operand.
+  if (add) {
+    if (!same_view(eres, ex) && overlaps(eres, ex))
+      return fail(RMSNORM_STATUS_OVERLAP, "residual", "overlaps x (only residual == x with equal row strides)");
+    for (const Extent* in : {&ex, &eres}) {
+      if (!same_view(eh, *in) && overlaps(eh, *in))
+        return fail(RMSNORM_STATUS_OVERLAP, "h",
+                    std::string("overlaps ") + in->name + " (only h == x or h == residual with equal row strides)");
+    }
+    for (const Extent* other : {&ew, &es, &eub}) RMSNORM_TRY(check_overlap(eh, *other));
+  }
+  for (const Extent* other : {&ex, &ew, &er, &es, &ers, &eub, &eres, &eh}) RMSNORM_TRY(check_overlap(eq, *other));
+  for (const Extent* other : {&ex, &ew, &es, &ers, &eub, &eres, &eh}) RMSNORM_TRY(check_overlap(er, *other));
+  for (const Extent* other : {&ex, &ew, &es, &eub, &eres, &eh}) RMSNORM_TRY(check_overlap(ers, *other));
   if (!qa.per_row) qa.row_scales = nullptr;
   if (!c.cuda) return cpu::forward_quant(a, qa, cpu_threads(c.threads));
 #if defined(RMSNORM_WITH_CUDA)
@@ -507,6 +534,28 @@ rmsnorm_status_t rmsnorm_forward_quant(const rmsnorm_problem_t* problem, const v
 #else
   return fail(RMSNORM_STATUS_INTERNAL_ERROR, "backend", "unreachable");
 #endif
+}
+
+rmsnorm_status_t rmsnorm_forward_quant(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
+                                       const void* weight, const rmsnorm_quant_t* quant, void* q, int64_t q_row_stride,
+                                       float* rstd, const rmsnorm_backend_t* backend) {
+  return forward_quant_impl(problem, x, x_row_stride, nullptr, 0, weight, nullptr, 0, quant, q, q_row_stride, rstd,
+                            backend);
+}
+
+rmsnorm_status_t rmsnorm_add_forward_quant(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
+                                           const void* residual, int64_t residual_row_stride, const void* weight,
+                                           void* h, int64_t h_row_stride, const rmsnorm_quant_t* quant, void* q,
+                                           int64_t q_row_stride, float* rstd, const rmsnorm_backend_t* backend) {
+  // With no rows nothing is read or written (as in rmsnorm_add_forward); else both are required, since the
+  // shared implementation takes two null pointers for rmsnorm_forward_quant.
+  const bool rows_present = problem != nullptr && problem->rows > 0;
+  if (rows_present && (residual == nullptr || h == nullptr)) {
+    clear_last_error();
+    return fail(RMSNORM_STATUS_NULL_POINTER, residual == nullptr ? "residual" : "h", "must not be NULL");
+  }
+  return forward_quant_impl(problem, x, x_row_stride, residual, residual_row_stride, weight, h, h_row_stride, quant, q,
+                            q_row_stride, rstd, backend);
 }
 
 rmsnorm_status_t rmsnorm_backward_workspace_size(const rmsnorm_problem_t* problem, int32_t gw_mode,

@@ -1085,6 +1085,85 @@ TEST_F(Cuda, ForwardQuant) {
   EXPECT_GT(looped, 0);
 }
 
+// rmsnorm_add_forward_quant: h exactly by the rule, and q, the row scales and rstd bit for bit this device's
+// rmsnorm_forward_quant of that h (fused: the rows kernel adds, stores h and quantizes; elsewhere add_kernel writes h
+// and the quantized forward reads it), in every band and layout, h in its own buffer, over residual and over x.
+TEST_F(Cuda, AddForwardQuant) {
+  std::mt19937_64 rng(47);
+  std::vector<int64_t> ds(std::begin(kBandDs), std::end(kBandDs));
+  ds.push_back(4099);
+  for (int64_t d : ds)
+    for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32})
+      for (Layout lay : {Layout::kAligned, Layout::kOffset, Layout::kPadded})
+        for (int over : {0, 1, 2}) {
+          if (over != 0 && d != 64 && d != 4096 && d != 40000) continue;
+          Case c;
+          c.dtype = dt;
+          c.cols = d;
+          c.layout = lay;
+          c.rows = d > 100000 ? 3 : d > 8192 ? 17 : 300;
+          c.hetero = true;
+          const QuantSpec qs = kQuantSpecs[(d + over) % 5];
+          SCOPED_TRACE(describe(c) + describe(qs) + " over " + std::to_string(over));
+          Arena::get().reset();
+          Inputs in = make_inputs(c, rng);
+          HostMatrix res(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
+          fill_random(res, rng, [&](int64_t r) { return 4.0 * row_scale(c, r + 1); });
+          HostMatrix h_want(c.dtype, c.rows, c.cols);
+          for (int64_t r = 0; r < c.rows; ++r)
+            for (int64_t k = 0; k < c.cols; ++k)
+              h_want.set(r, k, static_cast<float>(in.x.get(r, k)) + static_cast<float>(res.get(r, k)));
+          HostMatrix h(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
+          const Dev dx = upload(in.x), dres = upload(res), dw = upload(in.w), dh = upload(h);
+          const int64_t qstride = q_stride_of(c), qoff = c.layout == Layout::kOffset ? 1 : 0;
+          const size_t qbytes = static_cast<size_t>(c.rows * qstride);
+          uint8_t* dq = static_cast<uint8_t*>(Arena::get().alloc(qbytes + 16));
+          float* dscales = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(c.rows) * 4 + 4));
+          float* drstd = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(c.rows) * 4 + 4));
+          float* dconst = static_cast<float*>(Arena::get().alloc(16));
+          const float consts[2] = {kStaticScale, kScaleUb};
+          CUDA_OK(cudaMemcpy(dconst, consts, sizeof(consts), cudaMemcpyHostToDevice));
+          CUDA_OK(cudaMemset(dq, kQPoison, qbytes + 16));
+          CUDA_OK(cudaMemset(dscales, 0xFF, static_cast<size_t>(c.rows) * 4));
+          CUDA_OK(cudaMemset(drstd, 0xFF, static_cast<size_t>(c.rows) * 4));
+          poison_shared_memory();
+          rmsnorm_quant_t qt{qs.kind, qs.mode, qs.mode == RMSNORM_QUANT_STATIC ? dconst : nullptr,
+                             qs.mode == RMSNORM_QUANT_PER_ROW ? dscales : nullptr, qs.ub ? dconst + 1 : nullptr};
+          const rmsnorm_problem_t p = problem_of(c);
+          const rmsnorm_backend_t b = cuda_backend();
+          void* hp = over == 1 ? dres.data() : over == 2 ? dx.data() : dh.data();
+          ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                    rmsnorm_add_forward_quant(&p, dx.data(), stride_of(c), dres.data(), stride_of(c),
+                                              c.weight ? dw.data() : nullptr, hp, stride_of(c), &qt, dq + qoff,
+                                              qstride, drstd, &b))
+              << rmsnorm_last_error();
+          CUDA_OK(cudaDeviceSynchronize());
+          HostMatrix h_got = over == 1 ? res : over == 2 ? in.x : h;
+          download(over == 1 ? dres : over == 2 ? dx : dh, h_got);
+          QuantOut got;
+          got.q.resize(qbytes);
+          got.scales.assign(static_cast<size_t>(c.rows), NAN);
+          got.rstd.assign(static_cast<size_t>(c.rows), NAN);
+          CUDA_OK(cudaMemcpy(got.q.data(), dq + qoff, qbytes, cudaMemcpyDeviceToHost));
+          CUDA_OK(cudaMemcpy(got.scales.data(), dscales, got.scales.size() * 4, cudaMemcpyDeviceToHost));
+          CUDA_OK(cudaMemcpy(got.rstd.data(), drstd, got.rstd.size() * 4, cudaMemcpyDeviceToHost));
+          for (int64_t r = 0; r < c.rows; ++r)
+            for (int64_t k = 0; k < c.cols; ++k)
+              ASSERT_EQ(h_got.get(r, k), h_want.get(r, k)) << "h at row " << r << " col " << k;
+          Inputs hin;
+          hin.x = h_got;
+          hin.w = in.w;
+          QuantOut want;
+          gpu_forward_quant(c, hin, qs, &want);
+          ASSERT_FALSE(HasFatalFailure());
+          ASSERT_EQ(0, std::memcmp(got.rstd.data(), want.rstd.data(), got.rstd.size() * 4)) << "rstd";
+          if (qs.mode == RMSNORM_QUANT_PER_ROW)
+            ASSERT_EQ(0, std::memcmp(got.scales.data(), want.scales.data(), got.scales.size() * 4)) << "scales";
+          for (size_t i = 0; i < got.q.size(); ++i)
+            ASSERT_EQ(int(got.q[i]), int(want.q[i])) << "q byte " << i << " (row " << i / qstride << ")";
+        }
+}
+
 // A NaN in a row makes all its y NaN: max|y| ignores them, so the scale is the smallest, and q is 448 (fp8: the
 // clamp maps NaN there) or 0 (int8); on the fused and the looped path.
 TEST_F(Cuda, ForwardQuantNanRow) {

@@ -506,6 +506,67 @@ TEST(Quant, NanRow) {
   for (int64_t k = 0; k < c.cols; ++k) EXPECT_EQ(n.q[static_cast<size_t>(c.cols + 5 + k)], 0) << k;
 }
 
+// rmsnorm_add_forward_quant: h exactly by the rule, then q, the row scales and rstd bit for bit
+// rmsnorm_forward_quant's of that h; in place over x and over residual; q overlapping h refused with nothing written.
+TEST(Quant, AddForwardQuantIsTheQuantOfH) {
+  std::mt19937_64 rng(54);
+  for (int32_t dt : kDtypes)
+    for (int64_t cols : {1, 7, 64, 1000})
+      for (int32_t kind : {RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_INT8})
+        for (int over : {0, 1, 2}) {  // h: its own buffer, over residual, over x
+          AddCase c;
+          c.dtype = dt;
+          c.rows = 9;
+          c.cols = cols;
+          SCOPED_TRACE(describe(c) + " kind " + std::to_string(kind) + " over " + std::to_string(over));
+          HostMatrix x(dt, c.rows, cols), res(dt, c.rows, cols), w(dt, 1, cols);
+          harness::fill_normal(x, rng(), harness::hetero_row_scale);
+          harness::fill_normal(res, rng());
+          harness::fill_normal(w, rng(), {}, 1.0);
+          const HostMatrix h_want = expected_h(c, x, res);
+          HostMatrix h(dt, c.rows, cols), x_io = x, res_io = res;
+          void* hp = over == 1 ? res_io.data() : over == 2 ? x_io.data() : h.data();
+          const rmsnorm_problem_t p = problem(c);
+          const rmsnorm_backend_t be = rmsnorm_backend_cpu(2);
+          std::vector<uint8_t> q(static_cast<size_t>(c.rows * cols), 0xAB), q_want(q.size(), 0xCD);
+          std::vector<float> s(static_cast<size_t>(c.rows), NAN), s_want(s.size(), NAN);
+          std::vector<float> r(static_cast<size_t>(c.rows), NAN), r_want(r.size(), NAN);
+          rmsnorm_quant_t qt{kind, RMSNORM_QUANT_PER_ROW, nullptr, s.data(), nullptr};
+          ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                    rmsnorm_add_forward_quant(&p, x_io.data(), cols, res_io.data(), cols, w.data(), hp, cols, &qt,
+                                              q.data(), cols, r.data(), &be))
+              << rmsnorm_last_error();
+          const HostMatrix& h_got = over == 1 ? res_io : over == 2 ? x_io : h;
+          expect_same_values(h_got, h_want, "h");
+          if (HasFatalFailure()) return;
+          qt.row_scales = s_want.data();
+          ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward_quant(&p, h_want.data(), cols, w.data(), &qt, q_want.data(),
+                                                                  cols, r_want.data(), &be));
+          EXPECT_EQ(q, q_want) << "q differs from rmsnorm_forward_quant of h";
+          EXPECT_EQ(0, std::memcmp(s.data(), s_want.data(), s.size() * 4)) << "row scales";
+          EXPECT_EQ(0, std::memcmp(r.data(), r_want.data(), r.size() * 4)) << "rstd";
+        }
+  // q over h: refused, nothing written.
+  AddCase c;
+  c.dtype = RMSNORM_DTYPE_F32;
+  c.rows = 2;
+  c.cols = 16;
+  HostMatrix x(c.dtype, c.rows, c.cols), res(c.dtype, c.rows, c.cols), h(c.dtype, c.rows, c.cols);
+  harness::fill_normal(x, 3);
+  harness::fill_normal(res, 4);
+  const HostMatrix h0 = h;
+  std::vector<float> s(2);
+  rmsnorm_quant_t qt{RMSNORM_QUANT_INT8, RMSNORM_QUANT_PER_ROW, nullptr, s.data(), nullptr};
+  const rmsnorm_problem_t p = problem(c);
+  const rmsnorm_backend_t be = rmsnorm_backend_cpu(1);
+  EXPECT_EQ(RMSNORM_STATUS_OVERLAP, rmsnorm_add_forward_quant(&p, x.data(), c.cols, res.data(), c.cols, nullptr,
+                                                              h.data(), c.cols, &qt, h.data(), c.cols, nullptr, &be));
+  EXPECT_EQ(0, std::memcmp(h.storage.data(), h0.storage.data(), h.storage.size())) << "written although refused";
+  EXPECT_EQ(RMSNORM_STATUS_NULL_POINTER, rmsnorm_add_forward_quant(&p, x.data(), c.cols, nullptr, c.cols, nullptr,
+                                                                   h.data(), c.cols, &qt, h.data(), c.cols, nullptr, &be));
+  EXPECT_NE(std::string(rmsnorm_last_error()).find("residual"), std::string::npos) << rmsnorm_last_error();
+}
+
 TEST(Quant, ArgumentRules) {
   AddCase c;
   c.rows = 3;

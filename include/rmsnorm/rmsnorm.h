@@ -253,6 +253,20 @@ RMSNORM_API rmsnorm_status_t rmsnorm_forward_quant(const rmsnorm_problem_t* prob
                                                    float* rstd,
                                                    const rmsnorm_backend_t* backend);
 
+/* The residual add with a quantized output: h = T(x + residual) written to h
+ * (as rmsnorm_add_forward: h may be x or residual exactly), then q and the
+ * scales exactly as rmsnorm_forward_quant of that h, and rstd (optional).
+ * q and the row scales are disjoint from every other operand. */
+RMSNORM_API rmsnorm_status_t rmsnorm_add_forward_quant(const rmsnorm_problem_t* problem,
+                                                       const void* x, int64_t x_row_stride,
+                                                       const void* residual, int64_t residual_row_stride,
+                                                       const void* weight,
+                                                       void* h, int64_t h_row_stride,
+                                                       const rmsnorm_quant_t* quant,
+                                                       void* q, int64_t q_row_stride,
+                                                       float* rstd,
+                                                       const rmsnorm_backend_t* backend);
+
 /* Workspace that rmsnorm_backward needs for this problem, gw mode and backend.
  * 0 when gw_mode is RMSNORM_GW_NONE. On CUDA it never exceeds
  * 2 * (multiprocessors) * cols * 4 bytes, whatever the number of rows. */

@@ -314,12 +314,24 @@ std::tuple<Tensor, std::optional<Tensor>> add_backward(Tensor gy, Tensor g_h, Te
 
 // q = quant(y) (fp8 e4m3fn or int8, rmsnorm_forward_quant): with `scale` (a one-element fp32 tensor) the static
 // rule, else per-row scales, returned (fp32, x's leading shape; empty with a static scale), bounded by scale_ub.
-std::tuple<Tensor, Tensor> forward_quant(Tensor x, std::optional<Tensor> weight, double eps, int64_t flags,
-                                         ScalarType out_dtype, std::optional<Tensor> scale,
-                                         std::optional<Tensor> scale_ub) {
-  const char* op = "rmsnorm.forward_quant";
+// With a residual (add_forward_quant): h = T(x + residual) is returned as well, and q is forward_quant of h.
+std::tuple<Tensor, Tensor, std::optional<Tensor>> quant_impl(const Tensor& x, const std::optional<Tensor>& residual,
+                                                             const std::optional<Tensor>& weight, double eps,
+                                                             int64_t flags, ScalarType out_dtype,
+                                                             const std::optional<Tensor>& scale,
+                                                             const std::optional<Tensor>& scale_ub, const char* op) {
   check_floating_input(x, op);
   const int32_t dtype = library_dtype(x.scalar_type(), op, "x");
+  if (residual.has_value()) {
+    if (residual->scalar_type() != x.scalar_type()) {
+      fail(op, ": residual has dtype ", dtype_name(residual->scalar_type()), " but x has ",
+           dtype_name(x.scalar_type()));
+    }
+    if (full_shape(*residual) != full_shape(x)) {
+      fail(op, ": residual has shape ", shape_string(*residual), " but x has ", shape_string(x));
+    }
+    check_same_device(*residual, x, op, "residual");
+  }
   if (flags < 0 || flags > UINT32_MAX) fail(op, ": flags ", flags, " is not a set of RMSNORM_FLAG_* bits");
   int32_t kind = 0;
   if (out_dtype == ScalarType::Float8_e4m3fn) {
@@ -336,6 +348,12 @@ std::tuple<Tensor, Tensor> forward_quant(Tensor x, std::optional<Tensor> weight,
     check_same_device(**t, x, op, t == &scale ? "scale" : "scale_ub");
   }
   const Rows xr = as_rows(x);
+  std::optional<Rows> rr;
+  std::optional<Tensor> h;
+  if (residual.has_value()) {
+    rr = as_rows(*residual);
+    h = torch::stable::empty(full_shape(x), x.scalar_type(), std::nullopt, x.device());
+  }
   std::optional<Tensor> w;
   if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op);
   Tensor q = torch::stable::empty(full_shape(x), out_dtype, std::nullopt, x.device());
@@ -354,10 +372,34 @@ std::tuple<Tensor, Tensor> forward_quant(Tensor x, std::optional<Tensor> weight,
   p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_f32_flag(w, x);  // as in forward
   p.eps = static_cast<float>(eps);
   const rmsnorm_backend_t be = backend_for(x, op);
-  check_status(rmsnorm_forward_quant(&p, xr.t.data_ptr(), xr.stride, w ? w->data_ptr() : nullptr, &qt, q.data_ptr(),
-                                     xr.cols, nullptr, &be),
-               op);
+  if (rr) {
+    check_status(rmsnorm_add_forward_quant(&p, xr.t.data_ptr(), xr.stride, rr->t.data_ptr(), rr->stride,
+                                           w ? w->data_ptr() : nullptr, h->data_ptr(), xr.cols, &qt, q.data_ptr(),
+                                           xr.cols, nullptr, &be),
+                 op);
+  } else {
+    check_status(rmsnorm_forward_quant(&p, xr.t.data_ptr(), xr.stride, w ? w->data_ptr() : nullptr, &qt,
+                                       q.data_ptr(), xr.cols, nullptr, &be),
+                 op);
+  }
+  return {q, scales, h};
+}
+
+std::tuple<Tensor, Tensor> forward_quant(Tensor x, std::optional<Tensor> weight, double eps, int64_t flags,
+                                         ScalarType out_dtype, std::optional<Tensor> scale,
+                                         std::optional<Tensor> scale_ub) {
+  auto [q, scales, h] = quant_impl(x, std::nullopt, weight, eps, flags, out_dtype, scale, scale_ub,
+                                   "rmsnorm.forward_quant");
   return {q, scales};
+}
+
+// h = T(x + residual), then q = forward_quant of h: (q, scales, h).
+std::tuple<Tensor, Tensor, Tensor> add_forward_quant(Tensor x, Tensor residual, std::optional<Tensor> weight,
+                                                     double eps, int64_t flags, ScalarType out_dtype,
+                                                     std::optional<Tensor> scale, std::optional<Tensor> scale_ub) {
+  auto [q, scales, h] = quant_impl(x, residual, weight, eps, flags, out_dtype, scale, scale_ub,
+                                   "rmsnorm.add_forward_quant");
+  return {q, scales, *h};
 }
 
 // h = T(x + residual), y = rms_norm(h) * w', and rstd: new contiguous tensors.
@@ -406,6 +448,9 @@ STABLE_TORCH_LIBRARY(rmsnorm, m) {
       "forward_quant(Tensor x, Tensor? weight, float eps, int flags, ScalarType out_dtype, Tensor? scale, "
       "Tensor? scale_ub) -> (Tensor q, Tensor scales)");
   m.def(
+      "add_forward_quant(Tensor x, Tensor residual, Tensor? weight, float eps, int flags, ScalarType out_dtype, "
+      "Tensor? scale, Tensor? scale_ub) -> (Tensor q, Tensor scales, Tensor h)");
+  m.def(
       "add_backward(Tensor gy, Tensor g_h, Tensor h, Tensor? weight, Tensor rstd, int flags, ScalarType? gw_dtype) -> "
       "(Tensor gx, Tensor? gw)");
   m.def(
@@ -422,6 +467,7 @@ STABLE_TORCH_LIBRARY_IMPL(rmsnorm, CPU, m) {
   m.impl("add_forward", TORCH_BOX(&add_forward));
   m.impl("add_backward", TORCH_BOX(&add_backward));
   m.impl("forward_quant", TORCH_BOX(&forward_quant));
+  m.impl("add_forward_quant", TORCH_BOX(&add_forward_quant));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(rmsnorm, CUDA, m) {
@@ -431,4 +477,5 @@ STABLE_TORCH_LIBRARY_IMPL(rmsnorm, CUDA, m) {
   m.impl("add_forward", TORCH_BOX(&add_forward));
   m.impl("add_backward", TORCH_BOX(&add_backward));
   m.impl("forward_quant", TORCH_BOX(&forward_quant));
+  m.impl("add_forward_quant", TORCH_BOX(&add_forward_quant));
 }

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["rms_norm", "add_rms_norm", "rms_norm_quant", "RMSNorm", "swap_rmsnorm", "FLAG_WEIGHT_OFFSET", "FLAG_ROUND_XHAT", "cuda_built"]
+__all__ = ["rms_norm", "add_rms_norm", "rms_norm_quant", "add_rms_norm_quant", "RMSNorm", "swap_rmsnorm", "FLAG_WEIGHT_OFFSET", "FLAG_ROUND_XHAT", "cuda_built"]
 __version__ = "0.1.0"
 
 # The library's RMSNORM_FLAG_* bits (include/rmsnorm/rmsnorm.h).
@@ -360,6 +360,54 @@ def rms_norm_quant(
     with _below_autograd():  # the outputs are not differentiable
         q, scales = torch.ops.rmsnorm.forward_quant.default(x, w, eps, flags, dtype, scale, scale_ub)
     return (q.view(shape) if k > 1 else q), scales
+
+
+@torch.library.register_fake("rmsnorm::add_forward_quant")
+def _add_forward_quant_fake(x, residual, weight, eps, flags, out_dtype, scale, scale_ub):
+    q, scales = _forward_quant_fake(x, weight, eps, flags, out_dtype, scale, scale_ub)
+    return q, scales, x.new_empty(x.shape)
+
+
+def add_rms_norm_quant(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    normalized_shape: int | Sequence[int] | torch.Size,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    *,
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    scale: torch.Tensor | None = None,
+    scale_ub: torch.Tensor | None = None,
+    weight_offset: bool = False,
+    round_xhat: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pre-norm residual step with a quantized output: ``h = input + residual`` (fp32 sum, one rounding), then
+    ``rms_norm_quant(h, ...)``; returns ``(q, scales, h)``, bit for bit ``add_rms_norm``'s h and ``rms_norm_quant``
+    of it. Arguments as in ``add_rms_norm`` and ``rms_norm_quant``. Not differentiable."""
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    elif not isinstance(normalized_shape, tuple):
+        normalized_shape = tuple(normalized_shape)
+    k = len(normalized_shape)
+    shape = input.shape
+    if k == 0 or len(shape) < k or shape[-k:] != normalized_shape:
+        raise RuntimeError(
+            f"rmsnorm.add_rms_norm_quant: normalized_shape={list(normalized_shape)} must be the last dims of input, "
+            f"whose shape is {list(shape)}"
+        )
+    if input.dtype not in _DTYPES:
+        raise TypeError(
+            f"rmsnorm.add_rms_norm_quant: input has dtype {input.dtype}; supported: float32, float16, bfloat16"
+        )
+    flags = (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)
+    eps = _DEFAULT_EPS if eps is None else float(eps)
+    x, r, w = input, residual, weight
+    if k > 1:
+        x, r = input.flatten(-k), residual.flatten(-k)
+        w = weight.flatten() if weight is not None else None
+    with _below_autograd():  # the outputs are not differentiable
+        q, scales, h = torch.ops.rmsnorm.add_forward_quant.default(x, r, w, eps, flags, dtype, scale, scale_ub)
+    return (q.view(shape), scales, h.view(shape)) if k > 1 else (q, scales, h)
 
 
 class RMSNorm(torch.nn.RMSNorm):

@@ -182,3 +182,23 @@ def test_quant_errors():
         assert text in str(info.value), f"{text!r} not in {str(info.value)!r}"
     torch.library.opcheck(torch.ops.rmsnorm.forward_quant.default,
                           (x, w, 1e-5, 0, torch.float8_e4m3fn, None, None))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_quant_is_the_quant_of_h(device, dtype):
+    """add_rms_norm_quant: h bit for bit add_rms_norm's, q and the scales bit for bit rms_norm_quant of that h."""
+    for shape in [(1, 8), (7, 64), (3, 5, 1000)]:
+        x, r, w = _inputs(shape, dtype, device, seed=21 + shape[-1])
+        _, h_want = rmsnorm.add_rms_norm(x, r, shape[-1], w, 1e-5)
+        for qdtype in (torch.float8_e4m3fn, torch.int8):
+            for scale in (None, torch.tensor([0.05], device=device)):
+                q, s, h = rmsnorm.add_rms_norm_quant(x, r, shape[-1], w, 1e-5, dtype=qdtype, scale=scale)
+                q_want, s_want = rmsnorm.rms_norm_quant(h_want, shape[-1], w, 1e-5, dtype=qdtype, scale=scale)
+                assert torch.equal(h, h_want)
+                assert torch.equal(q.view(torch.uint8), q_want.view(torch.uint8)) and torch.equal(s, s_want)
+    x, r, w = _inputs((4, 16), dtype, device, seed=5)
+    torch.library.opcheck(torch.ops.rmsnorm.add_forward_quant.default,
+                          (x, r, w, 1e-5, 0, torch.float8_e4m3fn, None, None))
+    with pytest.raises(RuntimeError, match="residual has shape"):
+        rmsnorm.add_rms_norm_quant(x, r[:2], 16, w)

@@ -386,6 +386,10 @@ rmsnorm_status_t forward_quant(const ForwardArgs& a, const QuantArgs& qa, int nu
           b.y = yt;
           b.y_stride = a.cols;
           b.rstd = a.rstd != nullptr ? a.rstd + i : nullptr;
+          if (a.residual != nullptr) {  // rmsnorm_add_forward_quant: this row's h first
+            b.residual = static_cast<const char*>(a.residual) + static_cast<size_t>(i * a.residual_stride) * es;
+            b.h = static_cast<char*>(a.h) + static_cast<size_t>(i * a.h_stride) * es;
+          }
           forward_rows<dt>(b, wp.data(), scratch.get(t, 0), 0, 1);
           float s = 0.0f, mul = inv_scale;
           if (qa.per_row) {

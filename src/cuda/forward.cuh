@@ -293,7 +293,6 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   static_assert(kSlots * kTpr == kCtaThreads, "plan: rows_per_cta * threads_per_row == cta_threads");
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
-  static_assert(!(kAdd && kQuant), "the residual add with a quantized output is not built");
   __shared__ RowScratch<float, kTpr, kSlots> scratch;
   __shared__ RowScratch<AbsMax, kTpr, kQuant ? kSlots : 1> max_scratch;
   pdl_enter();
@@ -585,14 +584,34 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
 
 // rmsnorm_forward_quant: fused into the rows band's 16-byte forward where q's
 // rows are aligned to a chunk's bytes as well (plan::quant_fused), else the looped
-// kernel with plan::quant_launch's geometry.
+// kernel with plan::quant_launch's geometry. With a residual
+// (rmsnorm_add_forward_quant) the fused kernel also adds and stores h; elsewhere
+// add_kernel writes h first and the quantized forward reads it.
 template <typename T>
 rmsnorm_status_t launch_forward_quant(const ForwardArgs& a, const QuantArgs& qa, const plan::Device& dev,
                                       cudaStream_t stream) {
   constexpr int kEs = static_cast<int>(sizeof(T));
-  const plan::Io io = plan::io_of({{a.x, a.x_stride}, {a.weight, 0}}, kEs);
+  const bool add = a.residual != nullptr;
+  const plan::Io io =
+      add ? plan::io_of({{a.x, a.x_stride}, {a.residual, a.residual_stride}, {a.h, a.h_stride}, {a.weight, 0}}, kEs)
+          : plan::io_of({{a.x, a.x_stride}, {a.weight, 0}}, kEs);
   const bool q_aligned = plan::q_rows_aligned(qa.q, qa.q_stride, kEs);
   const plan::Launch l = plan::quant_launch(a.rows, a.cols, kEs, io, q_aligned, dev);
+  const bool pdl_add = a.pdl && dev.sm90_code;
+  if (add && l.kernel != plan::Kernel::kForwardRows) {
+    const plan::Launch al = plan::add_launch(a.rows, dev);
+    const rmsnorm_status_t st = launch_kernel(add_kernel<T>, al.grid, dim3(plan::kAddThreads), 1, 0, pdl_add, stream,
+                                              static_cast<const T*>(a.x), a.x_stride,
+                                              static_cast<const T*>(a.residual), a.residual_stride,
+                                              static_cast<T*>(a.h), a.h_stride, a.rows, static_cast<int>(a.cols));
+    if (st != RMSNORM_STATUS_SUCCESS) return st;
+    ForwardArgs b = a;
+    b.x = a.h;
+    b.x_stride = a.h_stride;
+    b.residual = nullptr;
+    b.h = nullptr;
+    return launch_forward_quant<T>(b, qa, dev, stream);
+  }
   QuantForwardParams<T> p;
   static_cast<ForwardParams<T>&>(p) = forward_params<T>(a, l);
   p.quant.q = static_cast<uint8_t*>(qa.q);
@@ -611,6 +630,9 @@ rmsnorm_status_t launch_forward_quant(const ForwardArgs& a, const QuantArgs& qa,
   return dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
     constexpr int kTpr = decltype(tpr)::value;
     constexpr int kCta = plan::forward_cta_threads(kTpr);
+    if (add)
+      return a.cols % Chunk<T>::kN != 0 ? launch(forward_rows_direct_kernel<T, kTpr, true, true, true>, kCta)
+                                        : launch(forward_rows_direct_kernel<T, kTpr, false, true, true>, kCta);
     return a.cols % Chunk<T>::kN != 0 ? launch(forward_rows_direct_kernel<T, kTpr, true, false, true>, kCta)
                                       : launch(forward_rows_direct_kernel<T, kTpr, false, false, true>, kCta);
   });
