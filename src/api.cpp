@@ -372,7 +372,7 @@ static rmsnorm_status_t workspace_size_impl(const rmsnorm_problem_t* problem, in
     return RMSNORM_STATUS_SUCCESS;
   }
 #if defined(RMSNORM_WITH_CUDA)
-  return cuda::backward_workspace_bytes(problem->rows, problem->cols, c.dtype, mode, c.device, bytes);
+  return cuda::backward_workspace_bytes(problem->rows, problem->cols, c.dtype, mode, c.weight_f32, c.device, bytes);
 #else
   return fail(RMSNORM_STATUS_INTERNAL_ERROR, "backend", "unreachable");
 #endif

@@ -147,13 +147,7 @@ Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device
 Launch quant_launch(int64_t rows, int64_t cols, int esize, Io io, bool q_aligned, const Device& dev) {
   Launch l = forward_launch(rows, cols, esize, io, dev);
   if (quant_fused(l, q_aligned)) return l;
-  Launch q;
-  q.direction = Direction::kForward;
-  q.io = io;
-  q.row = looped_row_plan(l.row);
-  q.kernel = Kernel::kForwardLooped;
-  q.grid = std::max<int64_t>(1, std::min(rows, kMaxGrid));
-  return q;
+  return looped_forward_launch(rows, cols, esize, io, dev);
 }
 
 Launch add_launch(int64_t rows, const Device& dev) {
@@ -165,12 +159,38 @@ Launch add_launch(int64_t rows, const Device& dev) {
   return l;
 }
 
+namespace {
+Launch backward_launch_for(const RowPlan& row, int64_t rows, int64_t cols, int esize, Io io, bool with_gw,
+                           const Device& dev);
+}  // namespace
+
 Launch backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev) {
+  return backward_launch_for(row_plan(cols, esize, Direction::kBackward, dev), rows, cols, esize, io, with_gw, dev);
+}
+
+Launch mixed_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev) {
+  return backward_launch_for(looped_row_plan(row_plan(cols, esize, Direction::kBackward, dev)), rows, cols, esize, io,
+                             with_gw, dev);
+}
+
+Launch looped_forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev) {
+  Launch q;
+  q.direction = Direction::kForward;
+  q.io = io;
+  q.row = looped_row_plan(row_plan(cols, esize, Direction::kForward, dev));
+  q.kernel = Kernel::kForwardLooped;
+  q.grid = std::max<int64_t>(1, std::min(rows, kMaxGrid));
+  return q;
+}
+
+namespace {
+Launch backward_launch_for(const RowPlan& row, int64_t rows, int64_t cols, int esize, Io io, bool with_gw,
+                           const Device& dev) {
   Launch l;
   l.direction = Direction::kBackward;
   l.io = io;
   l.with_gw = with_gw;
-  l.row = row_plan(cols, esize, Direction::kBackward, dev);
+  l.row = row;
   l.kernel = kernel_of(l.direction, l.row.band, io);
   const int64_t groups = (rows + l.row.rows_per_cta - 1) / l.row.rows_per_cta;
   switch (l.row.band) {
@@ -237,5 +257,6 @@ Launch backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_g
   }
   return l;
 }
+}  // namespace
 
 }  // namespace rmsnorm::plan

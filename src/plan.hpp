@@ -336,6 +336,13 @@ inline bool quant_fused(const Launch& forward, bool q_aligned) {
   return forward.kernel == Kernel::kForwardRows && q_aligned;
 }
 Launch quant_launch(int64_t rows, int64_t cols, int esize, Io io, bool q_aligned, const Device& dev);
+// The looped band's geometry at any D: one row per CTA of kLoopedThreads (the
+// forward: one CTA per row up to kMaxGrid; the backward: kLoopedCtasPerSm CTAs
+// per SM, a gw partial each). The quantized forward's fallback, and every
+// launch with an fp32 weight and 16-bit x (RMSNORM_FLAG_WEIGHT_F32), whose
+// only kernels are the looped ones for now.
+Launch looped_forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev);
+Launch mixed_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev);
 // with_gw: a gw mode other than none. The workspace does not depend on io
 // (the workspace query knows no pointers).
 Launch backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev);

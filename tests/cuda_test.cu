@@ -132,6 +132,7 @@ struct Case {
   float eps = 1e-5f;
   int32_t gw_mode = RMSNORM_GW_STORE;
   bool compare_cpu = false;
+  bool weight_f32 = false;  // RMSNORM_FLAG_WEIGHT_F32: Inputs::w is then an fp32 matrix
 };
 
 std::string describe(const Case& c) {
@@ -164,7 +165,8 @@ rmsnorm_problem_t problem_of(const Case& c) {
   p.cols = c.cols;
   p.dtype = c.dtype;
   p.eps = c.eps;
-  p.flags = (c.weight_offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u) | (c.round_xhat ? RMSNORM_FLAG_ROUND_XHAT : 0u);
+  p.flags = (c.weight_offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u) | (c.round_xhat ? RMSNORM_FLAG_ROUND_XHAT : 0u) |
+            (c.weight_f32 ? RMSNORM_FLAG_WEIGHT_F32 : 0u);
   return p;
 }
 
@@ -868,41 +870,6 @@ TEST_F(Cuda, AddBackward) {
   }
 }
 
-// RMSNORM_FLAG_WEIGHT_F32 with 16-bit x has no CUDA kernel yet: every operation refuses it, naming the weight,
-// and writes nothing; with fp32 x the flag changes nothing.
-TEST_F(Cuda, WeightF32RefusedWith16BitX) {
-  std::mt19937_64 rng(46);
-  Case c;
-  c.cols = 64;
-  c.rows = 4;
-  const Inputs in = make_inputs(c, rng);
-  HostMatrix w32(RMSNORM_DTYPE_F32, 1, c.cols);
-  fill_random(w32, rng);
-  HostMatrix y(c.dtype, c.rows, c.cols), gx(c.dtype, c.rows, c.cols), gw(RMSNORM_DTYPE_F32, 1, c.cols);
-  Arena::get().reset();
-  const Dev dx = upload(in.x), dgy = upload(in.gy), dw = upload(w32), dy = upload(y), dgx = upload(gx), dgw = upload(gw);
-  rmsnorm_problem_t p = problem_of(c);
-  p.flags |= RMSNORM_FLAG_WEIGHT_F32;
-  const rmsnorm_backend_t b = cuda_backend();
-  EXPECT_EQ(RMSNORM_STATUS_BACKEND_UNAVAILABLE,
-            rmsnorm_forward(&p, dx.data(), c.cols, dw.data(), dy.data(), c.cols, nullptr, &b));
-  EXPECT_NE(std::string(rmsnorm_last_error()).find("weight"), std::string::npos) << rmsnorm_last_error();
-  size_t ws = 0;
-  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, RMSNORM_GW_STORE, &b, &ws));
-  void* dws = ws > 0 ? Arena::get().alloc(ws) : nullptr;
-  EXPECT_EQ(RMSNORM_STATUS_BACKEND_UNAVAILABLE,
-            rmsnorm_backward(&p, dx.data(), c.cols, dw.data(), dgy.data(), c.cols, nullptr, dgx.data(), c.cols,
-                             dgw.data(), RMSNORM_GW_STORE, dws, ws, &b));
-  CUDA_OK(cudaDeviceSynchronize());
-  HostMatrix y_after = y, gx_after = gx, gw_after = gw;
-  download(dy, y_after);
-  download(dgx, gx_after);
-  download(dgw, gw_after);
-  EXPECT_EQ(0, std::memcmp(y_after.storage.data(), y.storage.data(), y.storage.size())) << "y written";
-  EXPECT_EQ(0, std::memcmp(gx_after.storage.data(), gx.storage.data(), gx.storage.size())) << "gx written";
-  EXPECT_EQ(0, std::memcmp(gw_after.storage.data(), gw.storage.data(), gw.storage.size())) << "gw written";
-}
-
 // ---- quantized output (rmsnorm_forward_quant) ---------------------------------------------------
 
 struct QuantSpec {
@@ -1162,6 +1129,48 @@ TEST_F(Cuda, AddForwardQuant) {
           for (size_t i = 0; i < got.q.size(); ++i)
             ASSERT_EQ(int(got.q[i]), int(want.q[i])) << "q byte " << i << " (row " << i / qstride << ")";
         }
+}
+
+// RMSNORM_FLAG_WEIGHT_F32 (an fp32 weight with 16-bit x; the looped kernels' fp32-weight forms at every D): y
+// against float64 with the fp32 weight's values, and exactly T(x * rstd * w') of the rstd returned; gx and gw (fp32)
+// against float64; every band's D, aligned and misaligned, with and without the Gemma offset.
+TEST_F(Cuda, WeightF32) {
+  std::mt19937_64 rng(46);
+  for (int64_t d : {1, 33, 1000, 4096, 40000, 300000})
+    for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F16})
+      for (Layout lay : {Layout::kAligned, Layout::kOffset}) {
+        Case c;
+        c.dtype = dt;
+        c.cols = d;
+        c.layout = lay;
+        c.rows = d > 100000 ? 3 : d > 8192 ? 17 : 300;
+        c.hetero = true;
+        c.weight_f32 = true;
+        c.weight_offset = d % 2 == 1;
+        c.gw_mode = d % 3 == 0 ? RMSNORM_GW_ACCUMULATE_F32 : RMSNORM_GW_STORE_F32;
+        SCOPED_TRACE(describe(c) + " weight f32");
+        Inputs in = make_inputs(c, rng);
+        in.w = HostMatrix(RMSNORM_DTYPE_F32, 1, d, d, offset_of(c));
+        fill_random(in.w, rng);
+        HostMatrix y;
+        std::vector<float> rstd;
+        gpu_forward(c, in, &y, &rstd);
+        ASSERT_FALSE(HasFatalFailure());
+        const std::vector<double> xd = in.x.to_double(), wd = in.w.to_double();
+        const size_t n = static_cast<size_t>(c.rows * c.cols);
+        std::vector<double> yr(n), rr(static_cast<size_t>(c.rows));
+        reference::forward(c.rows, c.cols, xd.data(), wd.data(), ref_options(c), yr.data(), rr.data(), nullptr);
+        EXPECT_TRUE(check_matrix("y", y, yr, [&](int64_t r, int64_t k) { return y_tol(c.dtype, yr[r * c.cols + k], c.cols); }));
+        const YFromRstd want{c, in, rstd};
+        for (int64_t r = 0; r < c.rows; ++r)
+          for (int64_t k = 0; k < c.cols; ++k)
+            ASSERT_EQ(static_cast<float>(y.get(r, k)), want(r, k)) << "y at row " << r << " col " << k;
+        BackwardOut out;
+        gpu_backward(c, in, rstd, &out, rng);
+        ASSERT_FALSE(HasFatalFailure());
+        expect_backward_matches_reference(c, in, out);
+        if (HasFailure()) return;
+      }
 }
 
 // A NaN in a row makes all its y NaN: max|y| ignores them, so the scale is the smallest, and q is 448 (fp8: the

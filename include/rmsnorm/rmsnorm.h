@@ -115,8 +115,10 @@ typedef enum rmsnorm_dtype {
  * float(w) (+ 1), and gw in fp32 in every gw mode (RMSNORM_GW_STORE and
  * RMSNORM_GW_ACCUMULATE write the weight's dtype, which is now fp32). With
  * RMSNORM_DTYPE_F32 it changes nothing. The weight must be 4-byte aligned.
- * CPU backend: every operation. CUDA backend: not yet with 16-bit x
- * (RMSNORM_STATUS_BACKEND_UNAVAILABLE, nothing written). */
+ * CPU backend: every operation. CUDA backend: every operation, through the
+ * looped band's kernels at every D (one row per 1024-thread CTA; slower than
+ * the plain path at D below the looped band), so rstd is summed in that
+ * kernel's order. */
 /* RMSNORM_FLAG_TRUSTED_MEMORY: the caller vouches that every operand lies in
  * memory the backend can use (for CUDA: memory of the backend's device, or
  * managed or registered host memory; for the CPU backend: host memory), as a

@@ -79,8 +79,23 @@ def test_other_mixed_dtypes_are_errors():
 
 
 @requires_cuda
-def test_cuda_says_it_has_no_kernel_yet():
-    x = randn(2, 64, dtype=torch.bfloat16, device="cuda")
-    w = randn(64, device="cuda")
-    with pytest.raises(RuntimeError, match="no CUDA kernel yet"):
-        rmsnorm.rms_norm(x, 64, w)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_fp32_weight(dtype):
+    """On CUDA (the looped kernels' fp32-weight forms): y exactly T(x * rstd * w) of the rstd returned, gradients
+    against float64 within the dtype's rounding."""
+    gen = torch.Generator().manual_seed(74)
+    for d in (64, 4096, 20000):
+        x = row_scaled(randn(33, d, dtype=dtype, gen=gen), gen).cuda()
+        w = (1.0 + 0.3 * randn(d, gen=gen)).cuda()
+        y, rstd = torch.ops.rmsnorm.forward(x, w, 1e-5, 0)
+        assert torch.equal(y, ((x.float() * rstd.unsqueeze(-1)) * w).to(dtype))
+        xl, wl = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        gy = randn(33, d, dtype=dtype, gen=gen).cuda()
+        gx, gw = torch.autograd.grad(rmsnorm.rms_norm(xl, d, wl, 1e-5), (xl, wl), gy)
+        x64, w64 = x.double().requires_grad_(True), w.double().requires_grad_(True)
+        y64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * w64
+        gx64, gw64 = torch.autograd.grad(y64, (x64, w64), gy.double())
+        unit = 2.0**-11 if dtype == torch.float16 else 2.0**-8
+        assert gw.dtype == torch.float32
+        assert ((gx.double() - gx64).abs() <= 4 * unit * gx64.abs().max(dim=-1, keepdim=True).values).all()
+        assert ((gw.double() - gw64).abs() <= 1e-3 * gw64.abs().max()).all()

@@ -697,7 +697,8 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
 }
 
 // ---- kLooped: any D; x and gy read twice; gw partial kept in this CTA's workspace row ----------
-template <typename T, bool kGh>
+// kWf32: the weight is fp32 (RMSNORM_FLAG_WEIGHT_F32), passed in p.w.
+template <typename T, bool kGh, bool kWf32 = false>
 __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(const BackwardParams<T> p) {
   constexpr int kCtaThreads = plan::kLoopedThreads;
   constexpr int kN = Chunk<T>::kN;
@@ -719,7 +720,7 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
     float2 sums = make_float2(0.0f, 0.0f);
     for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
       float w[kN];
-      weights_of(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+      weights_any<kWf32>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
       sums = add_chunk_sums(sums, load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io), w);
     }
     const RowScalars s = cta_row_scalars<kCtaThreads>(
@@ -734,7 +735,7 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
           float v = 0.0f;
           for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
             float w[kN];
-            weights_of(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+            weights_any<kWf32>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
             v = add_scaled_dot(v, load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io), w, t);
           }
           return v;
@@ -745,7 +746,7 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
       float w[kN], a[kN];
 #pragma unroll
       for (int j = 0; j < kN; ++j) a[j] = 0.0f;
-      weights_of(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+      weights_any<kWf32>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
       store_chunk(gxr, c, p.cols, p.vector_io,
                   plus_g_h<kGh>(grad_chunk(load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io),
                                       w, s, a),
@@ -846,7 +847,9 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
   constexpr int kEs = static_cast<int>(sizeof(T));
   const plan::Io io = plan::io_of(
       {{a.x, a.x_stride}, {a.gy, a.gy_stride}, {a.gx, a.gx_stride}, {a.g_h, a.g_h_stride}, {a.weight, 0}}, kEs);
-  const plan::Launch l = plan::backward_launch(a.rows, a.cols, kEs, io, a.gw_mode != GwMode::kNone, dev);
+  // An fp32 weight with 16-bit x: the looped kernel's fp32-weight form at every D (plan.hpp).
+  const plan::Launch l = a.weight_f32 ? plan::mixed_backward_launch(a.rows, a.cols, kEs, io, a.gw_mode != GwMode::kNone, dev)
+                                      : plan::backward_launch(a.rows, a.cols, kEs, io, a.gw_mode != GwMode::kNone, dev);
   const BackwardParams<T> p = backward_params<T>(a, l);
   const bool pdl = a.pdl && dev.sm90_code;
   if (l.grid == 0) {
@@ -883,8 +886,12 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
               : launch(backward_kernel<T, plan::kClusterTpr, true, false, false>, plan::kClusterTpr);
       break;
     case Kernel::kBackwardLooped:
-      st = gh ? launch(backward_looped_kernel<T, true>, plan::kLoopedThreads)
-              : launch(backward_looped_kernel<T, false>, plan::kLoopedThreads);
+      if (a.weight_f32)
+        st = gh ? launch(backward_looped_kernel<T, true, true>, plan::kLoopedThreads)
+                : launch(backward_looped_kernel<T, false, true>, plan::kLoopedThreads);
+      else
+        st = gh ? launch(backward_looped_kernel<T, true>, plan::kLoopedThreads)
+                : launch(backward_looped_kernel<T, false>, plan::kLoopedThreads);
       break;
     default:
       return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan",

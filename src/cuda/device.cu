@@ -203,27 +203,26 @@ rmsnorm_status_t device_properties(int device, plan::Device* out) {
 
 static rmsnorm_status_t check_device(int device, plan::Device* dev) { return device_properties(device, dev); }
 
-rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, GwMode mode, int device,
+rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, GwMode mode, bool weight_f32, int device,
                                           size_t* bytes) {
   plan::Device dev;
   const rmsnorm_status_t st = check_device(device, &dev);
   if (st != RMSNORM_STATUS_SUCCESS) return st;
   const int esize = static_cast<int>(dtype_size(dtype));
   // The workspace does not depend on the I/O path (plan::backward_launch).
-  *bytes = plan::backward_launch(rows, cols, esize, plan::Io::kVector, mode != GwMode::kNone, dev).workspace;
+  *bytes = (weight_f32 ? plan::mixed_backward_launch(rows, cols, esize, plan::Io::kVector, mode != GwMode::kNone, dev)
+                       : plan::backward_launch(rows, cols, esize, plan::Io::kVector, mode != GwMode::kNone, dev))
+               .workspace;
   return RMSNORM_STATUS_SUCCESS;
 }
 
 namespace {
 
-// The entry points' common part: refuses an fp32 weight with 16-bit x (no
-// kernel for it yet), makes `device` current for the call (restored after),
-// checks it, and calls launch(T{}, properties) with the element type of dtype.
+// The entry points' common part: makes `device` current for the call
+// (restored after), checks it, and calls launch(T{}, properties) with the
+// element type of dtype.
 template <typename Launch>
-rmsnorm_status_t run_on_device(DType dtype, bool weight_f32, const void* weight, int device, Launch&& launch) {
-  if (weight_f32 && weight != nullptr)
-    return fail(RMSNORM_STATUS_BACKEND_UNAVAILABLE, "weight",
-                "an fp32 weight with 16-bit x (RMSNORM_FLAG_WEIGHT_F32) has no CUDA kernel yet");
+rmsnorm_status_t run_on_device(DType dtype, int device, Launch&& launch) {
   DeviceGuard guard(device);
   RMSNORM_CUDA_TRY(guard.status());
   plan::Device dev;
@@ -235,19 +234,19 @@ rmsnorm_status_t run_on_device(DType dtype, bool weight_f32, const void* weight,
 }  // namespace
 
 rmsnorm_status_t forward(const ForwardArgs& a, int device, void* stream) {
-  return run_on_device(a.dtype, a.weight_f32, a.weight, device, [&](auto tag, const plan::Device& dev) {
+  return run_on_device(a.dtype, device, [&](auto tag, const plan::Device& dev) {
     return launch_forward<decltype(tag)>(a, dev, static_cast<cudaStream_t>(stream));
   });
 }
 
 rmsnorm_status_t forward_quant(const ForwardArgs& a, const QuantArgs& qa, int device, void* stream) {
-  return run_on_device(a.dtype, a.weight_f32, a.weight, device, [&](auto tag, const plan::Device& dev) {
+  return run_on_device(a.dtype, device, [&](auto tag, const plan::Device& dev) {
     return launch_forward_quant<decltype(tag)>(a, qa, dev, static_cast<cudaStream_t>(stream));
   });
 }
 
 rmsnorm_status_t backward(const BackwardArgs& a, int device, void* stream) {
-  return run_on_device(a.dtype, a.weight_f32, a.weight, device, [&](auto tag, const plan::Device& dev) {
+  return run_on_device(a.dtype, device, [&](auto tag, const plan::Device& dev) {
     return launch_backward<decltype(tag)>(a, dev, static_cast<cudaStream_t>(stream));
   });
 }

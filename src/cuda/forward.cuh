@@ -429,7 +429,8 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
 // kQuant: q = quant(y) in place of y (rmsnorm_forward_quant), at any D and
 // alignment (plan::quant_launch): y is computed again for each pass over the
 // row (max|y| with per-row scales, then q); x and w' come from L1 or L2.
-template <typename T, bool kQuant = false>
+// kWf32: the weight is fp32 (RMSNORM_FLAG_WEIGHT_F32), passed in p.w.
+template <typename T, bool kQuant = false, bool kWf32 = false>
 __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(const ForwardParamsOf<T, kQuant> p) {
   constexpr int kCtaThreads = plan::kLoopedThreads;
   constexpr int kN = Chunk<T>::kN;
@@ -453,7 +454,7 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(co
     if (p.rstd != nullptr && threadIdx.x == 0) p.rstd[row] = r;
     auto y_of = [&](int c) {
       float w[kN];
-      weights_of(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+      weights_any<kWf32>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
       return y_chunk(load_chunk(xr, c, p.cols, p.vector_io), w, r, p.round_xhat);
     };
     if constexpr (kQuant) {
@@ -475,7 +476,7 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(co
       T* yr = p.y + row * p.y_stride;
       for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
         float w[kN];
-        weights_of(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+        weights_any<kWf32>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
         store_normalized(yr, c, p.cols, p.vector_io, p.round_xhat, load_chunk(xr, c, p.cols, p.vector_io), w, r);
       }
     }
@@ -539,7 +540,9 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
                                          {a.weight, 0}},
                                         kEs)
                           : plan::io_of({{a.x, a.x_stride}, {a.y, a.y_stride}, {a.weight, 0}}, kEs);
-  const plan::Launch l = plan::forward_launch(a.rows, a.cols, kEs, io, dev);
+  // An fp32 weight with 16-bit x: the looped kernel's fp32-weight form at every D (plan.hpp).
+  const plan::Launch l = a.weight_f32 ? plan::looped_forward_launch(a.rows, a.cols, kEs, io, dev)
+                                      : plan::forward_launch(a.rows, a.cols, kEs, io, dev);
   const bool pdl = a.pdl && dev.sm90_code;
   if (add && !plan::add_fused(l)) {
     // The add alone, then the plain forward of h (reading h once more).
@@ -576,7 +579,9 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
     case Kernel::kForwardCluster: return launch(forward_kernel<T, plan::kClusterTpr, true, true>, plan::kClusterTpr);
     case Kernel::kForwardClusterElement:
       return launch(forward_kernel<T, plan::kClusterTpr, true, false>, plan::kClusterTpr);
-    case Kernel::kForwardLooped: return launch(forward_looped_kernel<T>, plan::kLoopedThreads);
+    case Kernel::kForwardLooped:
+      return a.weight_f32 ? launch(forward_looped_kernel<T, false, true>, plan::kLoopedThreads)
+                          : launch(forward_looped_kernel<T>, plan::kLoopedThreads);
     default: break;
   }
   return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", std::string("no forward launch for ") + plan::kernel_name(l.kernel));
@@ -596,7 +601,8 @@ rmsnorm_status_t launch_forward_quant(const ForwardArgs& a, const QuantArgs& qa,
       add ? plan::io_of({{a.x, a.x_stride}, {a.residual, a.residual_stride}, {a.h, a.h_stride}, {a.weight, 0}}, kEs)
           : plan::io_of({{a.x, a.x_stride}, {a.weight, 0}}, kEs);
   const bool q_aligned = plan::q_rows_aligned(qa.q, qa.q_stride, kEs);
-  const plan::Launch l = plan::quant_launch(a.rows, a.cols, kEs, io, q_aligned, dev);
+  // An fp32 weight: never fused (the looped kernel's fp32-weight form).
+  const plan::Launch l = plan::quant_launch(a.rows, a.cols, kEs, io, q_aligned && !a.weight_f32, dev);
   const bool pdl_add = a.pdl && dev.sm90_code;
   if (add && l.kernel != plan::Kernel::kForwardRows) {
     const plan::Launch al = plan::add_launch(a.rows, dev);
@@ -624,7 +630,9 @@ rmsnorm_status_t launch_forward_quant(const ForwardArgs& a, const QuantArgs& qa,
   p.quant.q_vector = q_aligned;
   const bool pdl = a.pdl && dev.sm90_code;
   auto launch = [&](auto kernel, int cta_threads) { return launch_planned(kernel, cta_threads, l, pdl, stream, p); };
-  if (l.kernel == plan::Kernel::kForwardLooped) return launch(forward_looped_kernel<T, true>, plan::kLoopedThreads);
+  if (l.kernel == plan::Kernel::kForwardLooped)
+    return a.weight_f32 ? launch(forward_looped_kernel<T, true, true>, plan::kLoopedThreads)
+                        : launch(forward_looped_kernel<T, true>, plan::kLoopedThreads);
   if (l.kernel != plan::Kernel::kForwardRows)
     return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", std::string("no quantized forward for ") + plan::kernel_name(l.kernel));
   return dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {

@@ -29,6 +29,27 @@ __device__ __forceinline__ void weights_of(const T* __restrict__ w, int chunk, i
   weights_at(w, chunk * Chunk<T>::kN, cols, vector_io, offset, out);
 }
 
+// The same for an fp32 weight (RMSNORM_FLAG_WEIGHT_F32), chunk `chunk` of kN
+// columns of a 16-bit x: element loads (the weight is only 4-byte aligned).
+template <int kN>
+__device__ __forceinline__ void weights_of_f32(const float* __restrict__ w, int chunk, int cols, float offset,
+                                               float (&out)[kN]) {
+  const int base = chunk * kN;
+#pragma unroll
+  for (int j = 0; j < kN; ++j) out[j] = w == nullptr ? 1.0f : (base + j < cols ? w[base + j] : 0.0f) + offset;
+}
+
+// w' of chunk `chunk`: from a weight of T, or with kWf32 from an fp32 weight
+// passed in the same pointer (the looped kernels' fp32-weight instantiations).
+template <bool kWf32, typename T>
+__device__ __forceinline__ void weights_any(const T* __restrict__ w, int chunk, int cols, bool vector_io, float offset,
+                                            float (&out)[Chunk<T>::kN]) {
+  if constexpr (kWf32)
+    weights_of_f32(reinterpret_cast<const float*>(w), chunk, cols, offset, out);
+  else
+    weights_of(w, chunk, cols, vector_io, offset, out);
+}
+
 // w' of the kChunksPerThread chunks a thread owns (the same columns in every
 // row). kFloat: loaded once per kernel and held as fp32, no per-row
 // conversion (the 16-byte-I/O kernels). Otherwise reloaded (an L1 hit) and
