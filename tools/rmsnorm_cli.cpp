@@ -1082,6 +1082,9 @@ int main(int argc, char** argv) {
     out_of_host_memory(cfg, on_gpu, buf);
   }
   try {
+#if !defined(RMSNORM_WITH_CUDA)
+    if (on_gpu) die("the library reports CUDA but this CLI was built without it; rebuild both together");
+#endif
     if (cfg.op != "norm") return run_fused(cfg, on_gpu);
     if (on_gpu) {
 #if defined(RMSNORM_WITH_CUDA)

@@ -142,6 +142,15 @@ Tensor checked_weight(const Tensor& w, const Tensor& x, int64_t cols, const char
   return w.stride(0) == 1 ? w : torch::stable::contiguous(w);
 }
 
+// The op's flags: RMSNORM_FLAG_* bits, but not RMSNORM_FLAG_WEIGHT_F32, which the ops set from the weight's dtype
+// (weight_f32_flag): passed with a weight of x's dtype it would make the library read and write twice the weight's
+// bytes.
+void check_flags(int64_t flags, const char* op) {
+  if (flags < 0 || flags > UINT32_MAX) fail(op, ": flags ", flags, " is not a set of RMSNORM_FLAG_* bits");
+  if ((flags & RMSNORM_FLAG_WEIGHT_F32) != 0)
+    fail(op, ": flags must not include RMSNORM_FLAG_WEIGHT_F32 (16); it follows from the weight's dtype");
+}
+
 // RMSNORM_FLAG_WEIGHT_F32 where a checked weight is fp32 and x is not.
 uint32_t weight_f32_flag(const std::optional<Tensor>& w, const Tensor& x) {
   return w && w->scalar_type() == ScalarType::Float && x.scalar_type() != ScalarType::Float ? RMSNORM_FLAG_WEIGHT_F32
@@ -179,7 +188,7 @@ std::tuple<Tensor, std::optional<Tensor>> forward_impl(const Tensor& x, const st
                                                        int64_t flags, bool with_rstd, const char* op) {
   check_floating_input(x, op);
   const int32_t dtype = library_dtype(x.scalar_type(), op, "x");
-  if (flags < 0 || flags > UINT32_MAX) fail(op, ": flags ", flags, " is not a set of RMSNORM_FLAG_* bits");
+  check_flags(flags, op);
   const Rows xr = as_rows(x);
   std::optional<Tensor> w;
   if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op);
@@ -261,7 +270,7 @@ std::tuple<Tensor, std::optional<Tensor>> backward_impl(const Tensor& gy, const 
       fail(op, ": gw_dtype must be the weight's dtype or float32, got ", dtype_name(*gw_dtype));
     }
   }
-  if (flags < 0 || flags > UINT32_MAX) fail(op, ": flags ", flags, " is not a set of RMSNORM_FLAG_* bits");
+  check_flags(flags, op);
 
   Tensor gx = torch::stable::empty(full_shape(x), x.scalar_type(), std::nullopt, x.device());
   std::optional<Tensor> gw;
@@ -332,7 +341,7 @@ std::tuple<Tensor, Tensor, std::optional<Tensor>> quant_impl(const Tensor& x, co
     }
     check_same_device(*residual, x, op, "residual");
   }
-  if (flags < 0 || flags > UINT32_MAX) fail(op, ": flags ", flags, " is not a set of RMSNORM_FLAG_* bits");
+  check_flags(flags, op);
   int32_t kind = 0;
   if (out_dtype == ScalarType::Float8_e4m3fn) {
     kind = RMSNORM_QUANT_FP8_E4M3;
@@ -415,7 +424,7 @@ std::tuple<Tensor, Tensor, Tensor> add_forward(Tensor x, Tensor residual, std::o
     fail(op, ": residual has shape ", shape_string(residual), " but x has ", shape_string(x));
   }
   check_same_device(residual, x, op, "residual");
-  if (flags < 0 || flags > UINT32_MAX) fail(op, ": flags ", flags, " is not a set of RMSNORM_FLAG_* bits");
+  check_flags(flags, op);
   const Rows xr = as_rows(x);
   const Rows rr = as_rows(residual);
   std::optional<Tensor> w;
