@@ -133,6 +133,7 @@ struct Case {
   int32_t gw_mode = RMSNORM_GW_STORE;
   bool compare_cpu = false;
   bool weight_f32 = false;  // RMSNORM_FLAG_WEIGHT_F32: Inputs::w is then an fp32 matrix
+  int q_layout = -1;        // the quantized output's Layout; -1: x's
 };
 
 std::string describe(const Case& c) {
@@ -888,10 +889,10 @@ std::string describe(const QuantSpec& q) {
 
 // q's layout for a case: rows on 16 bytes (aligned), or on 8 bytes with padding past cols (padded: enough for a
 // chunk's q bytes), or 1 byte in with an odd stride (offset: never aligned to a chunk's q bytes).
+Layout q_layout(const Case& c) { return c.q_layout < 0 ? c.layout : static_cast<Layout>(c.q_layout); }
 int64_t q_stride_of(const Case& c) {
-  return c.layout == Layout::kOffset ? c.cols + 3
-         : c.layout == Layout::kPadded ? (c.cols + 7) / 8 * 8 + 8
-                                       : (c.cols + 15) / 16 * 16;
+  const Layout l = q_layout(c);
+  return l == Layout::kOffset ? c.cols + 3 : l == Layout::kPadded ? (c.cols + 7) / 8 * 8 + 8 : (c.cols + 15) / 16 * 16;
 }
 
 struct QuantOut {
@@ -902,7 +903,7 @@ struct QuantOut {
 void gpu_forward_quant(const Case& c, const Inputs& in, const QuantSpec& qs, QuantOut* out) {
   Arena::get().reset();
   const int64_t qstride = q_stride_of(c);
-  const int64_t qoff = c.layout == Layout::kOffset ? 1 : 0;
+  const int64_t qoff = q_layout(c) == Layout::kOffset ? 1 : 0;
   const size_t qbytes = static_cast<size_t>(c.rows * qstride);
   const Dev dx = upload(in.x), dw = upload(in.w);
   uint8_t* dq = static_cast<uint8_t*>(Arena::get().alloc(qbytes + 16));
@@ -1003,7 +1004,7 @@ bool check_forward_quant(const Case& c, const QuantSpec& qs, std::mt19937_64& rn
   const plan::Io io = c.layout != Layout::kOffset && (stride_of(c) * esize) % 16 == 0 ? plan::Io::kVector
                                                                                      : plan::Io::kElement;
   const bool fused = plan::quant_fused(plan::forward_launch(c.rows, c.cols, esize, io, current_plan_device()),
-                                       c.layout != Layout::kOffset);
+                                       q_layout(c) != Layout::kOffset);
   if (fused) {
     HostMatrix y;
     std::vector<float> rstd;
@@ -1048,6 +1049,21 @@ TEST_F(Cuda, ForwardQuant) {
           (check_forward_quant(c, qs, rng) ? fused : looped)++;
           if (HasFatalFailure()) return;
         }
+  // q's alignment apart from x's: x 16-byte aligned with q 1 byte in (the looped kernel with vector x loads and byte
+  // stores of q), and x misaligned with q aligned.
+  for (int64_t d : {8, 64, 4096, 4099, 40000})
+    for (int pair = 0; pair < 2; ++pair) {
+      Case c;
+      c.cols = d;
+      c.rows = d > 8192 ? 17 : 300;
+      c.hetero = true;
+      c.layout = pair == 0 ? Layout::kAligned : Layout::kOffset;
+      c.q_layout = static_cast<int>(pair == 0 ? Layout::kOffset : Layout::kAligned);
+      for (const QuantSpec& qs : {kQuantSpecs[1], kQuantSpecs[3]}) {
+        EXPECT_FALSE(check_forward_quant(c, qs, rng)) << "fused although q or x is misaligned";
+        if (HasFatalFailure()) return;
+      }
+    }
   EXPECT_GT(fused, 0);
   EXPECT_GT(looped, 0);
 }
