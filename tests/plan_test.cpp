@@ -336,6 +336,32 @@ TEST(Plan, QuantFusedInTheRowsForwardElseLooped) {
   }
 }
 
+// RMSNORM_FLAG_WEIGHT_F32's launches, for every D: the looped band's kernels over the same chunks, the forward one row
+// per CTA, the backward's workspace within rmsnorm.h's bound (2 x SMs x D x 4 bytes) and as the workspace query
+// computes it.
+TEST(Plan, MixedWeightLaunchesAreTheLoopedKernels) {
+  for (const Device& dev : {hopper(), ampere()}) {
+    for (int64_t d = 1; d <= kMaxD; d += d < 4096 ? 1 : 61) {
+      for (int64_t rows : {int64_t{1}, int64_t{1000}, (int64_t{1} << 25) + 1}) {
+        const Launch f = looped_forward_launch(rows, d, 2, Io::kVector, dev);
+        ASSERT_EQ(f.kernel, Kernel::kForwardLooped) << d;
+        ASSERT_EQ(f.row.band, Band::kLooped) << d;
+        ASSERT_EQ(f.row.chunks, (d + 7) / 8) << d;
+        ASSERT_EQ(f.grid, std::min<int64_t>(rows, int64_t{1} << 24)) << d;
+        for (bool with_gw : {false, true}) {
+          const Launch b = mixed_backward_launch(rows, d, 2, Io::kElement, with_gw, dev);
+          ASSERT_EQ(b.kernel, Kernel::kBackwardLooped) << d;
+          ASSERT_EQ(b.row.cta_threads, kLoopedThreads) << d;
+          ASSERT_EQ(b.grid, std::min<int64_t>(rows, int64_t{dev.sm_count} * kLoopedCtasPerSm)) << d;
+          ASSERT_LE(b.workspace, 2u * static_cast<size_t>(dev.sm_count) * static_cast<size_t>(d) * 4u) << d;
+          ASSERT_EQ(b.workspace, mixed_backward_launch(rows, d, 2, Io::kVector, with_gw, dev).workspace) << d;
+          ASSERT_EQ(b.workspace == 0, !with_gw) << d;
+        }
+      }
+    }
+  }
+}
+
 // The rows band's element-I/O forward runs one CTA per row group only with
 // many short rows per CTA and many groups per resident CTA; otherwise its
 // grid is the resident CTAs.
