@@ -1068,6 +1068,67 @@ TEST_F(Cuda, ForwardQuant) {
   EXPECT_GT(looped, 0);
 }
 
+// h = T(x + residual) by the rule (over: 0 h apart, 1 h over the residual, 2 h over x); q, the scales and rstd
+// bit for bit rmsnorm_forward_quant's of that h.
+void check_add_forward_quant(const Case& c, int over, const QuantSpec& qs, std::mt19937_64& rng) {
+  Arena::get().reset();
+  Inputs in = make_inputs(c, rng);
+  HostMatrix res(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
+  fill_random(res, rng, [&](int64_t r) { return 4.0 * row_scale(c, r + 1); });
+  HostMatrix h_want(c.dtype, c.rows, c.cols);
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t k = 0; k < c.cols; ++k)
+      h_want.set(r, k, static_cast<float>(in.x.get(r, k)) + static_cast<float>(res.get(r, k)));
+  HostMatrix h(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
+  const Dev dx = upload(in.x), dres = upload(res), dw = upload(in.w), dh = upload(h);
+  const int64_t qstride = q_stride_of(c), qoff = c.layout == Layout::kOffset ? 1 : 0;
+  const size_t qbytes = static_cast<size_t>(c.rows * qstride);
+  uint8_t* dq = static_cast<uint8_t*>(Arena::get().alloc(qbytes + 16));
+  float* dscales = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(c.rows) * 4 + 4));
+  float* drstd = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(c.rows) * 4 + 4));
+  float* dconst = static_cast<float*>(Arena::get().alloc(16));
+  const float consts[2] = {kStaticScale, kScaleUb};
+  CUDA_OK(cudaMemcpy(dconst, consts, sizeof(consts), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(dq, kQPoison, qbytes + 16));
+  CUDA_OK(cudaMemset(dscales, 0xFF, static_cast<size_t>(c.rows) * 4));
+  CUDA_OK(cudaMemset(drstd, 0xFF, static_cast<size_t>(c.rows) * 4));
+  poison_shared_memory();
+  rmsnorm_quant_t qt{qs.kind, qs.mode, qs.mode == RMSNORM_QUANT_STATIC ? dconst : nullptr,
+                     qs.mode == RMSNORM_QUANT_PER_ROW ? dscales : nullptr, qs.ub ? dconst + 1 : nullptr};
+  const rmsnorm_problem_t p = problem_of(c);
+  const rmsnorm_backend_t b = cuda_backend();
+  void* hp = over == 1 ? dres.data() : over == 2 ? dx.data() : dh.data();
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+            rmsnorm_add_forward_quant(&p, dx.data(), stride_of(c), dres.data(), stride_of(c),
+                                      c.weight ? dw.data() : nullptr, hp, stride_of(c), &qt, dq + qoff,
+                                      qstride, drstd, &b))
+      << rmsnorm_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  HostMatrix h_got = over == 1 ? res : over == 2 ? in.x : h;
+  download(over == 1 ? dres : over == 2 ? dx : dh, h_got);
+  QuantOut got;
+  got.q.resize(qbytes);
+  got.scales.assign(static_cast<size_t>(c.rows), NAN);
+  got.rstd.assign(static_cast<size_t>(c.rows), NAN);
+  CUDA_OK(cudaMemcpy(got.q.data(), dq + qoff, qbytes, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(got.scales.data(), dscales, got.scales.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(got.rstd.data(), drstd, got.rstd.size() * 4, cudaMemcpyDeviceToHost));
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t k = 0; k < c.cols; ++k)
+      ASSERT_EQ(h_got.get(r, k), h_want.get(r, k)) << "h at row " << r << " col " << k;
+  Inputs hin;
+  hin.x = h_got;
+  hin.w = in.w;
+  QuantOut want;
+  gpu_forward_quant(c, hin, qs, &want);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  ASSERT_EQ(0, std::memcmp(got.rstd.data(), want.rstd.data(), got.rstd.size() * 4)) << "rstd";
+  if (qs.mode == RMSNORM_QUANT_PER_ROW)
+    ASSERT_EQ(0, std::memcmp(got.scales.data(), want.scales.data(), got.scales.size() * 4)) << "scales";
+  for (size_t i = 0; i < got.q.size(); ++i)
+    ASSERT_EQ(int(got.q[i]), int(want.q[i])) << "q byte " << i << " (row " << i / qstride << ")";
+}
+
 // rmsnorm_add_forward_quant: h exactly by the rule, and q, the row scales and rstd bit for bit this device's
 // rmsnorm_forward_quant of that h (fused: the rows kernel adds, stores h and quantizes; elsewhere add_kernel writes h
 // and the quantized forward reads it), in every band and layout, h in its own buffer, over residual and over x.
@@ -1088,63 +1149,35 @@ TEST_F(Cuda, AddForwardQuant) {
           c.hetero = true;
           const QuantSpec qs = kQuantSpecs[(d + over) % 5];
           SCOPED_TRACE(describe(c) + describe(qs) + " over " + std::to_string(over));
-          Arena::get().reset();
-          Inputs in = make_inputs(c, rng);
-          HostMatrix res(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
-          fill_random(res, rng, [&](int64_t r) { return 4.0 * row_scale(c, r + 1); });
-          HostMatrix h_want(c.dtype, c.rows, c.cols);
-          for (int64_t r = 0; r < c.rows; ++r)
-            for (int64_t k = 0; k < c.cols; ++k)
-              h_want.set(r, k, static_cast<float>(in.x.get(r, k)) + static_cast<float>(res.get(r, k)));
-          HostMatrix h(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
-          const Dev dx = upload(in.x), dres = upload(res), dw = upload(in.w), dh = upload(h);
-          const int64_t qstride = q_stride_of(c), qoff = c.layout == Layout::kOffset ? 1 : 0;
-          const size_t qbytes = static_cast<size_t>(c.rows * qstride);
-          uint8_t* dq = static_cast<uint8_t*>(Arena::get().alloc(qbytes + 16));
-          float* dscales = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(c.rows) * 4 + 4));
-          float* drstd = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(c.rows) * 4 + 4));
-          float* dconst = static_cast<float*>(Arena::get().alloc(16));
-          const float consts[2] = {kStaticScale, kScaleUb};
-          CUDA_OK(cudaMemcpy(dconst, consts, sizeof(consts), cudaMemcpyHostToDevice));
-          CUDA_OK(cudaMemset(dq, kQPoison, qbytes + 16));
-          CUDA_OK(cudaMemset(dscales, 0xFF, static_cast<size_t>(c.rows) * 4));
-          CUDA_OK(cudaMemset(drstd, 0xFF, static_cast<size_t>(c.rows) * 4));
-          poison_shared_memory();
-          rmsnorm_quant_t qt{qs.kind, qs.mode, qs.mode == RMSNORM_QUANT_STATIC ? dconst : nullptr,
-                             qs.mode == RMSNORM_QUANT_PER_ROW ? dscales : nullptr, qs.ub ? dconst + 1 : nullptr};
-          const rmsnorm_problem_t p = problem_of(c);
-          const rmsnorm_backend_t b = cuda_backend();
-          void* hp = over == 1 ? dres.data() : over == 2 ? dx.data() : dh.data();
-          ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
-                    rmsnorm_add_forward_quant(&p, dx.data(), stride_of(c), dres.data(), stride_of(c),
-                                              c.weight ? dw.data() : nullptr, hp, stride_of(c), &qt, dq + qoff,
-                                              qstride, drstd, &b))
-              << rmsnorm_last_error();
-          CUDA_OK(cudaDeviceSynchronize());
-          HostMatrix h_got = over == 1 ? res : over == 2 ? in.x : h;
-          download(over == 1 ? dres : over == 2 ? dx : dh, h_got);
-          QuantOut got;
-          got.q.resize(qbytes);
-          got.scales.assign(static_cast<size_t>(c.rows), NAN);
-          got.rstd.assign(static_cast<size_t>(c.rows), NAN);
-          CUDA_OK(cudaMemcpy(got.q.data(), dq + qoff, qbytes, cudaMemcpyDeviceToHost));
-          CUDA_OK(cudaMemcpy(got.scales.data(), dscales, got.scales.size() * 4, cudaMemcpyDeviceToHost));
-          CUDA_OK(cudaMemcpy(got.rstd.data(), drstd, got.rstd.size() * 4, cudaMemcpyDeviceToHost));
-          for (int64_t r = 0; r < c.rows; ++r)
-            for (int64_t k = 0; k < c.cols; ++k)
-              ASSERT_EQ(h_got.get(r, k), h_want.get(r, k)) << "h at row " << r << " col " << k;
-          Inputs hin;
-          hin.x = h_got;
-          hin.w = in.w;
-          QuantOut want;
-          gpu_forward_quant(c, hin, qs, &want);
-          ASSERT_FALSE(HasFatalFailure());
-          ASSERT_EQ(0, std::memcmp(got.rstd.data(), want.rstd.data(), got.rstd.size() * 4)) << "rstd";
-          if (qs.mode == RMSNORM_QUANT_PER_ROW)
-            ASSERT_EQ(0, std::memcmp(got.scales.data(), want.scales.data(), got.scales.size() * 4)) << "scales";
-          for (size_t i = 0; i < got.q.size(); ++i)
-            ASSERT_EQ(int(got.q[i]), int(want.q[i])) << "q byte " << i << " (row " << i / qstride << ")";
+          check_add_forward_quant(c, over, qs, rng);
+          if (HasFatalFailure()) return;
         }
+}
+
+// One fp32-weight case: y against float64 and exactly T(x * rstd * w') of the returned rstd; gx and gw against
+// float64.
+void check_weight_f32(const Case& c, std::mt19937_64& rng) {
+  SCOPED_TRACE(describe(c) + " weight f32");
+  Inputs in = make_inputs(c, rng);
+  in.w = HostMatrix(RMSNORM_DTYPE_F32, 1, c.cols, c.cols, offset_of(c));
+  fill_random(in.w, rng);
+  HostMatrix y;
+  std::vector<float> rstd;
+  gpu_forward(c, in, &y, &rstd);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  const std::vector<double> xd = in.x.to_double(), wd = in.w.to_double();
+  const size_t n = static_cast<size_t>(c.rows * c.cols);
+  std::vector<double> yr(n), rr(static_cast<size_t>(c.rows));
+  reference::forward(c.rows, c.cols, xd.data(), wd.data(), ref_options(c), yr.data(), rr.data(), nullptr);
+  EXPECT_TRUE(check_matrix("y", y, yr, [&](int64_t r, int64_t k) { return y_tol(c.dtype, yr[r * c.cols + k], c.cols); }));
+  const YFromRstd want{c, in, rstd};
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t k = 0; k < c.cols; ++k)
+      ASSERT_EQ(static_cast<float>(y.get(r, k)), want(r, k)) << "y at row " << r << " col " << k;
+  BackwardOut out;
+  gpu_backward(c, in, rstd, &out, rng);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  expect_backward_matches_reference(c, in, out);
 }
 
 // RMSNORM_FLAG_WEIGHT_F32 (an fp32 weight with 16-bit x; the looped kernels' fp32-weight forms at every D): y
@@ -1164,27 +1197,7 @@ TEST_F(Cuda, WeightF32) {
         c.weight_f32 = true;
         c.weight_offset = d % 2 == 1;
         c.gw_mode = d % 3 == 0 ? RMSNORM_GW_ACCUMULATE_F32 : RMSNORM_GW_STORE_F32;
-        SCOPED_TRACE(describe(c) + " weight f32");
-        Inputs in = make_inputs(c, rng);
-        in.w = HostMatrix(RMSNORM_DTYPE_F32, 1, d, d, offset_of(c));
-        fill_random(in.w, rng);
-        HostMatrix y;
-        std::vector<float> rstd;
-        gpu_forward(c, in, &y, &rstd);
-        ASSERT_FALSE(HasFatalFailure());
-        const std::vector<double> xd = in.x.to_double(), wd = in.w.to_double();
-        const size_t n = static_cast<size_t>(c.rows * c.cols);
-        std::vector<double> yr(n), rr(static_cast<size_t>(c.rows));
-        reference::forward(c.rows, c.cols, xd.data(), wd.data(), ref_options(c), yr.data(), rr.data(), nullptr);
-        EXPECT_TRUE(check_matrix("y", y, yr, [&](int64_t r, int64_t k) { return y_tol(c.dtype, yr[r * c.cols + k], c.cols); }));
-        const YFromRstd want{c, in, rstd};
-        for (int64_t r = 0; r < c.rows; ++r)
-          for (int64_t k = 0; k < c.cols; ++k)
-            ASSERT_EQ(static_cast<float>(y.get(r, k)), want(r, k)) << "y at row " << r << " col " << k;
-        BackwardOut out;
-        gpu_backward(c, in, rstd, &out, rng);
-        ASSERT_FALSE(HasFatalFailure());
-        expect_backward_matches_reference(c, in, out);
+        check_weight_f32(c, rng);
         if (HasFailure()) return;
       }
 }
@@ -2180,6 +2193,47 @@ TEST_F(CudaSanitizer, AddKernels) {
     check_add_backward(c, a.over != 0, rng);
     if (HasFatalFailure()) return;
   }
+}
+
+// The fp32-weight kernels (the looped forward and backward with the fp32 loader) under the sanitizers, over the
+// rows, cluster and looped bands' D, misaligned too; and the fused add + quantized forward (the rows kernel, and
+// add_kernel before the looped quantized forward), in place over the residual.
+TEST_F(CudaSanitizer, WeightF32AndAddQuantKernels) {
+  std::mt19937_64 rng(18);
+  struct WCase { int64_t d; int32_t dtype; int64_t rows; Layout layout; };
+  const WCase wcases[] = {{33, RMSNORM_DTYPE_BF16, 40, Layout::kOffset},
+                          {4096, RMSNORM_DTYPE_F16, 20, Layout::kAligned},
+                          {20000, RMSNORM_DTYPE_BF16, 5, Layout::kOffset},
+                          {300000, RMSNORM_DTYPE_BF16, 2, Layout::kAligned}};
+  for (const WCase& w : wcases) {
+    Case c;
+    c.dtype = w.dtype;
+    c.cols = w.d;
+    c.rows = w.rows;
+    c.layout = w.layout;
+    c.hetero = true;
+    c.weight_f32 = true;
+    c.gw_mode = w.d == 4096 ? RMSNORM_GW_ACCUMULATE_F32 : RMSNORM_GW_STORE_F32;
+    check_weight_f32(c, rng);
+    if (HasFatalFailure()) return;
+  }
+  struct ACase { int64_t d; int32_t dtype; int64_t rows; Layout layout; int over; };
+  const ACase acases[] = {{4096, RMSNORM_DTYPE_BF16, 300, Layout::kAligned, 1},
+                          {22, RMSNORM_DTYPE_F16, 700, Layout::kPadded, 0},
+                          {1000, RMSNORM_DTYPE_F32, 200, Layout::kOffset, 2},
+                          {20000, RMSNORM_DTYPE_BF16, 17, Layout::kAligned, 1}};
+  for (const ACase& q : acases)
+    for (const QuantSpec& qs : {kQuantSpecs[1], kQuantSpecs[3]}) {
+      Case c;
+      c.dtype = q.dtype;
+      c.cols = q.d;
+      c.rows = q.rows;
+      c.layout = q.layout;
+      c.hetero = true;
+      SCOPED_TRACE(describe(c) + describe(qs));
+      check_add_forward_quant(c, q.over, qs, rng);
+      if (HasFatalFailure()) return;
+    }
 }
 
 }  // namespace
