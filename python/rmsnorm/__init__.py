@@ -114,7 +114,11 @@ class _EagerRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gy):
-        return _backward(ctx, gy, None)
+        # _backward inlined: this runs once per training step and layer, and every Python call counts here.
+        x, weight, rstd = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        gx, gw = _backward_op(gy, x, weight, rstd, ctx.flags, weight.dtype if weight is not None and needs[1] else None)
+        return (gx if needs[0] else None), gw, None, None
 
 
 _is_compiling = torch.compiler.is_compiling
