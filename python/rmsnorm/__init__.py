@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["rms_norm", "add_rms_norm", "rms_norm_quant", "add_rms_norm_quant", "RMSNorm", "swap_rmsnorm", "FLAG_WEIGHT_OFFSET", "FLAG_ROUND_XHAT", "cuda_built"]
+__all__ = ["rms_norm", "add_rms_norm", "rms_norm_quant", "add_rms_norm_quant", "RMSNorm", "swap_rmsnorm", "FLAG_WEIGHT_OFFSET", "FLAG_ROUND_XHAT", "cuda_built", "cpp_autograd"]
 __version__ = "0.1.0"
 
 # The library's RMSNORM_FLAG_* bits (include/rmsnorm/rmsnorm.h).
@@ -39,6 +39,26 @@ def _load_extension() -> None:
 
 
 _load_extension()
+
+
+def _load_cpp_autograd() -> bool:
+    """Loads _autograd.so (the eager autograd node in C++, python/csrc/autograd.cpp) when it was built against this
+    very torch version; RMSNORM_PY_AUTOGRAD=1 keeps the Python Function instead. Either path gives the same bits."""
+    if os.environ.get("RMSNORM_PY_AUTOGRAD") == "1":
+        return False
+    try:
+        from . import _build_info
+    except ImportError:
+        return False
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_autograd.so")
+    if not _build_info.CPP_AUTOGRAD or _build_info.TORCH_VERSION != torch.__version__ or not os.path.exists(path):
+        return False
+    torch.ops.load_library(path)
+    return True
+
+
+cpp_autograd = _load_cpp_autograd()
+"""Whether eager rms_norm's autograd is the C++ node (True) or the Python Function (False)."""
 
 
 def cuda_built() -> bool:
@@ -111,7 +131,8 @@ class _EagerRMSNorm(torch.autograd.Function):
     """The same formula as the registration above, for eager calls. An op's registered autograd runs as a Python
     kernel behind the dispatcher (the dispatcher calls into Python, which builds an autograd.Function, which
     redispatches below autograd), at tens of microseconds per call on the host; this Function calls the C++ kernels
-    below autograd directly. torch.compile and direct op calls keep the registered path."""
+    below autograd directly. torch.compile and direct op calls keep the registered path. Where _autograd.so is
+    loaded (cpp_autograd), rmsnorm::forward_autograd, the same formula as a C++ node, takes this one's place."""
 
     @staticmethod
     def forward(ctx, x, weight, eps, flags):
@@ -130,6 +151,7 @@ class _EagerRMSNorm(torch.autograd.Function):
         return (gx if needs[0] else None), gw, None, None
 
 
+_forward_autograd_op = torch.ops.rmsnorm.forward_autograd.default if cpp_autograd else None
 _is_compiling = torch.compiler.is_compiling
 _functorch_active = torch._C._are_functorch_transforms_active
 _grad_enabled = torch.is_grad_enabled
@@ -139,6 +161,8 @@ def _forward(x, weight, eps, flags):
     if _is_compiling() or _functorch_active():
         return _forward_op(x, weight, eps, flags)[0]
     if _grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
+        if cpp_autograd:
+            return _forward_autograd_op(x, weight, eps, flags)
         return _EagerRMSNorm.apply(x, weight, eps, flags)
     # Nothing records a graph here (grad mode is off, or no input requires grad), so the op is called without
     # _below_autograd (0.9 us of Python on the CPU machine): autograd's fallback for an op with no autograd kernel
