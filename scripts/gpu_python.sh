@@ -13,7 +13,7 @@
 # 5. with FUSED_BENCH=1, runs bench/fused_bench.py ($OUT/fused.json; FUSED_ARGS, e.g. "--quick").
 #
 # scripts/gpu_check.sh runs this as its `python` step. Knobs: JOBS (16), PYTEST (1; 0 skips the tests),
-# PYTEST_ARGS (e.g. "-k cuda -x"), BENCH (0), BENCH_ARGS (e.g. "--quick"), RMSNORM_COMMIT. The benchmark after the
+# PYTEST_ARGS (shell words, e.g. "-x -k 'cuda and not slow'"), BENCH (0), BENCH_ARGS (e.g. "--quick"), RMSNORM_COMMIT. The benchmark after the
 # tests may not fit in one 10-minute call; then run it alone on the warm machine:
 #   PYTEST=0 BENCH=1 bash scripts/gpu_python.sh
 set -uo pipefail
@@ -48,8 +48,9 @@ print('rmsnorm', rmsnorm.__file__, 'CUDA backend: yes')") || exit 1
 rc=0
 if [ "${PYTEST:-1}" = 1 ]; then
   echo "== pytest"
-  # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
-  python3 -m pytest -q -ra python/tests --junitxml "$OUT/pytest.xml" ${PYTEST_ARGS:-} || rc=$?
+  # PYTEST_ARGS is parsed as shell words, so quoted arguments stay whole: PYTEST_ARGS="-k 'autograd or ops'".
+  eval "pytest_args=(${PYTEST_ARGS:-})"
+  python3 -m pytest -q -ra python/tests --junitxml "$OUT/pytest.xml" "${pytest_args[@]}" || rc=$?
 fi
 
 if [ "${BENCH:-0}" = 1 ]; then
