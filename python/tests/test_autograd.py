@@ -65,3 +65,16 @@ def test_eager_rms_norm_goes_through_the_cpp_node():
     w = randn(64).requires_grad_(True)
     y = rmsnorm.rms_norm(x, 64, w)
     assert "RMSNormFunction" in y.grad_fn.name(), y.grad_fn.name()  # the C++ node's name, not _EagerRMSNormBackward
+
+
+@pytest.mark.skipif(not rmsnorm.cpp_autograd, reason="_autograd.so is not loaded under this torch")
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_forward_autograd(device):
+    # The operator has only its Autograd kernel; below it the dispatcher reaches rmsnorm::forward (and its fake).
+    gen = torch.Generator().manual_seed(6)
+    x = randn(3, 64, gen=gen, device=device)
+    w = randn(64, gen=gen, device=device)
+    samples = [(x.requires_grad_(True), w.requires_grad_(True), 1e-5, 0), (x, None, 1e-5, 0),
+               (x.detach(), w, 1e-5, rmsnorm.FLAG_WEIGHT_OFFSET), (x.detach(), w.detach(), 1e-5, rmsnorm.FLAG_ROUND_XHAT)]
+    for args in samples:
+        torch.library.opcheck(torch.ops.rmsnorm.forward_autograd.default, args)
