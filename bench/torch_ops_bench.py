@@ -206,7 +206,8 @@ class Bench:
     def host_overheads(self, host_calls, directions, rounds=HOST_ROUNDS, n=HOST_CALLS):
         """Wall time per call of back-to-back calls, ours and F.rms_norm interleaved: `rounds` rounds, each timing
         every implementation for n calls in turn, so that drift of the host (clock, other load) falls on both alike.
-        Per implementation the median over rounds; the ratio is the median of the rounds' ratios."""
+        Who goes first alternates between rounds. Per implementation the median over rounds; the ratio is the median
+        of the rounds' ratios (so not always the ratio of the two medians)."""
         for d in directions:
             pair = [host_calls.get((impl, d)) for impl in HOST_IMPLS]
             if any(p is None for p in pair):
@@ -215,9 +216,9 @@ class Bench:
                 for _ in range(50):
                     call()
             walls = [[], []]
-            for _ in range(rounds):
-                for i, (call, _) in enumerate(pair):
-                    walls[i].append(self.wall_per_call(call, n))
+            for r in range(rounds):
+                for i in ((0, 1) if r % 2 == 0 else (1, 0)):  # who goes first alternates
+                    walls[i].append(self.wall_per_call(pair[i][0], n))
             ratios = [(a - pair[0][1]["kernel_us"]) / (b - pair[1][1]["kernel_us"]) for a, b in zip(*walls)]
             for (_, case), w in zip(pair, walls):
                 case["host_wall_us_per_call"] = statistics.median(w)
@@ -311,7 +312,13 @@ class Bench:
                     self.record(impl, d, rows, cols, dt, nbytes[d], copy_gbps, error=str(e).splitlines()[0][:200])
             del f, calls
             torch._dynamo.reset()
-        self.host_overheads(host_calls, directions)
+        try:
+            self.host_overheads(host_calls, directions)
+        except Exception as e:  # noqa: BLE001  (recorded, the run goes on)
+            torch.cuda.synchronize()
+            for _, case in host_calls.values():
+                case["host_error"] = str(e).splitlines()[0][:200]
+            print(f"host overhead: ERROR: {e}", flush=True)
         host_calls.clear()
         del x, gy, w, xl, wl
         torch.cuda.empty_cache()

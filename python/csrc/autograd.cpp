@@ -10,8 +10,8 @@
 // otherwise the Python Function (rmsnorm._EagerRMSNorm) is the eager path, with the same arithmetic and bits.
 //
 // torch.compile, functorch transforms and direct calls of rmsnorm::forward keep its registered Python autograd;
-// this operator is for eager calls only, and has no kernel below autograd: it is called with grad mode on and an
-// input that requires grad.
+// this operator is for eager calls (with grad mode on and an input that requires grad). Below autograd it is the
+// forward's y (CompositeExplicitAutograd).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -90,3 +90,9 @@ TORCH_LIBRARY_FRAGMENT(rmsnorm, m) {
 }
 
 TORCH_LIBRARY_IMPL(rmsnorm, Autograd, m) { m.impl("forward_autograd", &forward_autograd); }
+
+// Below autograd (a caller's _AutoDispatchBelowAutograd, say) the operator is the forward's y.
+TORCH_LIBRARY_IMPL(rmsnorm, CompositeExplicitAutograd, m) {
+  m.impl("forward_autograd", [](const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                                int64_t flags) { return std::get<0>(forward_op().call(x, weight, eps, flags)); });
+}

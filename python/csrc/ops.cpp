@@ -119,8 +119,16 @@ Tensor new_tensor(const std::vector<int64_t>& shape, ScalarType dtype, const Ten
   }
   const int32_t device_type = like.is_cuda() ? aoti_torch_device_type_cuda() : aoti_torch_device_type_cpu();
   AtenTensorHandle h = nullptr;
+  // The stable check carries the allocator's own message ("CUDA out of memory. Tried to allocate ...") where the
+  // headers have it; the header-only one names the call alone.
+#ifdef STABLE_TORCH_ERROR_CODE_CHECK
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(shape.size()), shape.data(),
+                                                         strides.data(), aoti_dtype(dtype), device_type,
+                                                         like.get_device_index(), &h));
+#else
   TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(shape.size()), shape.data(), strides.data(),
                                                   aoti_dtype(dtype), device_type, like.get_device_index(), &h));
+#endif
   return Tensor(h);
 }
 

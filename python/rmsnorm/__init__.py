@@ -13,6 +13,7 @@ dim that is not contiguous) is copied once into a contiguous tensor first. Outpu
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -53,7 +54,11 @@ def _load_cpp_autograd() -> bool:
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_autograd.so")
     if not _build_info.CPP_AUTOGRAD or _build_info.TORCH_VERSION != torch.__version__ or not os.path.exists(path):
         return False
-    torch.ops.load_library(path)
+    try:
+        torch.ops.load_library(path)
+    except (OSError, RuntimeError) as e:
+        warnings.warn(f"rmsnorm: {path} did not load ({e}); eager autograd goes through the Python Function")
+        return False
     return True
 
 
@@ -74,22 +79,31 @@ def cuda_built() -> bool:
     return True
 
 
-def _check_fake_devices(op, x, weight):
-    # A meta tensor among real ones makes the dispatcher pick these kernels; the real kernels refuse mixed devices,
-    # and so do these.
-    if weight is not None and weight.device != x.device:
-        raise RuntimeError(f"{op}: weight is on another device than x")
+def _check_fake_args(op, x, weight):
+    # The real kernels' argument rules (python/csrc/ops.cpp), for meta and fake tensors: rms_norm relies on the
+    # operator to refuse bad arguments, and a meta tensor (or one among real ones) reaches these kernels.
+    if x.dtype not in _DTYPES:
+        raise RuntimeError(f"{op}: x has dtype {x.dtype}; supported: float32, float16, bfloat16")
+    if x.dim() < 1 or x.shape[-1] < 1:
+        raise RuntimeError(f"{op}: x must have at least one dimension, and its last dim a size of at least 1")
+    if weight is not None:
+        if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+            raise RuntimeError(f"{op}: weight has shape {list(weight.shape)}, expected [{x.shape[-1]}]")
+        if weight.dtype != x.dtype and not (weight.dtype == torch.float32 and x.dtype in _HALF_DTYPES):
+            raise RuntimeError(f"{op}: weight has dtype {weight.dtype} but x has {x.dtype}")
+        if weight.device != x.device:
+            raise RuntimeError(f"{op}: weight is on another device than x")
 
 
 @torch.library.register_fake("rmsnorm::forward")
 def _forward_fake(x, weight, eps, flags):
-    _check_fake_devices("rmsnorm.forward", x, weight)
+    _check_fake_args("rmsnorm.forward", x, weight)
     return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.register_fake("rmsnorm::forward_inference")
 def _forward_inference_fake(x, weight, eps, flags):
-    _check_fake_devices("rmsnorm.forward_inference", x, weight)
+    _check_fake_args("rmsnorm.forward_inference", x, weight)
     return x.new_empty(x.shape)
 
 
@@ -202,7 +216,8 @@ def rms_norm(
     flags = (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)
     eps = _DEFAULT_EPS if eps is None else float(eps)
     n = normalized_shape[0] if type(normalized_shape) is tuple and len(normalized_shape) == 1 else normalized_shape
-    if type(n) is int and input.dim() > 0 and input.shape[-1] == n:
+    # Under torch.compile the checks below run first, so that bad arguments fail at trace time.
+    if type(n) is int and not _is_compiling() and input.dim() > 0 and input.shape[-1] == n:
         try:
             return _forward(input, weight, eps, flags)
         except RuntimeError:

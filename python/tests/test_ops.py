@@ -135,3 +135,31 @@ def test_mixed_devices_with_meta():
     # Without a GPU the device check still runs in Python: a meta weight with a CPU input.
     with pytest.raises(RuntimeError, match="weight is on meta but input is on cpu"):
         rmsnorm.rms_norm(randn(4, 16), 16, torch.empty(16, device="meta"))
+
+
+def test_meta_tensors_follow_the_argument_rules():
+    # rms_norm leaves the checks to the operator; on meta tensors that is the fake kernel, which must refuse the same.
+    x = torch.empty(3, 4, device="meta")
+    cases = [
+        (RuntimeError, "weight has shape [2, 2]", lambda: rmsnorm.rms_norm(x, 4, torch.empty(2, 2, device="meta"))),
+        (RuntimeError, "weight has shape [5]", lambda: rmsnorm.rms_norm(x, 4, torch.empty(5, device="meta"))),
+        (TypeError, "weight has dtype torch.float64",
+         lambda: rmsnorm.rms_norm(x, 4, torch.empty(4, device="meta", dtype=torch.float64))),
+        (TypeError, "input has dtype torch.float64", lambda: rmsnorm.rms_norm(x.double(), 4)),
+        (RuntimeError, "weight has shape [5]", lambda: torch.ops.rmsnorm.forward(x, torch.empty(5, device="meta"), 1e-5, 0)),
+    ]
+    for exc, text, fn in cases:
+        with pytest.raises(exc) as info:
+            fn()
+        assert text in str(info.value), f"{text!r} not in {str(info.value)!r}"
+    assert rmsnorm.rms_norm(x, 4, torch.empty(4, device="meta")).shape == (3, 4)
+
+
+def test_eager_call_below_autograd():
+    # A caller's below-autograd guard with inputs that require grad: y, and no graph.
+    x = randn(3, 8).requires_grad_(True)
+    w = randn(8).requires_grad_(True)
+    want = rmsnorm.rms_norm(x.detach(), 8, w.detach())
+    with torch._C._AutoDispatchBelowAutograd():
+        y = rmsnorm.rms_norm(x, 8, w)
+    assert torch.equal(y, want)
