@@ -223,11 +223,7 @@ def rms_norm(
         except RuntimeError:
             _check_rms_norm_args(input, (n,), weight)
             raise
-    if isinstance(normalized_shape, int):
-        normalized_shape = (normalized_shape,)
-    elif not isinstance(normalized_shape, tuple):
-        normalized_shape = tuple(normalized_shape)
-    _check_rms_norm_args(input, normalized_shape, weight)
+    normalized_shape = _check_rms_norm_args(input, normalized_shape, weight)
     k = len(normalized_shape)
     if k > 1:
         x = input.flatten(-k)
@@ -236,18 +232,30 @@ def rms_norm(
     return _forward(input, weight, eps, flags)
 
 
-def _check_rms_norm_args(input, normalized_shape, weight):
-    """rms_norm's argument rules, raising with the argument's name in rms_norm's terms."""
+def _normalized_dims(op, input, normalized_shape):
+    """normalized_shape as a tuple, after checking input's dtype and that those are its last dims; op names the
+    function in the errors."""
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    elif not isinstance(normalized_shape, tuple):
+        normalized_shape = tuple(normalized_shape)
     k = len(normalized_shape)
-    dtype = input.dtype
-    if dtype not in _DTYPES:
-        raise TypeError(f"rmsnorm.rms_norm: input has dtype {dtype}; supported: float32, float16, bfloat16")
+    if input.dtype not in _DTYPES:
+        raise TypeError(f"{op}: input has dtype {input.dtype}; supported: float32, float16, bfloat16")
     shape = input.shape
     if k == 0 or len(shape) < k or shape[-k:] != normalized_shape:
         raise RuntimeError(
-            f"rmsnorm.rms_norm: normalized_shape={list(normalized_shape)} must be the last dims of input, "
-            f"whose shape is {list(shape)}"
+            f"{op}: normalized_shape={list(normalized_shape)} must be the last dims of input, whose shape is "
+            f"{list(shape)}"
         )
+    return normalized_shape
+
+
+def _check_rms_norm_args(input, normalized_shape, weight):
+    """rms_norm's argument rules, raising with the argument's name in rms_norm's terms; normalized_shape as a
+    tuple."""
+    normalized_shape = _normalized_dims("rmsnorm.rms_norm", input, normalized_shape)
+    dtype = input.dtype
     if weight is not None:
         if weight.shape != normalized_shape:
             raise RuntimeError(
@@ -261,6 +269,7 @@ def _check_rms_norm_args(input, normalized_shape, weight):
             )
         if weight.device != input.device:
             raise RuntimeError(f"rmsnorm.rms_norm: weight is on {weight.device} but input is on {input.device}")
+    return normalized_shape
 
 
 @torch.library.register_fake("rmsnorm::add_forward")
@@ -334,20 +343,10 @@ def add_rms_norm(
     bit ``rms_norm`` of ``h``. Differentiable in ``input``, ``residual`` and ``weight``: the backward adds ``h``'s
     gradient from its other consumer (the next residual step) to the norm's in the same pass. The other arguments
     are as in ``rms_norm``; ``residual`` must have ``input``'s shape, dtype and device."""
-    if isinstance(normalized_shape, int):
-        normalized_shape = (normalized_shape,)
-    elif not isinstance(normalized_shape, tuple):
-        normalized_shape = tuple(normalized_shape)
+    normalized_shape = _normalized_dims("rmsnorm.add_rms_norm", input, normalized_shape)
     k = len(normalized_shape)
     dtype = input.dtype
-    if dtype not in _DTYPES:
-        raise TypeError(f"rmsnorm.add_rms_norm: input has dtype {dtype}; supported: float32, float16, bfloat16")
     shape = input.shape
-    if k == 0 or len(shape) < k or shape[-k:] != normalized_shape:
-        raise RuntimeError(
-            f"rmsnorm.add_rms_norm: normalized_shape={list(normalized_shape)} must be the last dims of input, "
-            f"whose shape is {list(shape)}"
-        )
     if residual.shape != shape or residual.dtype != dtype or residual.device != input.device:
         raise RuntimeError(
             f"rmsnorm.add_rms_norm: residual ({list(residual.shape)}, {residual.dtype}, {residual.device}) must "
@@ -408,19 +407,9 @@ def rms_norm_quant(
     without it a per-row scale ``s = max(min(max|y|, scale_ub) / qmax, min_scale)``, returned as the second value
     (float32, ``input``'s shape without the normalized dims; empty with a static scale). ``y`` is exactly
     ``rms_norm``'s output (``round_xhat=True`` gives vLLM's y). Not differentiable."""
-    if isinstance(normalized_shape, int):
-        normalized_shape = (normalized_shape,)
-    elif not isinstance(normalized_shape, tuple):
-        normalized_shape = tuple(normalized_shape)
+    normalized_shape = _normalized_dims("rmsnorm.rms_norm_quant", input, normalized_shape)
     k = len(normalized_shape)
     shape = input.shape
-    if k == 0 or len(shape) < k or shape[-k:] != normalized_shape:
-        raise RuntimeError(
-            f"rmsnorm.rms_norm_quant: normalized_shape={list(normalized_shape)} must be the last dims of input, "
-            f"whose shape is {list(shape)}"
-        )
-    if input.dtype not in _DTYPES:
-        raise TypeError(f"rmsnorm.rms_norm_quant: input has dtype {input.dtype}; supported: float32, float16, bfloat16")
     flags = (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)
     eps = _DEFAULT_EPS if eps is None else float(eps)
     x, w = input, weight
@@ -454,21 +443,9 @@ def add_rms_norm_quant(
     """The pre-norm residual step with a quantized output: ``h = input + residual`` (fp32 sum, one rounding), then
     ``rms_norm_quant(h, ...)``; returns ``(q, scales, h)``, bit for bit ``add_rms_norm``'s h and ``rms_norm_quant``
     of it. Arguments as in ``add_rms_norm`` and ``rms_norm_quant``. Not differentiable."""
-    if isinstance(normalized_shape, int):
-        normalized_shape = (normalized_shape,)
-    elif not isinstance(normalized_shape, tuple):
-        normalized_shape = tuple(normalized_shape)
+    normalized_shape = _normalized_dims("rmsnorm.add_rms_norm_quant", input, normalized_shape)
     k = len(normalized_shape)
     shape = input.shape
-    if k == 0 or len(shape) < k or shape[-k:] != normalized_shape:
-        raise RuntimeError(
-            f"rmsnorm.add_rms_norm_quant: normalized_shape={list(normalized_shape)} must be the last dims of input, "
-            f"whose shape is {list(shape)}"
-        )
-    if input.dtype not in _DTYPES:
-        raise TypeError(
-            f"rmsnorm.add_rms_norm_quant: input has dtype {input.dtype}; supported: float32, float16, bfloat16"
-        )
     flags = (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)
     eps = _DEFAULT_EPS if eps is None else float(eps)
     x, r, w = input, residual, weight
