@@ -529,6 +529,25 @@ ForwardParams<T> forward_params(const ForwardArgs& a, const plan::Launch& l) {
   return p;
 }
 
+// The unfused residual add: add_kernel writes h, then `forward` runs on h as x (the plain or the quantized
+// forward, which reads h once more).
+template <typename T, typename Forward>
+rmsnorm_status_t add_then_forward(const ForwardArgs& a, const plan::Device& dev, bool pdl, cudaStream_t stream,
+                                  Forward&& forward) {
+  const plan::Launch al = plan::add_launch(a.rows, dev);
+  const rmsnorm_status_t st = launch_kernel(add_kernel<T>, al.grid, dim3(plan::kAddThreads), 1, 0, pdl, stream,
+                                            static_cast<const T*>(a.x), a.x_stride,
+                                            static_cast<const T*>(a.residual), a.residual_stride,
+                                            static_cast<T*>(a.h), a.h_stride, a.rows, static_cast<int>(a.cols));
+  if (st != RMSNORM_STATUS_SUCCESS) return st;
+  ForwardArgs b = a;
+  b.x = a.h;
+  b.x_stride = a.h_stride;
+  b.residual = nullptr;
+  b.h = nullptr;
+  return forward(b);
+}
+
 template <typename T>
 rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, cudaStream_t stream) {
   constexpr int kEs = static_cast<int>(sizeof(T));
@@ -546,18 +565,8 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
   const bool pdl = a.pdl && dev.sm90_code;
   if (add && !plan::add_fused(l)) {
     // The add alone, then the plain forward of h (reading h once more).
-    const plan::Launch al = plan::add_launch(a.rows, dev);
-    const rmsnorm_status_t st = launch_kernel(add_kernel<T>, al.grid, dim3(plan::kAddThreads), 1, 0, pdl, stream,
-                                              static_cast<const T*>(a.x), a.x_stride,
-                                              static_cast<const T*>(a.residual), a.residual_stride,
-                                              static_cast<T*>(a.h), a.h_stride, a.rows, static_cast<int>(a.cols));
-    if (st != RMSNORM_STATUS_SUCCESS) return st;
-    ForwardArgs b = a;
-    b.x = a.h;
-    b.x_stride = a.h_stride;
-    b.residual = nullptr;
-    b.h = nullptr;
-    return launch_forward<T>(b, dev, stream);
+    return add_then_forward<T>(a, dev, pdl, stream,
+                               [&](const ForwardArgs& b) { return launch_forward<T>(b, dev, stream); });
   }
   const ForwardParams<T> p = forward_params<T>(a, l);
   auto launch = [&](auto kernel, int cta_threads) { return launch_planned(kernel, cta_threads, l, pdl, stream, p); };
@@ -605,18 +614,8 @@ rmsnorm_status_t launch_forward_quant(const ForwardArgs& a, const QuantArgs& qa,
   const plan::Launch l = plan::quant_launch(a.rows, a.cols, kEs, io, q_aligned && !a.weight_f32, dev);
   const bool pdl_add = a.pdl && dev.sm90_code;
   if (add && l.kernel != plan::Kernel::kForwardRows) {
-    const plan::Launch al = plan::add_launch(a.rows, dev);
-    const rmsnorm_status_t st = launch_kernel(add_kernel<T>, al.grid, dim3(plan::kAddThreads), 1, 0, pdl_add, stream,
-                                              static_cast<const T*>(a.x), a.x_stride,
-                                              static_cast<const T*>(a.residual), a.residual_stride,
-                                              static_cast<T*>(a.h), a.h_stride, a.rows, static_cast<int>(a.cols));
-    if (st != RMSNORM_STATUS_SUCCESS) return st;
-    ForwardArgs b = a;
-    b.x = a.h;
-    b.x_stride = a.h_stride;
-    b.residual = nullptr;
-    b.h = nullptr;
-    return launch_forward_quant<T>(b, qa, dev, stream);
+    return add_then_forward<T>(a, dev, pdl_add, stream,
+                               [&](const ForwardArgs& b) { return launch_forward_quant<T>(b, qa, dev, stream); });
   }
   QuantForwardParams<T> p;
   static_cast<ForwardParams<T>&>(p) = forward_params<T>(a, l);
