@@ -37,7 +37,7 @@ namespace {
 
 constexpr uint32_t kKnownFlags =
     RMSNORM_FLAG_WEIGHT_OFFSET | RMSNORM_FLAG_ROUND_XHAT | RMSNORM_FLAG_NO_PDL | RMSNORM_FLAG_TRUSTED_MEMORY |
-    RMSNORM_FLAG_WEIGHT_F32;
+    RMSNORM_FLAG_WEIGHT_F32 | RMSNORM_FLAG_Y_DTYPE_MASK;
 
 std::string num(int64_t v) { return std::to_string(v); }
 
@@ -131,6 +131,8 @@ struct Common {
   size_t esize = 4;  // dtype_size(dtype)
   size_t wsize = 4;  // the weight's element size (RMSNORM_FLAG_WEIGHT_F32: 4)
   bool weight_f32 = false;  // RMSNORM_FLAG_WEIGHT_F32 with 16-bit x
+  DType y_dtype = DType::kF32;  // y's (and gy's) dtype: dtype unless RMSNORM_FLAG_Y_DTYPE says otherwise
+  size_t ysize = 4;             // dtype_size(y_dtype)
   bool cuda = false;
   int device = -1;
   void* stream = nullptr;
@@ -165,6 +167,9 @@ rmsnorm_status_t check_problem_and_backend(const rmsnorm_problem_t* p, const rms
   c->esize = dtype_size(c->dtype);
   c->weight_f32 = (p->flags & RMSNORM_FLAG_WEIGHT_F32) != 0 && c->dtype != DType::kF32;
   c->wsize = c->weight_f32 ? sizeof(float) : c->esize;
+  const uint32_t y_bits = (p->flags & RMSNORM_FLAG_Y_DTYPE_MASK) >> 8;
+  c->y_dtype = y_bits == 0 ? c->dtype : static_cast<DType>(y_bits - 1);
+  c->ysize = dtype_size(c->y_dtype);
   if (b->kind == RMSNORM_BACKEND_CPU) {
     if (b->num_threads < 0)
       return fail(RMSNORM_STATUS_INVALID_OPTION, "backend.num_threads", "must be >= 0 (got " + num(b->num_threads) + ")");
@@ -241,6 +246,19 @@ void set_problem_fields(const rmsnorm_problem_t& p, const Common& c, Args* a) {
   a->weight_offset = (p.flags & RMSNORM_FLAG_WEIGHT_OFFSET) != 0;
   a->weight_f32 = c.weight_f32;
   a->pdl = (p.flags & RMSNORM_FLAG_NO_PDL) == 0;
+  a->y_dtype = static_cast<int32_t>(c.y_dtype);
+}
+
+// RMSNORM_FLAG_Y_DTYPE: the operations that take it, and the backends that have it.
+rmsnorm_status_t check_y_dtype(const Common& c, bool op_takes_it, const char* op) {
+  if (c.y_dtype == c.dtype) return RMSNORM_STATUS_SUCCESS;
+  if (!op_takes_it)
+    return fail(RMSNORM_STATUS_INVALID_OPTION, "flags",
+                std::string("RMSNORM_FLAG_Y_DTYPE with a dtype other than x's is not supported by ") + op);
+  if (c.cuda)
+    return fail(RMSNORM_STATUS_BACKEND_UNAVAILABLE, "flags",
+                "RMSNORM_FLAG_Y_DTYPE with a dtype other than x's is not built for the CUDA backend yet");
+  return RMSNORM_STATUS_SUCCESS;
 }
 
 int cpu_threads(int requested) {
@@ -322,6 +340,7 @@ rmsnorm_status_t rmsnorm_forward(const rmsnorm_problem_t* problem, const void* x
   clear_last_error();
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
+  RMSNORM_TRY(check_y_dtype(c, true, "rmsnorm_forward"));
   if (problem->rows == 0) return RMSNORM_STATUS_SUCCESS;
 
   // Built once; everything below validates these fields, then hands them over.
@@ -336,7 +355,7 @@ rmsnorm_status_t rmsnorm_forward(const rmsnorm_problem_t* problem, const void* x
   a.rstd = rstd;
 
   RMSNORM_TRY(check_pointer("x", a.x, c.esize));
-  RMSNORM_TRY(check_pointer("y", a.y, c.esize));
+  RMSNORM_TRY(check_pointer("y", a.y, c.ysize));
   RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.wsize));
   RMSNORM_TRY(check_optional_pointer("rstd", a.rstd, sizeof(float)));
   RMSNORM_TRY(check_stride("x_row_stride", a.x_stride, a.cols));
@@ -344,7 +363,7 @@ rmsnorm_status_t rmsnorm_forward(const rmsnorm_problem_t* problem, const void* x
 
   Extent ex, ey, ew, er;
   RMSNORM_TRY(extent_of("x", a.x, a.rows, a.cols, a.x_stride, c.esize, &ex));
-  RMSNORM_TRY(extent_of("y", a.y, a.rows, a.cols, a.y_stride, c.esize, &ey));
+  RMSNORM_TRY(extent_of("y", a.y, a.rows, a.cols, a.y_stride, c.ysize, &ey));
   RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.wsize, &ew));
   RMSNORM_TRY(vector_extent("rstd", a.rstd, a.rows, sizeof(float), &er));
   RMSNORM_TRY(check_memory_space({&ex, &ey, &ew, &er}, c));
@@ -387,6 +406,7 @@ rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* problem, const voi
   clear_last_error();
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
+  RMSNORM_TRY(check_y_dtype(c, false, "rmsnorm_add_forward"));
   if (problem->rows == 0) return RMSNORM_STATUS_SUCCESS;
 
   ForwardArgs a;
@@ -452,6 +472,7 @@ static rmsnorm_status_t forward_quant_impl(const rmsnorm_problem_t* problem, con
   clear_last_error();
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
+  RMSNORM_TRY(check_y_dtype(c, false, "rmsnorm_forward_quant and rmsnorm_add_forward_quant"));
   if (quant == nullptr) return fail(RMSNORM_STATUS_NULL_POINTER, "quant", "must not be NULL");
   if (quant->kind != RMSNORM_QUANT_FP8_E4M3 && quant->kind != RMSNORM_QUANT_INT8)
     return fail(RMSNORM_STATUS_INVALID_OPTION, "quant.kind", "unknown kind " + num(quant->kind));
@@ -564,6 +585,7 @@ rmsnorm_status_t rmsnorm_backward_workspace_size(const rmsnorm_problem_t* proble
   if (bytes == nullptr) return fail(RMSNORM_STATUS_NULL_POINTER, "bytes", "must not be NULL");
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
+  RMSNORM_TRY(check_y_dtype(c, true, "rmsnorm_backward_workspace_size"));
   if (!valid_gw_mode(gw_mode)) return fail(RMSNORM_STATUS_INVALID_OPTION, "gw_mode", "unknown mode " + num(gw_mode));
   return workspace_size_impl(problem, gw_mode, c, bytes);
 }
@@ -577,6 +599,7 @@ static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const v
   clear_last_error();
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
+  RMSNORM_TRY(check_y_dtype(c, g_h == nullptr, "rmsnorm_add_backward"));
   if (!valid_gw_mode(gw_mode)) return fail(RMSNORM_STATUS_INVALID_OPTION, "gw_mode", "unknown mode " + num(gw_mode));
 
   // Built once; everything below validates these fields, then hands them over.
@@ -610,7 +633,7 @@ static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const v
   const bool rows_present = a.rows > 0;
   if (rows_present) {
     RMSNORM_TRY(check_pointer("x", a.x, c.esize));
-    RMSNORM_TRY(check_pointer("gy", a.gy, c.esize));
+    RMSNORM_TRY(check_pointer("gy", a.gy, c.ysize));
     RMSNORM_TRY(check_pointer("gx", a.gx, c.esize));
     RMSNORM_TRY(check_optional_pointer("rstd", a.rstd, sizeof(float)));
     RMSNORM_TRY(check_stride("x_row_stride", a.x_stride, a.cols));
@@ -635,7 +658,7 @@ static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const v
   if (a.g_h != nullptr && rows_present) RMSNORM_TRY(check_pointer("g_h", a.g_h, c.esize));
   Extent ex, egy, egx, ew, er, egw, ews, egh;
   RMSNORM_TRY(extent_of("x", rows_present ? a.x : nullptr, a.rows, a.cols, a.x_stride, c.esize, &ex));
-  RMSNORM_TRY(extent_of("gy", rows_present ? a.gy : nullptr, a.rows, a.cols, a.gy_stride, c.esize, &egy));
+  RMSNORM_TRY(extent_of("gy", rows_present ? a.gy : nullptr, a.rows, a.cols, a.gy_stride, c.ysize, &egy));
   RMSNORM_TRY(extent_of("gx", rows_present ? a.gx : nullptr, a.rows, a.cols, a.gx_stride, c.esize, &egx));
   RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.wsize, &ew));
   RMSNORM_TRY(vector_extent("rstd", rows_present ? a.rstd : nullptr, a.rows, sizeof(float), &er));

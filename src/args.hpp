@@ -37,6 +37,7 @@ struct ForwardArgs {
   bool weight_f32 = false;     // the weight is float (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x)
   bool round_xhat = false;     // y = T(T(x_hat) * w')
   bool pdl = true;             // CUDA: programmatic dependent launch (rmsnorm.h)
+  int32_t y_dtype = -1;  // y's dtype (RMSNORM_FLAG_Y_DTYPE), a DType; -1: dtype (y_dtype_of)
   const void* x = nullptr;
   int64_t x_stride = 0;
   const void* weight = nullptr;  // may be null
@@ -70,6 +71,7 @@ struct BackwardArgs {
   bool weight_offset = false;
   bool weight_f32 = false;  // the weight is float (gw modes already mapped to the fp32 ones)
   bool pdl = true;  // CUDA: programmatic dependent launch (rmsnorm.h)
+  int32_t y_dtype = -1;  // gy's dtype (the forward's y; RMSNORM_FLAG_Y_DTYPE), a DType; -1: dtype (y_dtype_of)
   const void* x = nullptr;
   int64_t x_stride = 0;
   const void* weight = nullptr;  // may be null (then gw_mode == kNone)
@@ -86,5 +88,11 @@ struct BackwardArgs {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
+
+// y's (forward) or gy's (backward) dtype.
+template <typename Args>
+DType y_dtype_of(const Args& a) {
+  return a.y_dtype < 0 ? a.dtype : static_cast<DType>(a.y_dtype);
+}
 
 }  // namespace rmsnorm

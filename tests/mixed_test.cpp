@@ -247,5 +247,147 @@ TEST(WeightF32, ArgumentRules) {
   EXPECT_EQ(0, std::memcmp(a.y.data(), b.y.data(), a.y.data_bytes()));
 }
 
+// RMSNORM_FLAG_Y_DTYPE: y (and gy) in another dtype than x's. The identity checked: the same call with y in fp32
+// computes the fp32 values, and y in any dtype is those rounded once; rstd is the plain call's bit for bit. The
+// backward: with gy in Y, gx and gw are the fp32 problem's (x and gy widened) rounded once to x's dtype (gx) or as
+// the gw mode says; against float64 too.
+TEST(YDtype, ForwardIsTheFp32ValuesRoundedOnceToY) {
+  std::mt19937_64 rng(64);
+  const int32_t kDts[] = {RMSNORM_DTYPE_F32, RMSNORM_DTYPE_F16, RMSNORM_DTYPE_BF16};
+  for (int32_t xdt : kDts)
+    for (int32_t ydt : kDts)
+      for (int64_t cols : {1, 33, 1000})
+        for (uint32_t extra : {0u, static_cast<uint32_t>(RMSNORM_FLAG_ROUND_XHAT), static_cast<uint32_t>(RMSNORM_FLAG_WEIGHT_OFFSET)}) {
+          SCOPED_TRACE("x " + std::to_string(xdt) + " y " + std::to_string(ydt) + " cols " + std::to_string(cols) +
+                       " flags " + std::to_string(extra));
+          const int64_t rows = 7;
+          HostMatrix x(xdt, rows, cols, cols + 3, 1), w(xdt, 1, cols);
+          harness::fill_normal(x, rng(), harness::hetero_row_scale);
+          harness::fill_normal(w, rng(), {}, 1.0);
+          const rmsnorm_problem_t p = problem(xdt, rows, cols, RMSNORM_FLAG_Y_DTYPE(ydt) | extra);
+          HostMatrix y(ydt, rows, cols, cols + 1, 0);
+          std::vector<float> rstd(static_cast<size_t>(rows), NAN);
+          ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                    rmsnorm_forward(&p, x.data(), x.stride, w.data(), y.data(), y.stride, rstd.data(), &kCpu))
+              << rmsnorm_last_error();
+          // The fp32 values: the same problem with y in fp32.
+          const rmsnorm_problem_t p32 = problem(xdt, rows, cols, RMSNORM_FLAG_Y_DTYPE(RMSNORM_DTYPE_F32) | extra);
+          HostMatrix y32(RMSNORM_DTYPE_F32, rows, cols);
+          std::vector<float> rstd32(static_cast<size_t>(rows), NAN);
+          ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                    rmsnorm_forward(&p32, x.data(), x.stride, w.data(), y32.data(), cols, rstd32.data(), &kCpu));
+          // The plain call (y in x's dtype) for rstd.
+          const Fwd plain = forward(x, w, xdt, extra);
+          ASSERT_EQ(0, std::memcmp(rstd.data(), plain.rstd.data(), rstd.size() * 4)) << "rstd";
+          ASSERT_EQ(0, std::memcmp(rstd32.data(), plain.rstd.data(), rstd.size() * 4)) << "rstd (fp32 y)";
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t k = 0; k < cols; ++k) {
+              ASSERT_EQ(y.get(r, k), harness::round_to(ydt, y32.get(r, k))) << "y at row " << r << " col " << k;
+              if (ydt == xdt) ASSERT_EQ(y.get(r, k), plain.y.get(r, k)) << "y (same dtype) at row " << r;
+            }
+          // Against float64 (round_xhat rounds x_hat first: the reference has no such mode, so it is skipped there).
+          if (extra != RMSNORM_FLAG_ROUND_XHAT) {
+            const std::vector<double> xd = x.to_double(), wd = w.to_double();
+            std::vector<double> yr(static_cast<size_t>(rows * cols)), rr(static_cast<size_t>(rows)),
+                xh(static_cast<size_t>(rows * cols));
+            reference::Options o;
+            o.eps = 1e-5;
+            o.weight_offset = extra == RMSNORM_FLAG_WEIGHT_OFFSET;
+            reference::forward(rows, cols, xd.data(), wd.data(), o, yr.data(), rr.data(), xh.data());
+            for (int64_t r = 0; r < rows; ++r)
+              for (int64_t k = 0; k < cols; ++k) {
+                const double want = yr[static_cast<size_t>(r * cols + k)];
+                ASSERT_LE(std::fabs(y.get(r, k) - want), harness::y_tol(ydt, want, cols))
+                    << "y against float64 at row " << r << " col " << k;
+              }
+          }
+        }
+}
+
+TEST(YDtype, BackwardReadsGyInY) {
+  std::mt19937_64 rng(65);
+  const int32_t kDts[] = {RMSNORM_DTYPE_F32, RMSNORM_DTYPE_F16, RMSNORM_DTYPE_BF16};
+  for (int32_t xdt : kDts)
+    for (int32_t ydt : kDts)
+      for (int64_t cols : {1, 40, 1000})
+        for (int32_t mode : {RMSNORM_GW_NONE, RMSNORM_GW_STORE_F32, RMSNORM_GW_STORE}) {
+          SCOPED_TRACE("x " + std::to_string(xdt) + " gy " + std::to_string(ydt) + " cols " + std::to_string(cols) +
+                       " gw_mode " + std::to_string(mode));
+          const int64_t rows = 37;
+          HostMatrix x(xdt, rows, cols), gy(ydt, rows, cols), w(xdt, 1, cols);
+          harness::fill_normal(x, rng(), harness::hetero_row_scale);
+          harness::fill_normal(gy, rng());
+          harness::fill_normal(w, rng(), {}, 1.0);
+          auto run = [&](const HostMatrix& xs, const HostMatrix& gys, const HostMatrix& ws, int32_t dtype,
+                         uint32_t flags, int32_t m, HostMatrix* gx, HostMatrix* gw) {
+            *gx = HostMatrix(dtype, rows, cols);
+            *gw = HostMatrix(m == RMSNORM_GW_STORE ? dtype : RMSNORM_DTYPE_F32, 1, cols);
+            const rmsnorm_problem_t p = problem(dtype, rows, cols, flags);
+            size_t wsb = 0;
+            ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, m, &kCpu, &wsb));
+            std::vector<unsigned char> workspace(wsb + 16);
+            ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                      rmsnorm_backward(&p, xs.data(), cols, ws.data(), gys.data(), cols, nullptr, gx->data(), cols,
+                                       m == RMSNORM_GW_NONE ? nullptr : gw->data(), m,
+                                       wsb > 0 ? workspace.data() : nullptr, wsb, &kCpu))
+                << rmsnorm_last_error();
+          };
+          HostMatrix gx, gw, gxf, gwf;
+          run(x, gy, w, xdt, RMSNORM_FLAG_Y_DTYPE(ydt), mode, &gx, &gw);
+          ASSERT_FALSE(HasFatalFailure());
+          run(widened(x), widened(gy), widened(w), RMSNORM_DTYPE_F32, 0,
+              mode == RMSNORM_GW_NONE ? RMSNORM_GW_NONE : RMSNORM_GW_STORE_F32, &gxf, &gwf);
+          ASSERT_FALSE(HasFatalFailure());
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t k = 0; k < cols; ++k)
+              ASSERT_EQ(gx.get(r, k), harness::round_to(xdt, gxf.get(r, k))) << "gx at row " << r << " col " << k;
+          if (mode != RMSNORM_GW_NONE)
+            for (int64_t k = 0; k < cols; ++k) {
+              const double want = mode == RMSNORM_GW_STORE ? harness::round_to(xdt, gwf.get(0, k)) : gwf.get(0, k);
+              ASSERT_EQ(gw.get(0, k), want) << "gw at col " << k;
+            }
+        }
+}
+
+TEST(YDtype, ArgumentRules) {
+  const int64_t rows = 3, cols = 16;
+  HostMatrix x(RMSNORM_DTYPE_F32, rows, cols), y(RMSNORM_DTYPE_BF16, rows, cols), w(RMSNORM_DTYPE_F32, 1, cols);
+  harness::fill_normal(x, 8);
+  harness::fill_normal(w, 9);
+  const uint32_t bf16_y = RMSNORM_FLAG_Y_DTYPE(RMSNORM_DTYPE_BF16);
+  const rmsnorm_problem_t p = problem(RMSNORM_DTYPE_F32, rows, cols, bf16_y);
+  const HostMatrix x0 = x;
+  // In place needs equal dtypes: a bf16 y over the fp32 x is an overlap.
+  EXPECT_EQ(RMSNORM_STATUS_OVERLAP, rmsnorm_forward(&p, x.data(), cols, w.data(), x.data(), cols, nullptr, &kCpu));
+  EXPECT_EQ(0, std::memcmp(x.storage.data(), x0.storage.data(), x.storage.size())) << "written although refused";
+  // y aligned for its own dtype (2 bytes), not x's.
+  std::vector<uint16_t> ybuf(static_cast<size_t>(rows * cols) + 1);
+  EXPECT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward(&p, x.data(), cols, w.data(), ybuf.data() + 1, cols, nullptr, &kCpu))
+      << rmsnorm_last_error();
+  // The fused operations refuse another y dtype, naming the flag.
+  HostMatrix h(RMSNORM_DTYPE_F32, rows, cols);
+  EXPECT_EQ(RMSNORM_STATUS_INVALID_OPTION, rmsnorm_add_forward(&p, x.data(), cols, x0.data(), cols, w.data(), h.data(),
+                                                               cols, y.data(), cols, nullptr, &kCpu));
+  EXPECT_NE(std::string(rmsnorm_last_error()).find("RMSNORM_FLAG_Y_DTYPE"), std::string::npos) << rmsnorm_last_error();
+  std::vector<uint8_t> q(static_cast<size_t>(rows * cols));
+  std::vector<float> s(static_cast<size_t>(rows));
+  rmsnorm_quant_t qt{RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_PER_ROW, nullptr, s.data(), nullptr};
+  EXPECT_EQ(RMSNORM_STATUS_INVALID_OPTION,
+            rmsnorm_forward_quant(&p, x.data(), cols, w.data(), &qt, q.data(), cols, nullptr, &kCpu));
+  // The flag naming x's own dtype is the plain call.
+  const rmsnorm_problem_t same = problem(RMSNORM_DTYPE_F32, rows, cols, RMSNORM_FLAG_Y_DTYPE(RMSNORM_DTYPE_F32));
+  HostMatrix ya(RMSNORM_DTYPE_F32, rows, cols), yb(RMSNORM_DTYPE_F32, rows, cols);
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward(&same, x.data(), cols, w.data(), ya.data(), cols, nullptr, &kCpu));
+  const rmsnorm_problem_t plain = problem(RMSNORM_DTYPE_F32, rows, cols, 0);
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward(&plain, x.data(), cols, w.data(), yb.data(), cols, nullptr, &kCpu));
+  EXPECT_EQ(0, std::memcmp(ya.data(), yb.data(), ya.data_bytes()));
+#if defined(RMSNORM_WITH_CUDA)
+  // CUDA: not built yet; refused before anything is read or written (host pointers: the refusal comes first).
+  const rmsnorm_backend_t cuda = rmsnorm_backend_cuda(-1, nullptr);
+  const rmsnorm_status_t st = rmsnorm_forward(&p, x.data(), cols, w.data(), y.data(), cols, nullptr, &cuda);
+  EXPECT_EQ(RMSNORM_STATUS_BACKEND_UNAVAILABLE, st) << rmsnorm_last_error();
+#endif
+}
+
 }  // namespace
 }  // namespace rmsnorm::test

@@ -110,6 +110,20 @@ typedef enum rmsnorm_dtype {
 #define RMSNORM_FLAG_NO_PDL 4u        /* CUDA: launch without programmatic dependent launch */
 #define RMSNORM_FLAG_TRUSTED_MEMORY 8u /* skip the memory-space check (below) */
 #define RMSNORM_FLAG_WEIGHT_F32 16u   /* the weight is fp32 (float*) whatever problem->dtype (below) */
+/* y (forward) and gy (backward) in dtype dt, an rmsnorm_dtype_t, whatever problem->dtype (below) */
+#define RMSNORM_FLAG_Y_DTYPE(dt) (((uint32_t)(dt) + 1u) << 8)
+#define RMSNORM_FLAG_Y_DTYPE_MASK (3u << 8)
+/* RMSNORM_FLAG_Y_DTYPE(dt): the output dtype chosen apart from x's (bf16 y
+ * from an fp32 residual stream, say). rmsnorm_forward writes y = Y(x_hat * w')
+ * (or Y(T(x_hat) * w') with RMSNORM_FLAG_ROUND_XHAT), rounded once to dt = Y;
+ * rmsnorm_backward reads gy in Y and writes gx in problem->dtype; rstd, gw and
+ * the workspace are as without the flag. Bits 8-9 hold dt + 1; 0 (no flag), or
+ * dt equal to problem->dtype, is the plain form. y == x (and gx == gy) in place
+ * needs equal dtypes; otherwise any overlap is RMSNORM_STATUS_OVERLAP. The
+ * fused operations (rmsnorm_add_*, rmsnorm_*_quant) refuse another Y with
+ * RMSNORM_STATUS_INVALID_OPTION. CPU backend: forward and backward. CUDA
+ * backend: not built yet (RMSNORM_STATUS_BACKEND_UNAVAILABLE, nothing
+ * written). */
 /* RMSNORM_FLAG_WEIGHT_F32: mixed precision, as AMP and FSDP keep master
  * weights: x, y, gy and gx in problem->dtype, the weight in fp32, w' =
  * float(w) (+ 1), and gw in fp32 in every gw mode (RMSNORM_GW_STORE and

@@ -177,25 +177,27 @@ const float* add_rows_into(const ForwardArgs& a, int64_t i, float* scratch) {
   return scratch;
 }
 
-template <DType dt>
+// y in ydt (RMSNORM_FLAG_Y_DTYPE; x's dtype without it): one rounding, to ydt.
+template <DType dt, DType ydt = dt>
 void forward_rows(const ForwardArgs& a, const float* wp, float* scratch, int64_t i0, int64_t i1) {
   using T = typename Elem<dt>::T;
+  using Y = typename Elem<ydt>::T;
   const int64_t cols = a.cols;
   for (int64_t i = i0; i < i1; ++i) {
     // The whole row is read (widened or summed) before y is written, and y[j]
     // is written only after x[j] was read, so y == x is safe.
     const float* x = a.residual != nullptr ? add_rows_into<dt>(a, i, scratch)
                                            : widen<dt>(static_cast<const T*>(a.x) + i * a.x_stride, cols, scratch);
-    T* y = static_cast<T*>(a.y) + i * a.y_stride;
+    Y* y = static_cast<Y*>(a.y) + i * a.y_stride;
     const float r = row_rstd(x, cols, a.eps);
     if (a.rstd != nullptr) a.rstd[i] = r;
     if (a.round_xhat) {
       for (int64_t j = 0; j < cols; ++j) {
-        const float xh = Elem<dt>::load(Elem<dt>::store(x[j] * r));
-        y[j] = Elem<dt>::store(xh * wp[j]);
+        const float xh = Elem<dt>::load(Elem<dt>::store(x[j] * r));  // x_hat rounded to x's dtype
+        y[j] = Elem<ydt>::store(xh * wp[j]);
       }
     } else {
-      for (int64_t j = 0; j < cols; ++j) y[j] = Elem<dt>::store((x[j] * r) * wp[j]);
+      for (int64_t j = 0; j < cols; ++j) y[j] = Elem<ydt>::store((x[j] * r) * wp[j]);
     }
   }
 }
@@ -218,14 +220,16 @@ inline RowStats row_stats(const BackwardArgs& a, const float* x, const float* gy
 
 // Backward rows [i0, i1) without gw; with stats != nullptr only the row
 // statistics are computed (for the column-split gw path) and gx is not written.
-template <DType dt>
+// gy in gdt (the forward's y dtype), x and gx in dt.
+template <DType dt, DType gdt>
 void backward_rows(const BackwardArgs& a, const float* wp, RowStats* stats, float* xs, float* gs, int64_t i0,
                    int64_t i1) {
   using T = typename Elem<dt>::T;
+  using G = typename Elem<gdt>::T;
   const int64_t cols = a.cols;
   for (int64_t i = i0; i < i1; ++i) {
     const float* x = widen<dt>(static_cast<const T*>(a.x) + i * a.x_stride, cols, xs);
-    const float* gy = widen<dt>(static_cast<const T*>(a.gy) + i * a.gy_stride, cols, gs);
+    const float* gy = widen<gdt>(static_cast<const G*>(a.gy) + i * a.gy_stride, cols, gs);
     const RowStats st = row_stats(a, x, gy, wp, i);
     if (stats != nullptr) {
       stats[i] = st;
@@ -247,17 +251,18 @@ inline int64_t partial_begin(int64_t p, int64_t rows, int64_t parts) { return p 
 // One tile: rows of partial p, columns [c0, c1). stats holds every row's
 // (r, c) when the columns are split; with a tile spanning the whole row
 // (stats == nullptr) they are computed here, from the same row data.
-template <DType dt>
+template <DType dt, DType gdt>
 void gw_tile(const BackwardArgs& a, const float* wp, const RowStats* stats, int64_t p, int64_t parts, int64_t c0,
              int64_t c1, float* xs, float* gs) {
   using T = typename Elem<dt>::T;
+  using G = typename Elem<gdt>::T;
   const int64_t n = c1 - c0;
   float* acc = static_cast<float*>(a.workspace) + p * a.cols + c0;
   std::fill(acc, acc + n, 0.0f);
   const int64_t i0 = partial_begin(p, a.rows, parts), i1 = partial_begin(p + 1, a.rows, parts);
   for (int64_t i = i0; i < i1; ++i) {
     const float* x = widen<dt>(static_cast<const T*>(a.x) + i * a.x_stride + c0, n, xs);
-    const float* gy = widen<dt>(static_cast<const T*>(a.gy) + i * a.gy_stride + c0, n, gs);
+    const float* gy = widen<gdt>(static_cast<const G*>(a.gy) + i * a.gy_stride + c0, n, gs);
     const RowStats st = stats != nullptr ? stats[i] : row_stats(a, x, gy, wp, i);
     T* gx = static_cast<T*>(a.gx) + i * a.gx_stride + c0;
     const T* gh = a.g_h != nullptr ? static_cast<const T*>(a.g_h) + i * a.g_h_stride + c0 : nullptr;
@@ -292,7 +297,7 @@ void write_gw(const BackwardArgs& a, int64_t parts, int64_t c0, int64_t c1) {
   }
 }
 
-template <DType dt>
+template <DType dt, DType gdt>
 void backward_gw(const BackwardArgs& a, const float* wp, int num_threads) {
   const int64_t rows = a.rows, cols = a.cols, elems = rows * cols;
   const int64_t parts = gw_partials(rows);
@@ -309,19 +314,19 @@ void backward_gw(const BackwardArgs& a, const float* wp, int num_threads) {
   const int tile_threads = threads_for(num_threads, tiles, elems);
 
   std::vector<RowStats> stats(col_chunks > 1 ? static_cast<size_t>(rows) : 0);
-  Scratch scratch(std::max(stat_threads, tile_threads), 2, widen_len(dt, cols));
+  Scratch scratch(std::max(stat_threads, tile_threads), 2, std::max(widen_len(dt, cols), widen_len(gdt, cols)));
 
   if (col_chunks > 1) {
     parallel_for(rows, stat_threads, [&](int t, int64_t i0, int64_t i1) {
-      backward_rows<dt>(a, wp, stats.data(), scratch.get(t, 0), scratch.get(t, 1), i0, i1);
+      backward_rows<dt, gdt>(a, wp, stats.data(), scratch.get(t, 0), scratch.get(t, 1), i0, i1);
     });
   }
   parallel_for(tiles, tile_threads, [&](int t, int64_t t0, int64_t t1) {
     for (int64_t k = t0; k < t1; ++k) {
       const int64_t p = k / col_chunks, chunk = k % col_chunks;
       const int64_t c0 = chunk * cols / col_chunks, c1 = (chunk + 1) * cols / col_chunks;
-      gw_tile<dt>(a, wp, stats.empty() ? nullptr : stats.data(), p, parts, c0, c1, scratch.get(t, 0),
-                  scratch.get(t, 1));
+      gw_tile<dt, gdt>(a, wp, stats.empty() ? nullptr : stats.data(), p, parts, c0, c1, scratch.get(t, 0),
+                       scratch.get(t, 1));
     }
   });
   parallel_for(cols, threads_for(num_threads, cols, parts * cols),
@@ -353,8 +358,11 @@ rmsnorm_status_t forward(const ForwardArgs& a, int num_threads) {
     Scratch scratch(threads, 1, a.residual != nullptr ? a.cols : widen_len(a.dtype, a.cols));
     dispatch_dtype(a.dtype, [&](auto tag) {
       constexpr DType dt = decltype(tag)::value;
-      parallel_for(a.rows, threads, [&](int t, int64_t i0, int64_t i1) {
-        forward_rows<dt>(a, wp.data(), scratch.get(t, 0), i0, i1);
+      dispatch_dtype(y_dtype_of(a), [&](auto ytag) {
+        constexpr DType ydt = decltype(ytag)::value;
+        parallel_for(a.rows, threads, [&](int t, int64_t i0, int64_t i1) {
+          forward_rows<dt, ydt>(a, wp.data(), scratch.get(t, 0), i0, i1);
+        });
       });
     });
   } catch (const std::bad_alloc&) {
@@ -431,14 +439,17 @@ rmsnorm_status_t backward(const BackwardArgs& a, int num_threads) {
     const std::vector<float> wp = weight_prime(a.weight, a.weight_f32 ? DType::kF32 : a.dtype, a.cols, a.weight_offset);
     dispatch_dtype(a.dtype, [&](auto tag) {
       constexpr DType dt = decltype(tag)::value;
-      if (a.gw_mode != GwMode::kNone) {
-        backward_gw<dt>(a, wp.data(), num_threads);
-        return;
-      }
-      const int threads = threads_for(num_threads, a.rows, a.rows * a.cols);
-      Scratch scratch(threads, 2, widen_len(dt, a.cols));
-      parallel_for(a.rows, threads, [&](int t, int64_t i0, int64_t i1) {
-        backward_rows<dt>(a, wp.data(), nullptr, scratch.get(t, 0), scratch.get(t, 1), i0, i1);
+      dispatch_dtype(y_dtype_of(a), [&](auto gtag) {
+        constexpr DType gdt = decltype(gtag)::value;
+        if (a.gw_mode != GwMode::kNone) {
+          backward_gw<dt, gdt>(a, wp.data(), num_threads);
+          return;
+        }
+        const int threads = threads_for(num_threads, a.rows, a.rows * a.cols);
+        Scratch scratch(threads, 2, std::max(widen_len(dt, a.cols), widen_len(gdt, a.cols)));
+        parallel_for(a.rows, threads, [&](int t, int64_t i0, int64_t i1) {
+          backward_rows<dt, gdt>(a, wp.data(), nullptr, scratch.get(t, 0), scratch.get(t, 1), i0, i1);
+        });
       });
     });
   } catch (const std::bad_alloc&) {
