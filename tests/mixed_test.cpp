@@ -389,5 +389,46 @@ TEST(YDtype, ArgumentRules) {
 #endif
 }
 
+// The C++ API's forward_to / backward_from are the C ABI with the flag.
+TEST(YDtype, CppForwardToAndBackwardFromAreTheCAbi) {
+  const int64_t rows = 5, cols = 72;
+  HostMatrix x(RMSNORM_DTYPE_F32, rows, cols), gy(RMSNORM_DTYPE_BF16, rows, cols), w(RMSNORM_DTYPE_F32, 1, cols);
+  harness::fill_normal(x, 91, harness::hetero_row_scale);
+  harness::fill_normal(gy, 92);
+  harness::fill_normal(w, 93, {}, 1.0);
+  using B = rmsnorm::bfloat16;
+  const uint32_t flag = RMSNORM_FLAG_Y_DTYPE(RMSNORM_DTYPE_BF16);
+  const rmsnorm_problem_t p = problem(RMSNORM_DTYPE_F32, rows, cols, flag);
+  HostMatrix y_c(RMSNORM_DTYPE_BF16, rows, cols), y(RMSNORM_DTYPE_BF16, rows, cols);
+  std::vector<float> rstd_c(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+            rmsnorm_forward(&p, x.data(), cols, w.data(), y_c.data(), cols, rstd_c.data(), &kCpu));
+  const auto xv = rmsnorm::make_matrix(static_cast<const float*>(x.data()), rows, cols);
+  const auto wv = rmsnorm::make_vector(static_cast<const float*>(w.data()), cols);
+  const rmsnorm::Backend be = rmsnorm::Backend::cpu(2);
+  ASSERT_EQ(rmsnorm::Status::kSuccess,
+            rmsnorm::forward_to<B>(xv, wv, rmsnorm::make_matrix(static_cast<B*>(y.data()), rows, cols),
+                                   rmsnorm::make_vector(rstd.data(), rows), rmsnorm::Options{}, be))
+      << rmsnorm::last_error();
+  EXPECT_EQ(0, std::memcmp(y.data(), y_c.data(), y.data_bytes()));
+  EXPECT_EQ(0, std::memcmp(rstd.data(), rstd_c.data(), rstd.size() * 4));
+  HostMatrix gx(RMSNORM_DTYPE_F32, rows, cols), gx_c(RMSNORM_DTYPE_F32, rows, cols);
+  std::vector<float> gw(static_cast<size_t>(cols)), gw_c(static_cast<size_t>(cols));
+  std::vector<double> ws(1 << 16);
+  ASSERT_EQ(rmsnorm::Status::kSuccess,
+            (rmsnorm::backward_from<B, float>(xv, wv, rmsnorm::make_matrix(static_cast<const B*>(gy.data()), rows, cols),
+                                             rmsnorm::make_vector(static_cast<const float*>(rstd.data()), rows),
+                                             rmsnorm::make_matrix(static_cast<float*>(gx.data()), rows, cols),
+                                             rmsnorm::GradWeight<float>::store(rmsnorm::make_vector(gw.data(), cols)),
+                                             rmsnorm::Workspace{ws.data(), ws.size() * sizeof(double)},
+                                             rmsnorm::Options{}, be)))
+      << rmsnorm::last_error();
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+            rmsnorm_backward(&p, x.data(), cols, w.data(), gy.data(), cols, rstd.data(), gx_c.data(), cols, gw_c.data(),
+                             RMSNORM_GW_STORE, ws.data(), ws.size() * sizeof(double), &kCpu));
+  EXPECT_EQ(0, std::memcmp(gx.data(), gx_c.data(), gx.data_bytes()));
+  EXPECT_EQ(0, std::memcmp(gw.data(), gw_c.data(), gw.size() * 4));
+}
+
 }  // namespace
 }  // namespace rmsnorm::test

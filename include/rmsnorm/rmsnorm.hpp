@@ -294,6 +294,32 @@ Status check_optional(const char* name, const V& v, int64_t n, const char* what)
   return v.data == nullptr ? Status::kSuccess : check_size(name, v.size, what, n);
 }
 
+// The view checks of forward (y, weight, rstd against x) and backward (gy, gx, weight, rstd, gw), shared by
+// every form of them; they clear the C++ error first.
+template <class X, class Y, class W>
+Status check_forward_views(const MatrixView<X>& x, const W& weight, const MatrixView<Y>& y,
+                           const VectorView<float>& rstd) noexcept {
+  clear_cpp_error();
+  Status s = check_same_shape("y", y, x);
+  if (s == Status::kSuccess) s = check_optional("weight", weight, x.cols, "cols");
+  if (s == Status::kSuccess) s = check_optional("rstd", rstd, x.rows, "rows");
+  return s;
+}
+
+template <class X, class G, class W, class GX, class GW>
+Status check_backward_views(const MatrixView<X>& x, const W& weight, const MatrixView<G>& gy,
+                            const VectorView<const float>& rstd, const MatrixView<GX>& gx, const GW& gw) noexcept {
+  clear_cpp_error();
+  Status s = check_same_shape("gy", gy, x);
+  if (s == Status::kSuccess) s = check_same_shape("gx", gx, x);
+  if (s == Status::kSuccess) s = check_optional("weight", weight, x.cols, "cols");
+  if (s == Status::kSuccess) s = check_optional("rstd", rstd, x.rows, "rows");
+  // A null gw is left to the library, which names it as a null pointer.
+  if (s == Status::kSuccess && gw.mode() != GwMode::kNone && gw.data() != nullptr)
+    s = check_size("gw", gw.size(), "cols", x.cols);
+  return s;
+}
+
 }  // namespace detail
 
 // y = rms_norm(x) * w'. weight and rstd may be empty views. T is taken from y.
@@ -301,10 +327,7 @@ template <class T>
 Status forward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<VectorView<const T>> weight,
                MatrixView<T> y, VectorView<float> rstd, const Options& opt, const Backend& backend) noexcept {
   static_assert(!std::is_const<T>::value, "y must be writable");
-  detail::clear_cpp_error();
-  Status s = detail::check_same_shape("y", y, x);
-  if (s == Status::kSuccess) s = detail::check_optional("weight", weight, x.cols, "cols");
-  if (s == Status::kSuccess) s = detail::check_optional("rstd", rstd, x.rows, "rows");
+  const Status s = detail::check_forward_views(x, weight, y, rstd);
   if (s != Status::kSuccess) return s;
   const rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
   return static_cast<Status>(rmsnorm_forward(&p, x.data, x.row_stride, weight.data, y.data, y.row_stride, rstd.data,
@@ -358,14 +381,7 @@ Status backward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<Ve
                 MatrixView<T> gx, detail::nondeduced<GradWeight<T>> gw, Workspace workspace, const Options& opt,
                 const Backend& backend) noexcept {
   static_assert(!std::is_const<T>::value, "gx must be writable");
-  detail::clear_cpp_error();
-  Status s = detail::check_same_shape("gy", gy, x);
-  if (s == Status::kSuccess) s = detail::check_same_shape("gx", gx, x);
-  if (s == Status::kSuccess) s = detail::check_optional("weight", weight, x.cols, "cols");
-  if (s == Status::kSuccess) s = detail::check_optional("rstd", rstd, x.rows, "rows");
-  // A null gw is left to the library, which names it as a null pointer.
-  if (s == Status::kSuccess && gw.mode() != GwMode::kNone && gw.data() != nullptr)
-    s = detail::check_size("gw", gw.size(), "cols", x.cols);
+  const Status s = detail::check_backward_views(x, weight, gy, rstd, gx, gw);
   if (s != Status::kSuccess) return s;
   const rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
   return static_cast<Status>(rmsnorm_backward(&p, x.data, x.row_stride, weight.data, gy.data, gy.row_stride,
@@ -400,6 +416,38 @@ Status add_backward(detail::nondeduced<MatrixView<const T>> h, detail::nondeduce
                                                   workspace.bytes, &backend.c()));
 }
 
+// y in another dtype Y than x's T (RMSNORM_FLAG_Y_DTYPE): y = Y(x_hat * w'),
+// rounded once (bf16 y from fp32 x, say); the backward reads gy in Y and
+// writes gx in T, gw in the weight's T. The weight has x's dtype. CUDA
+// backend: not yet (Status::kBackendUnavailable).
+template <class Y, class T>
+Status forward_to(MatrixView<const T> x, detail::nondeduced<VectorView<const T>> weight, MatrixView<Y> y,
+                  VectorView<float> rstd, const Options& opt, const Backend& backend) noexcept {
+  static_assert(!std::is_const<Y>::value, "y must be writable");
+  const Status s = detail::check_forward_views(x, weight, y, rstd);
+  if (s != Status::kSuccess) return s;
+  rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
+  p.flags |= RMSNORM_FLAG_Y_DTYPE(dtype_of_v<Y>);
+  return static_cast<Status>(rmsnorm_forward(&p, x.data, x.row_stride, weight.data, y.data, y.row_stride, rstd.data,
+                                             &backend.c()));
+}
+
+template <class Y, class T>
+Status backward_from(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<VectorView<const T>> weight,
+                     MatrixView<const Y> gy, detail::nondeduced<VectorView<const float>> rstd, MatrixView<T> gx,
+                     detail::nondeduced<GradWeight<T>> gw, Workspace workspace, const Options& opt,
+                     const Backend& backend) noexcept {
+  static_assert(!std::is_const<T>::value, "gx must be writable");
+  const Status s = detail::check_backward_views(x, weight, gy, rstd, gx, gw);
+  if (s != Status::kSuccess) return s;
+  rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
+  p.flags |= RMSNORM_FLAG_Y_DTYPE(dtype_of_v<Y>);
+  return static_cast<Status>(rmsnorm_backward(&p, x.data, x.row_stride, weight.data, gy.data, gy.row_stride,
+                                              rstd.data, gx.data, gx.row_stride, gw.data(),
+                                              static_cast<int32_t>(gw.mode()), workspace.data, workspace.bytes,
+                                              &backend.c()));
+}
+
 // Mixed precision (RMSNORM_FLAG_WEIGHT_F32): an fp32 weight with 16-bit x, y,
 // gy and gx, as AMP and FSDP keep master weights; gw is fp32 (any GradWeight
 // mode). Named apart from forward/backward so that an empty weight view ({})
@@ -409,10 +457,7 @@ Status forward_mixed(detail::nondeduced<MatrixView<const T>> x, VectorView<const
                      VectorView<float> rstd, const Options& opt, const Backend& backend) noexcept {
   static_assert(!std::is_const<T>::value, "y must be writable");
   static_assert(!std::is_same<T, float>::value, "fp32 x takes forward()");
-  detail::clear_cpp_error();
-  Status s = detail::check_same_shape("y", y, x);
-  if (s == Status::kSuccess) s = detail::check_optional("weight", weight, x.cols, "cols");
-  if (s == Status::kSuccess) s = detail::check_optional("rstd", rstd, x.rows, "rows");
+  const Status s = detail::check_forward_views(x, weight, y, rstd);
   if (s != Status::kSuccess) return s;
   rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
   p.flags |= RMSNORM_FLAG_WEIGHT_F32;
@@ -426,13 +471,7 @@ Status backward_mixed(detail::nondeduced<MatrixView<const T>> x, VectorView<cons
                       GradWeight<float> gw, Workspace workspace, const Options& opt, const Backend& backend) noexcept {
   static_assert(!std::is_const<T>::value, "gx must be writable");
   static_assert(!std::is_same<T, float>::value, "fp32 x takes backward()");
-  detail::clear_cpp_error();
-  Status s = detail::check_same_shape("gy", gy, x);
-  if (s == Status::kSuccess) s = detail::check_same_shape("gx", gx, x);
-  if (s == Status::kSuccess) s = detail::check_optional("weight", weight, x.cols, "cols");
-  if (s == Status::kSuccess) s = detail::check_optional("rstd", rstd, x.rows, "rows");
-  if (s == Status::kSuccess && gw.mode() != GwMode::kNone && gw.data() != nullptr)
-    s = detail::check_size("gw", gw.size(), "cols", x.cols);
+  const Status s = detail::check_backward_views(x, weight, gy, rstd, gx, gw);
   if (s != Status::kSuccess) return s;
   rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
   p.flags |= RMSNORM_FLAG_WEIGHT_F32;

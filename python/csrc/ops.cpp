@@ -196,6 +196,16 @@ uint32_t weight_f32_flag(const std::optional<Tensor>& w, const Tensor& x) {
                                                                                            : 0u;
 }
 
+// y's (and gy's) dtype: x's, or the one RMSNORM_FLAG_Y_DTYPE in the op's flags names.
+ScalarType y_scalar_type(int64_t flags, const Tensor& x) {
+  switch ((static_cast<uint32_t>(flags) & RMSNORM_FLAG_Y_DTYPE_MASK) >> 8) {
+    case RMSNORM_DTYPE_F32 + 1: return ScalarType::Float;
+    case RMSNORM_DTYPE_F16 + 1: return ScalarType::Half;
+    case RMSNORM_DTYPE_BF16 + 1: return ScalarType::BFloat16;
+    default: return x.scalar_type();
+  }
+}
+
 void check_same_device(const Tensor& t, const Tensor& x, const char* op, const char* arg) {
   if (t.is_cuda() != x.is_cuda() || t.get_device_index() != x.get_device_index()) {
     fail(op, ": ", arg, " is on another device than x");
@@ -233,7 +243,7 @@ std::tuple<Tensor, std::optional<Tensor>> forward_impl(const Tensor& x, const st
   if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op);
 
   // No device guard: new_tensor allocates on x's device, and the library makes x's device current for its own call.
-  Tensor y = new_tensor(full_shape(x), x.scalar_type(), x);
+  Tensor y = new_tensor(full_shape(x), y_scalar_type(flags, x), x);
   std::optional<Tensor> rstd;
   if (with_rstd) rstd = new_tensor(leading_shape(x), ScalarType::Float, x);
   if (xr.rows == 0) return {y, rstd};
@@ -270,8 +280,11 @@ std::tuple<Tensor, std::optional<Tensor>> backward_impl(const Tensor& gy, const 
                                                         const std::optional<Tensor>& g_h, const char* op) {
   check_floating_input(x, op);
   const int32_t dtype = library_dtype(x.scalar_type(), op, "x");
-  if (gy.scalar_type() != x.scalar_type()) {
-    fail(op, ": gy has dtype ", dtype_name(gy.scalar_type()), " but x has ", dtype_name(x.scalar_type()));
+  check_flags(flags, op);
+  const ScalarType gy_type = y_scalar_type(flags, x);
+  if (gy.scalar_type() != gy_type) {
+    fail(op, ": gy has dtype ", dtype_name(gy.scalar_type()), " but y has ", dtype_name(gy_type),
+         gy_type == x.scalar_type() ? " (x's)" : " (the flags' RMSNORM_FLAG_Y_DTYPE)");
   }
   if (full_shape(gy) != full_shape(x)) {
     fail(op, ": gy has shape ", shape_string(gy), " but x has ", shape_string(x));
@@ -308,7 +321,6 @@ std::tuple<Tensor, std::optional<Tensor>> backward_impl(const Tensor& gy, const 
       fail(op, ": gw_dtype must be the weight's dtype or float32, got ", dtype_name(*gw_dtype));
     }
   }
-  check_flags(flags, op);
 
   Tensor gx = new_tensor(full_shape(x), x.scalar_type(), x);
   std::optional<Tensor> gw;

@@ -26,6 +26,15 @@ FLAG_WEIGHT_OFFSET = 1
 FLAG_ROUND_XHAT = 2
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# RMSNORM_FLAG_Y_DTYPE(dt) (rmsnorm.h): bits 8-9 hold the library's dtype code + 1.
+_Y_DTYPE_FLAG = {torch.float32: 1 << 8, torch.float16: 2 << 8, torch.bfloat16: 3 << 8}
+_Y_DTYPE_MASK = 3 << 8
+
+
+def _y_dtype(x, flags):
+    """y's (and gy's) dtype under the op's flags: x's, or the one RMSNORM_FLAG_Y_DTYPE names."""
+    bits = flags & _Y_DTYPE_MASK
+    return x.dtype if bits == 0 else _DTYPES[(bits >> 8) - 1]
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -98,17 +107,19 @@ def _check_fake_args(op, x, weight):
 @torch.library.register_fake("rmsnorm::forward")
 def _forward_fake(x, weight, eps, flags):
     _check_fake_args("rmsnorm.forward", x, weight)
-    return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
+    return x.new_empty(x.shape, dtype=_y_dtype(x, flags)), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.register_fake("rmsnorm::forward_inference")
 def _forward_inference_fake(x, weight, eps, flags):
     _check_fake_args("rmsnorm.forward_inference", x, weight)
-    return x.new_empty(x.shape)
+    return x.new_empty(x.shape, dtype=_y_dtype(x, flags))
 
 
 @torch.library.register_fake("rmsnorm::backward")
 def _backward_fake(gy, x, weight, rstd, flags, gw_dtype):
+    if gy.dtype != _y_dtype(x, flags):
+        raise RuntimeError(f"rmsnorm.backward: gy has dtype {gy.dtype} but y has {_y_dtype(x, flags)}")
     gw = None if gw_dtype is None else x.new_empty(x.shape[-1:], dtype=gw_dtype)
     return x.new_empty(x.shape), gw
 
@@ -196,6 +207,7 @@ def rms_norm(
     *,
     weight_offset: bool = False,
     round_xhat: bool = False,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``torch.nn.functional.rms_norm`` on the rmsnorm library.
 
@@ -206,7 +218,13 @@ def rms_norm(
     dtype: what ``F.rms_norm`` computes, since it accumulates in fp32 (its documentation says
     ``torch.finfo(input.dtype).eps``, 2^-7 at bf16, which its code does not use).
 
-    Supports float32, float16 and bfloat16; the weight must have the input's dtype and device.
+    ``out_dtype`` (float32, float16 or bfloat16; default ``input.dtype``) is y's dtype: the fp32 result rounded once
+    to it (bf16 y from an fp32 residual stream, say); the gradient reaching y then has that dtype, and input's
+    gradient has input's. The CPU backend has it; on CUDA another ``out_dtype`` than ``input.dtype`` raises (not
+    built yet).
+
+    Supports float32, float16 and bfloat16; the weight must have the input's dtype and device, or be float32 with a
+    float16 or bfloat16 input.
     """
     # The common call (normalized_shape an int or a 1-tuple, the last dim's size: the module's) goes to the operator with no Python checks:
     # the operator checks x's dtype, the weight's shape, dtype and device, and eps, and raises before it writes
@@ -214,6 +232,10 @@ def rms_norm(
     # host cost per call of about 10 us for F.rms_norm. When the operator raises, _check_rms_norm_args names the
     # argument in rms_norm's terms (or the operator's error stands).
     flags = (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)
+    if out_dtype is not None and out_dtype != input.dtype:
+        if out_dtype not in _Y_DTYPE_FLAG:
+            raise TypeError(f"rmsnorm.rms_norm: out_dtype is {out_dtype}; supported: float32, float16, bfloat16")
+        flags |= _Y_DTYPE_FLAG[out_dtype]
     eps = _DEFAULT_EPS if eps is None else float(eps)
     n = normalized_shape[0] if type(normalized_shape) is tuple and len(normalized_shape) == 1 else normalized_shape
     # Under torch.compile the checks below run first, so that bad arguments fail at trace time.

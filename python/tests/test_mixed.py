@@ -99,3 +99,55 @@ def test_cuda_fp32_weight(dtype):
         assert gw.dtype == torch.float32
         assert ((gx.double() - gx64).abs() <= 4 * unit * gx64.abs().max(dim=-1, keepdim=True).values).all()
         assert ((gw.double() - gw64).abs() <= 1e-3 * gw64.abs().max()).all()
+
+
+@pytest.mark.parametrize("x_dtype,y_dtype", [(torch.float32, torch.bfloat16), (torch.float32, torch.float16),
+                                             (torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16)])
+def test_out_dtype_is_the_fp32_values_rounded_once(x_dtype, y_dtype):
+    # out_dtype (RMSNORM_FLAG_Y_DTYPE): y is the fp32 problem's y (x widened, exact) rounded once to out_dtype; the
+    # gradient arrives in out_dtype, and gx / gw are the fp32 problem's rounded once to x's (and the weight's) dtype.
+    gen = torch.Generator().manual_seed(73)
+    for shape in [(6, 48), (2, 3, 1000)]:
+        d = shape[-1]
+        x = row_scaled(randn(*shape, dtype=x_dtype, gen=gen), gen).requires_grad_(True)
+        w = (1.0 + 0.3 * randn(d, gen=gen)).to(x_dtype).requires_grad_(True)
+        gy = randn(*shape, dtype=y_dtype, gen=gen)
+        y = rmsnorm.rms_norm(x, d, w, 1e-5, out_dtype=y_dtype)
+        assert y.dtype == y_dtype and y.shape == x.shape
+        gx, gw = torch.autograd.grad(y, (x, w), gy)
+        assert gx.dtype == x_dtype and gw.dtype == x_dtype
+
+        xf = x.detach().float().requires_grad_(True)
+        wf = w.detach().float().requires_grad_(True)
+        yf = rmsnorm.rms_norm(xf, d, wf, 1e-5)
+        gxf, gwf = torch.autograd.grad(yf, (xf, wf), gy.float())
+        assert torch.equal(y, yf.detach().to(y_dtype)), "y is not the fp32 problem's rounded once"
+        assert torch.equal(gx, gxf.to(x_dtype)), "gx"
+        assert torch.equal(gw, gwf.to(x_dtype)), "gw"
+        with torch.no_grad():
+            assert torch.equal(rmsnorm.rms_norm(x, d, w, 1e-5, out_dtype=y_dtype), y), "the inference path"
+
+
+def test_out_dtype_rules():
+    x = randn(3, 16)
+    assert rmsnorm.rms_norm(x, 16, out_dtype=torch.float32).dtype == torch.float32
+    with pytest.raises(TypeError, match="out_dtype"):
+        rmsnorm.rms_norm(x, 16, out_dtype=torch.float64)
+    # The operators check gy against y's dtype (the flags').
+    flags = 3 << 8  # RMSNORM_FLAG_Y_DTYPE(RMSNORM_DTYPE_BF16)
+    y, rstd = torch.ops.rmsnorm.forward(x, None, 1e-5, flags)
+    assert y.dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="gy has dtype float32 but y has bfloat16"):
+        torch.ops.rmsnorm.backward(x, x, None, rstd, flags, None)
+    # The fused operations refuse it.
+    with pytest.raises(RuntimeError, match="RMSNORM_FLAG_Y_DTYPE"):
+        torch.ops.rmsnorm.add_forward(x, x, None, 1e-5, flags)
+    torch.library.opcheck(torch.ops.rmsnorm.forward.default, (x, None, 1e-5, flags))
+    torch.library.opcheck(torch.ops.rmsnorm.backward.default, (y.float().to(torch.bfloat16), x, None, rstd, flags, None))
+
+
+@requires_cuda
+def test_cuda_out_dtype_is_refused():
+    x = randn(3, 16, device="cuda")
+    with pytest.raises(RuntimeError, match="not built for the CUDA backend"):
+        rmsnorm.rms_norm(x, 16, out_dtype=torch.bfloat16)

@@ -7,7 +7,8 @@
 //   ss    = sum(x^2)                        r = 1 / sqrt(ss / D + eps)
 //           (rows whose ss overflows, or underflows with a tiny eps, are
 //           summed again scaled by a power of two: common/scaled_rms.hpp)
-//   y     = T((x * r) * w')                 or T(T(x * r) * w') with round_xhat
+//   y     = Y((x * r) * w')                 or Y(T(x * r) * w') with round_xhat
+//           (Y = y's dtype: T, or RMSNORM_FLAG_Y_DTYPE's; gy is read in Y)
 //   s     = sum(x * (w' * gy))              c = (r * s) / D  (= mean(x_hat w' gy))
 //           (x scaled by rms_dot_scale(r) where r is far from 1)
 //   gx    = T(r * ((w' * gy) - (x * r) * c))
