@@ -367,9 +367,9 @@ rmsnorm_status_t rmsnorm_forward(const rmsnorm_problem_t* problem, const void* x
   RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.wsize, &ew));
   RMSNORM_TRY(vector_extent("rstd", a.rstd, a.rows, sizeof(float), &er));
   RMSNORM_TRY(check_memory_space({&ex, &ey, &ew, &er}, c));
-  // y may alias x exactly (in place); any other overlap is rejected.
-  if (!same_view(ey, ex) && overlaps(ey, ex))
-    return fail(RMSNORM_STATUS_OVERLAP, "y", "overlaps x (only y == x with equal row strides is allowed)");
+  // y may alias x exactly (in place) when they have one dtype; any other overlap is rejected.
+  if ((!same_view(ey, ex) || c.y_dtype != c.dtype) && overlaps(ey, ex))
+    return fail(RMSNORM_STATUS_OVERLAP, "y", "overlaps x (only y == x with equal row strides and dtypes is allowed)");
   RMSNORM_TRY(check_overlap(ey, ew));
   RMSNORM_TRY(check_overlap(er, ex));
   RMSNORM_TRY(check_overlap(er, ew));
@@ -595,11 +595,11 @@ static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const v
                                        const void* weight, const void* gy, int64_t gy_row_stride, const float* rstd,
                                        const void* g_h, int64_t g_h_row_stride, void* gx, int64_t gx_row_stride,
                                        void* gw, int32_t gw_mode, void* workspace, size_t workspace_bytes,
-                                       const rmsnorm_backend_t* backend) {
+                                       const rmsnorm_backend_t* backend, bool is_add) {
   clear_last_error();
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
-  RMSNORM_TRY(check_y_dtype(c, g_h == nullptr, "rmsnorm_add_backward"));
+  RMSNORM_TRY(check_y_dtype(c, !is_add, "rmsnorm_add_backward"));
   if (!valid_gw_mode(gw_mode)) return fail(RMSNORM_STATUS_INVALID_OPTION, "gw_mode", "unknown mode " + num(gw_mode));
 
   // Built once; everything below validates these fields, then hands them over.
@@ -673,9 +673,10 @@ static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const v
   if (!same_view(egx, egh) && overlaps(egx, egh))
     return fail(RMSNORM_STATUS_OVERLAP, "gx", "overlaps g_h (only gx == g_h with equal row strides is allowed)");
   for (const Extent* other : {&ex, &egy, &ew, &er, &egw, &ews}) RMSNORM_TRY(check_overlap(egh, *other));
-  // gx may alias gy exactly (in place); every other output must be disjoint.
-  if (!same_view(egx, egy) && overlaps(egx, egy))
-    return fail(RMSNORM_STATUS_OVERLAP, "gx", "overlaps gy (only gx == gy with equal row strides is allowed)");
+  // gx may alias gy exactly (in place) when they have one dtype; every other output must be disjoint.
+  if ((!same_view(egx, egy) || c.y_dtype != c.dtype) && overlaps(egx, egy))
+    return fail(RMSNORM_STATUS_OVERLAP, "gx",
+                "overlaps gy (only gx == gy with equal row strides and dtypes is allowed)");
   for (const Extent* in : {&ex, &ew, &er}) RMSNORM_TRY(check_overlap(egx, *in));
   for (const Extent* other : {&ex, &ew, &er, &egy, &egx}) RMSNORM_TRY(check_overlap(egw, *other));
   for (const Extent* other : {&ex, &ew, &er, &egy, &egx, &egw}) RMSNORM_TRY(check_overlap(ews, *other));
@@ -694,7 +695,7 @@ rmsnorm_status_t rmsnorm_backward(const rmsnorm_problem_t* problem, const void* 
                                   void* gx, int64_t gx_row_stride, void* gw, int32_t gw_mode, void* workspace,
                                   size_t workspace_bytes, const rmsnorm_backend_t* backend) {
   return backward_entry(problem, x, x_row_stride, weight, gy, gy_row_stride, rstd, nullptr, 0, gx, gx_row_stride, gw,
-                        gw_mode, workspace, workspace_bytes, backend);
+                        gw_mode, workspace, workspace_bytes, backend, false);
 }
 
 rmsnorm_status_t rmsnorm_add_backward(const rmsnorm_problem_t* problem, const void* h, int64_t h_row_stride,
@@ -707,7 +708,7 @@ rmsnorm_status_t rmsnorm_add_backward(const rmsnorm_problem_t* problem, const vo
     return fail(RMSNORM_STATUS_NULL_POINTER, "g_h", "must not be NULL (rmsnorm_backward is the form without it)");
   }
   return backward_entry(problem, h, h_row_stride, weight, gy, gy_row_stride, rstd, g_h, g_h_row_stride, gx,
-                        gx_row_stride, gw, gw_mode, workspace, workspace_bytes, backend);
+                        gx_row_stride, gw, gw_mode, workspace, workspace_bytes, backend, true);
 }
 
 }  // extern "C"

@@ -283,7 +283,9 @@ TEST(YDtype, ForwardIsTheFp32ValuesRoundedOnceToY) {
           for (int64_t r = 0; r < rows; ++r)
             for (int64_t k = 0; k < cols; ++k) {
               ASSERT_EQ(y.get(r, k), harness::round_to(ydt, y32.get(r, k))) << "y at row " << r << " col " << k;
-              if (ydt == xdt) ASSERT_EQ(y.get(r, k), plain.y.get(r, k)) << "y (same dtype) at row " << r;
+              if (ydt == xdt) {
+                ASSERT_EQ(y.get(r, k), plain.y.get(r, k)) << "y (same dtype) at row " << r;
+              }
             }
           // Against float64 (round_xhat rounds x_hat first: the reference has no such mode, so it is skipped there).
           if (extra != RMSNORM_FLAG_ROUND_XHAT) {
@@ -374,6 +376,32 @@ TEST(YDtype, ArgumentRules) {
   rmsnorm_quant_t qt{RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_PER_ROW, nullptr, s.data(), nullptr};
   EXPECT_EQ(RMSNORM_STATUS_INVALID_OPTION,
             rmsnorm_forward_quant(&p, x.data(), cols, w.data(), &qt, q.data(), cols, nullptr, &kCpu));
+  // In place needs equal dtypes even where the sizes match (f16 y over bf16 x).
+  HostMatrix xb(RMSNORM_DTYPE_BF16, rows, cols);
+  harness::fill_normal(xb, 10);
+  const HostMatrix xb0 = xb;
+  const rmsnorm_problem_t pb = problem(RMSNORM_DTYPE_BF16, rows, cols, RMSNORM_FLAG_Y_DTYPE(RMSNORM_DTYPE_F16));
+  EXPECT_EQ(RMSNORM_STATUS_OVERLAP, rmsnorm_forward(&pb, xb.data(), cols, nullptr, xb.data(), cols, nullptr, &kCpu));
+  EXPECT_EQ(0, std::memcmp(xb.storage.data(), xb0.storage.data(), xb.storage.size())) << "written although refused";
+  HostMatrix gyb(RMSNORM_DTYPE_F16, rows, cols);
+  harness::fill_normal(gyb, 11);
+  EXPECT_EQ(RMSNORM_STATUS_OVERLAP, rmsnorm_backward(&pb, xb.data(), cols, nullptr, gyb.data(), cols, nullptr,
+                                                     gyb.data(), cols, nullptr, RMSNORM_GW_NONE, nullptr, 0, &kCpu));
+  // rmsnorm_add_backward refuses the flag with no rows too (g_h may then be NULL); gw is not written.
+  std::vector<float> gw0(static_cast<size_t>(cols), 7.0f);
+  size_t wsb = 0;
+  const rmsnorm_problem_t p0 = problem(RMSNORM_DTYPE_F32, 0, cols, bf16_y);
+  EXPECT_EQ(RMSNORM_STATUS_INVALID_OPTION,
+            rmsnorm_add_backward(&p0, nullptr, cols, w.data(), nullptr, cols, nullptr, nullptr, cols, nullptr, cols,
+                                 gw0.data(), RMSNORM_GW_STORE_F32, nullptr, wsb, &kCpu));
+  EXPECT_EQ(gw0[0], 7.0f) << "gw written although refused";
+  // The C++ API takes a non-const x view too.
+  HostMatrix yc(RMSNORM_DTYPE_BF16, rows, cols);
+  EXPECT_EQ(rmsnorm::Status::kSuccess,
+            (rmsnorm::forward_to<rmsnorm::bfloat16>(rmsnorm::make_matrix(static_cast<float*>(x.data()), rows, cols), {},
+                                                    rmsnorm::make_matrix(static_cast<rmsnorm::bfloat16*>(yc.data()), rows, cols),
+                                                    {}, rmsnorm::Options{}, rmsnorm::Backend::cpu(1))))
+      << rmsnorm::last_error();
   // The flag naming x's own dtype is the plain call.
   const rmsnorm_problem_t same = problem(RMSNORM_DTYPE_F32, rows, cols, RMSNORM_FLAG_Y_DTYPE(RMSNORM_DTYPE_F32));
   HostMatrix ya(RMSNORM_DTYPE_F32, rows, cols), yb(RMSNORM_DTYPE_F32, rows, cols);

@@ -420,9 +420,10 @@ Status add_backward(detail::nondeduced<MatrixView<const T>> h, detail::nondeduce
 // rounded once (bf16 y from fp32 x, say); the backward reads gy in Y and
 // writes gx in T, gw in the weight's T. The weight has x's dtype. CUDA
 // backend: not yet (Status::kBackendUnavailable).
-template <class Y, class T>
-Status forward_to(MatrixView<const T> x, detail::nondeduced<VectorView<const T>> weight, MatrixView<Y> y,
+template <class Y, class X>
+Status forward_to(MatrixView<X> x, detail::nondeduced<VectorView<const std::remove_const_t<X>>> weight, MatrixView<Y> y,
                   VectorView<float> rstd, const Options& opt, const Backend& backend) noexcept {
+  using T = std::remove_const_t<X>;
   static_assert(!std::is_const<Y>::value, "y must be writable");
   const Status s = detail::check_forward_views(x, weight, y, rstd);
   if (s != Status::kSuccess) return s;

@@ -206,6 +206,13 @@ ScalarType y_scalar_type(int64_t flags, const Tensor& x) {
   }
 }
 
+// The library refuses another y dtype on CUDA (not built yet); said here too, so that an empty input (which
+// never reaches the library) gets the same error.
+void check_y_dtype_backend(int64_t flags, const Tensor& x, const char* op) {
+  if (x.is_cuda() && y_scalar_type(flags, x) != x.scalar_type())
+    fail(op, ": RMSNORM_FLAG_Y_DTYPE with a dtype other than x's is not built for the CUDA backend yet");
+}
+
 void check_same_device(const Tensor& t, const Tensor& x, const char* op, const char* arg) {
   if (t.is_cuda() != x.is_cuda() || t.get_device_index() != x.get_device_index()) {
     fail(op, ": ", arg, " is on another device than x");
@@ -243,6 +250,7 @@ std::tuple<Tensor, std::optional<Tensor>> forward_impl(const Tensor& x, const st
   if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op);
 
   // No device guard: new_tensor allocates on x's device, and the library makes x's device current for its own call.
+  check_y_dtype_backend(flags, x, op);
   Tensor y = new_tensor(full_shape(x), y_scalar_type(flags, x), x);
   std::optional<Tensor> rstd;
   if (with_rstd) rstd = new_tensor(leading_shape(x), ScalarType::Float, x);
@@ -281,6 +289,7 @@ std::tuple<Tensor, std::optional<Tensor>> backward_impl(const Tensor& gy, const 
   check_floating_input(x, op);
   const int32_t dtype = library_dtype(x.scalar_type(), op, "x");
   check_flags(flags, op);
+  check_y_dtype_backend(flags, x, op);
   const ScalarType gy_type = y_scalar_type(flags, x);
   if (gy.scalar_type() != gy_type) {
     fail(op, ": gy has dtype ", dtype_name(gy.scalar_type()), " but y has ", dtype_name(gy_type),
