@@ -37,7 +37,7 @@ namespace {
 
 constexpr uint32_t kKnownFlags =
     RMSNORM_FLAG_WEIGHT_OFFSET | RMSNORM_FLAG_ROUND_XHAT | RMSNORM_FLAG_NO_PDL | RMSNORM_FLAG_TRUSTED_MEMORY |
-    RMSNORM_FLAG_WEIGHT_F32 | RMSNORM_FLAG_Y_DTYPE_MASK;
+    RMSNORM_FLAG_WEIGHT_F32 | RMSNORM_FLAG_Y_DTYPE_MASK | RMSNORM_FLAG_RESIDUAL_F32;
 
 std::string num(int64_t v) { return std::to_string(v); }
 
@@ -133,6 +133,8 @@ struct Common {
   bool weight_f32 = false;  // RMSNORM_FLAG_WEIGHT_F32 with 16-bit x
   DType y_dtype = DType::kF32;  // y's (and gy's) dtype: dtype unless RMSNORM_FLAG_Y_DTYPE says otherwise
   size_t ysize = 4;             // dtype_size(y_dtype)
+  bool residual_f32 = false;    // RMSNORM_FLAG_RESIDUAL_F32 with 16-bit x
+  size_t rsize = 4;             // the residual stream's element size (residual, h; g_h and gx in the add backward)
   bool cuda = false;
   int device = -1;
   void* stream = nullptr;
@@ -170,6 +172,8 @@ rmsnorm_status_t check_problem_and_backend(const rmsnorm_problem_t* p, const rms
   const uint32_t y_bits = (p->flags & RMSNORM_FLAG_Y_DTYPE_MASK) >> 8;
   c->y_dtype = y_bits == 0 ? c->dtype : static_cast<DType>(y_bits - 1);
   c->ysize = dtype_size(c->y_dtype);
+  c->residual_f32 = (p->flags & RMSNORM_FLAG_RESIDUAL_F32) != 0 && c->dtype != DType::kF32;
+  c->rsize = c->residual_f32 ? sizeof(float) : c->esize;
   if (b->kind == RMSNORM_BACKEND_CPU) {
     if (b->num_threads < 0)
       return fail(RMSNORM_STATUS_INVALID_OPTION, "backend.num_threads", "must be >= 0 (got " + num(b->num_threads) + ")");
@@ -247,6 +251,17 @@ void set_problem_fields(const rmsnorm_problem_t& p, const Common& c, Args* a) {
   a->weight_f32 = c.weight_f32;
   a->pdl = (p.flags & RMSNORM_FLAG_NO_PDL) == 0;
   a->y_dtype = static_cast<int32_t>(c.y_dtype);
+}
+
+// RMSNORM_FLAG_RESIDUAL_F32: the residual-add forward and backward take it, on the CPU backend.
+rmsnorm_status_t check_residual_f32(const Common& c, bool op_takes_it, const char* op) {
+  if (!c.residual_f32) return RMSNORM_STATUS_SUCCESS;
+  if (!op_takes_it)
+    return fail(RMSNORM_STATUS_INVALID_OPTION, "flags", std::string("RMSNORM_FLAG_RESIDUAL_F32 is not supported by ") + op);
+  if (c.cuda)
+    return fail(RMSNORM_STATUS_BACKEND_UNAVAILABLE, "flags",
+                "RMSNORM_FLAG_RESIDUAL_F32 is not built for the CUDA backend yet");
+  return RMSNORM_STATUS_SUCCESS;
 }
 
 // RMSNORM_FLAG_Y_DTYPE: the operations that take it, and the backends that have it.
@@ -341,6 +356,7 @@ rmsnorm_status_t rmsnorm_forward(const rmsnorm_problem_t* problem, const void* x
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
   RMSNORM_TRY(check_y_dtype(c, true, "rmsnorm_forward"));
+  RMSNORM_TRY(check_residual_f32(c, false, "rmsnorm_forward"));
   if (problem->rows == 0) return RMSNORM_STATUS_SUCCESS;
 
   // Built once; everything below validates these fields, then hands them over.
@@ -407,6 +423,7 @@ rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* problem, const voi
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
   RMSNORM_TRY(check_y_dtype(c, false, "rmsnorm_add_forward"));
+  RMSNORM_TRY(check_residual_f32(c, true, "rmsnorm_add_forward"));
   if (problem->rows == 0) return RMSNORM_STATUS_SUCCESS;
 
   ForwardArgs a;
@@ -419,13 +436,14 @@ rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* problem, const voi
   a.weight = weight;
   a.h = h;
   a.h_stride = h_row_stride;
+  a.residual_f32 = c.residual_f32;
   a.y = y;
   a.y_stride = y_row_stride;
   a.rstd = rstd;
 
   RMSNORM_TRY(check_pointer("x", a.x, c.esize));
-  RMSNORM_TRY(check_pointer("residual", a.residual, c.esize));
-  RMSNORM_TRY(check_pointer("h", a.h, c.esize));
+  RMSNORM_TRY(check_pointer("residual", a.residual, c.rsize));
+  RMSNORM_TRY(check_pointer("h", a.h, c.rsize));
   RMSNORM_TRY(check_pointer("y", a.y, c.esize));
   RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.wsize));
   RMSNORM_TRY(check_optional_pointer("rstd", a.rstd, sizeof(float)));
@@ -436,18 +454,19 @@ rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* problem, const voi
 
   Extent ex, eres, eh, ey, ew, er;
   RMSNORM_TRY(extent_of("x", a.x, a.rows, a.cols, a.x_stride, c.esize, &ex));
-  RMSNORM_TRY(extent_of("residual", a.residual, a.rows, a.cols, a.residual_stride, c.esize, &eres));
-  RMSNORM_TRY(extent_of("h", a.h, a.rows, a.cols, a.h_stride, c.esize, &eh));
+  RMSNORM_TRY(extent_of("residual", a.residual, a.rows, a.cols, a.residual_stride, c.rsize, &eres));
+  RMSNORM_TRY(extent_of("h", a.h, a.rows, a.cols, a.h_stride, c.rsize, &eh));
   RMSNORM_TRY(extent_of("y", a.y, a.rows, a.cols, a.y_stride, c.esize, &ey));
   RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.wsize, &ew));
   RMSNORM_TRY(vector_extent("rstd", a.rstd, a.rows, sizeof(float), &er));
   RMSNORM_TRY(check_memory_space({&ex, &eres, &eh, &ey, &ew, &er}, c));
   // h may be x or residual exactly (each element is read before it is written, by the same thread), and x may
   // be residual exactly; no other overlap (a partial one would let h's stores reach elements not yet read).
-  if (!same_view(eres, ex) && overlaps(eres, ex))
+  // With an fp32 residual stream, x has another dtype: it may overlap neither residual nor h.
+  if ((!same_view(eres, ex) || c.residual_f32) && overlaps(eres, ex))
     return fail(RMSNORM_STATUS_OVERLAP, "residual", "overlaps x (only residual == x with equal row strides)");
   for (const Extent* in : {&ex, &eres}) {
-    if (!same_view(eh, *in) && overlaps(eh, *in))
+    if ((!same_view(eh, *in) || (c.residual_f32 && in == &ex)) && overlaps(eh, *in))
       return fail(RMSNORM_STATUS_OVERLAP, "h",
                   std::string("overlaps ") + in->name + " (only h == x or h == residual with equal row strides)");
   }
@@ -473,6 +492,7 @@ static rmsnorm_status_t forward_quant_impl(const rmsnorm_problem_t* problem, con
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
   RMSNORM_TRY(check_y_dtype(c, false, "rmsnorm_forward_quant and rmsnorm_add_forward_quant"));
+  RMSNORM_TRY(check_residual_f32(c, false, "rmsnorm_forward_quant and rmsnorm_add_forward_quant"));
   if (quant == nullptr) return fail(RMSNORM_STATUS_NULL_POINTER, "quant", "must not be NULL");
   if (quant->kind != RMSNORM_QUANT_FP8_E4M3 && quant->kind != RMSNORM_QUANT_INT8)
     return fail(RMSNORM_STATUS_INVALID_OPTION, "quant.kind", "unknown kind " + num(quant->kind));
@@ -586,6 +606,7 @@ rmsnorm_status_t rmsnorm_backward_workspace_size(const rmsnorm_problem_t* proble
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
   RMSNORM_TRY(check_y_dtype(c, true, "rmsnorm_backward_workspace_size"));
+  RMSNORM_TRY(check_residual_f32(c, true, "rmsnorm_backward_workspace_size"));
   if (!valid_gw_mode(gw_mode)) return fail(RMSNORM_STATUS_INVALID_OPTION, "gw_mode", "unknown mode " + num(gw_mode));
   return workspace_size_impl(problem, gw_mode, c, bytes);
 }
@@ -600,6 +621,16 @@ static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const v
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
   RMSNORM_TRY(check_y_dtype(c, !is_add, "rmsnorm_add_backward"));
+  RMSNORM_TRY(check_residual_f32(c, is_add, "rmsnorm_backward"));
+  // The fp32 residual stream's backward: h, g_h and gx are float, gy and the weight stay in x's dtype T. It runs
+  // as the fp32 problem with gy in T (y_dtype) and the weight in T (weight_dtype).
+  const DType weight_dtype = c.weight_f32 ? DType::kF32 : c.dtype;
+  if (c.residual_f32) {
+    c.y_dtype = c.dtype;
+    c.ysize = c.esize;
+    c.dtype = DType::kF32;
+    c.esize = sizeof(float);
+  }
   if (!valid_gw_mode(gw_mode)) return fail(RMSNORM_STATUS_INVALID_OPTION, "gw_mode", "unknown mode " + num(gw_mode));
 
   // Built once; everything below validates these fields, then hands them over.
@@ -622,7 +653,8 @@ static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const v
   a.gw = a.gw_mode == GwMode::kNone ? nullptr : gw;
   a.workspace = workspace;
   a.workspace_bytes = workspace_bytes;
-  const size_t gw_esize = gw_elem_size(a.gw_mode, c.dtype);
+  a.weight_dtype = static_cast<int32_t>(weight_dtype);
+  const size_t gw_esize = gw_elem_size(a.gw_mode, weight_dtype);
 
   if (a.gw_mode != GwMode::kNone) {
     if (a.weight == nullptr)

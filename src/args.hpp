@@ -38,6 +38,7 @@ struct ForwardArgs {
   bool round_xhat = false;     // y = T(T(x_hat) * w')
   bool pdl = true;             // CUDA: programmatic dependent launch (rmsnorm.h)
   int32_t y_dtype = -1;  // y's dtype (RMSNORM_FLAG_Y_DTYPE), a DType; -1: dtype (y_dtype_of)
+  bool residual_f32 = false;  // residual and h are float (RMSNORM_FLAG_RESIDUAL_F32 with 16-bit x)
   const void* x = nullptr;
   int64_t x_stride = 0;
   const void* weight = nullptr;  // may be null
@@ -72,6 +73,9 @@ struct BackwardArgs {
   bool weight_f32 = false;  // the weight is float (gw modes already mapped to the fp32 ones)
   bool pdl = true;  // CUDA: programmatic dependent launch (rmsnorm.h)
   int32_t y_dtype = -1;  // gy's dtype (the forward's y; RMSNORM_FLAG_Y_DTYPE), a DType; -1: dtype (y_dtype_of)
+  // The weight's (and gw's store) dtype, a DType; -1: float with weight_f32, else dtype (weight_dtype_of).
+  // RMSNORM_FLAG_RESIDUAL_F32's backward runs with dtype fp32 (h, g_h, gx) and the weight in x's dtype.
+  int32_t weight_dtype = -1;
   const void* x = nullptr;
   int64_t x_stride = 0;
   const void* weight = nullptr;  // may be null (then gw_mode == kNone)
@@ -88,6 +92,10 @@ struct BackwardArgs {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
+
+inline DType weight_dtype_of(const BackwardArgs& a) {
+  return a.weight_dtype >= 0 ? static_cast<DType>(a.weight_dtype) : a.weight_f32 ? DType::kF32 : a.dtype;
+}
 
 // y's (forward) or gy's (backward) dtype.
 template <typename Args>

@@ -458,5 +458,134 @@ TEST(YDtype, CppForwardToAndBackwardFromAreTheCAbi) {
   EXPECT_EQ(0, std::memcmp(gw.data(), gw_c.data(), gw.size() * 4));
 }
 
+// RMSNORM_FLAG_RESIDUAL_F32: an fp32 residual stream with bf16 / f16 x. Forward: h is float(x) + residual exactly,
+// and y and rstd are rmsnorm_forward's of that fp32 h with y in x's dtype. Backward: gx is float(gx_norm + g_h),
+// gx_norm and gw being rmsnorm_backward's of the fp32 h with gy in x's dtype.
+TEST(ResidualF32, ForwardIsTheForwardOfTheFp32H) {
+  std::mt19937_64 rng(66);
+  for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F16})
+    for (int64_t cols : {1, 33, 1000})
+      for (int in_place : {0, 1}) {
+        SCOPED_TRACE("dtype " + std::to_string(dt) + " cols " + std::to_string(cols) + (in_place ? " h == residual" : ""));
+        const int64_t rows = 11;
+        HostMatrix x(dt, rows, cols), res(RMSNORM_DTYPE_F32, rows, cols, cols + 2, 1), w(dt, 1, cols);
+        harness::fill_normal(x, rng(), harness::hetero_row_scale);
+        harness::fill_normal(res, rng(), harness::hetero_row_scale);
+        harness::fill_normal(w, rng(), {}, 1.0);
+        const HostMatrix res0 = res;
+        HostMatrix h_own(RMSNORM_DTYPE_F32, rows, cols), y(dt, rows, cols);
+        HostMatrix& h = in_place ? res : h_own;
+        std::vector<float> rstd(static_cast<size_t>(rows), NAN);
+        const rmsnorm_problem_t p = problem(dt, rows, cols, RMSNORM_FLAG_RESIDUAL_F32);
+        ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                  rmsnorm_add_forward(&p, x.data(), cols, res.data(), res.stride, w.data(), h.data(), h.stride,
+                                      y.data(), cols, rstd.data(), &kCpu))
+            << rmsnorm_last_error();
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t k = 0; k < cols; ++k)
+            ASSERT_EQ(h.get(r, k), static_cast<double>(static_cast<float>(x.get(r, k)) + static_cast<float>(res0.get(r, k))))
+                << "h at row " << r << " col " << k;
+        const rmsnorm_problem_t p32 = problem(RMSNORM_DTYPE_F32, rows, cols, RMSNORM_FLAG_Y_DTYPE(dt));
+        const HostMatrix w32 = widened(w);
+        HostMatrix y_want(dt, rows, cols);
+        std::vector<float> rstd_want(static_cast<size_t>(rows), NAN);
+        ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward(&p32, h.data(), h.stride, w32.data(), y_want.data(), cols,
+                                                          rstd_want.data(), &kCpu));
+        ASSERT_EQ(0, std::memcmp(rstd.data(), rstd_want.data(), rstd.size() * 4)) << "rstd";
+        ASSERT_EQ(0, std::memcmp(y.data(), y_want.data(), y.data_bytes())) << "y";
+      }
+}
+
+TEST(ResidualF32, BackwardIsTheFp32ProblemPlusGh) {
+  std::mt19937_64 rng(67);
+  for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F16})
+    for (int64_t cols : {1, 40, 1000})
+      for (int32_t mode : {RMSNORM_GW_NONE, RMSNORM_GW_STORE, RMSNORM_GW_STORE_F32}) {
+        SCOPED_TRACE("dtype " + std::to_string(dt) + " cols " + std::to_string(cols) + " gw_mode " + std::to_string(mode));
+        const int64_t rows = 29;
+        HostMatrix h(RMSNORM_DTYPE_F32, rows, cols), gy(dt, rows, cols), gh(RMSNORM_DTYPE_F32, rows, cols), w(dt, 1, cols);
+        harness::fill_normal(h, rng(), harness::hetero_row_scale);
+        harness::fill_normal(gy, rng());
+        harness::fill_normal(gh, rng());
+        harness::fill_normal(w, rng(), {}, 1.0);
+        HostMatrix gx(RMSNORM_DTYPE_F32, rows, cols), gw(mode == RMSNORM_GW_STORE ? dt : RMSNORM_DTYPE_F32, 1, cols);
+        const rmsnorm_problem_t p = problem(dt, rows, cols, RMSNORM_FLAG_RESIDUAL_F32);
+        size_t wsb = 0;
+        ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, mode, &kCpu, &wsb));
+        std::vector<unsigned char> ws(wsb + 16);
+        ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                  rmsnorm_add_backward(&p, h.data(), cols, w.data(), gy.data(), cols, nullptr, gh.data(), cols,
+                                       gx.data(), cols, mode == RMSNORM_GW_NONE ? nullptr : gw.data(), mode,
+                                       wsb > 0 ? ws.data() : nullptr, wsb, &kCpu))
+            << rmsnorm_last_error();
+        // The fp32 problem on h with gy in dt and the weight widened.
+        const rmsnorm_problem_t p32 = problem(RMSNORM_DTYPE_F32, rows, cols, RMSNORM_FLAG_Y_DTYPE(dt));
+        const HostMatrix w32 = widened(w);
+        HostMatrix gx32(RMSNORM_DTYPE_F32, rows, cols), gw32(RMSNORM_DTYPE_F32, 1, cols);
+        const int32_t mode32 = mode == RMSNORM_GW_NONE ? RMSNORM_GW_NONE : RMSNORM_GW_STORE_F32;
+        size_t wsb32 = 0;
+        ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p32, mode32, &kCpu, &wsb32));
+        std::vector<unsigned char> ws32(wsb32 + 16);
+        ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                  rmsnorm_backward(&p32, h.data(), cols, w32.data(), gy.data(), cols, nullptr, gx32.data(), cols,
+                                   mode32 == RMSNORM_GW_NONE ? nullptr : gw32.data(), mode32,
+                                   wsb32 > 0 ? ws32.data() : nullptr, wsb32, &kCpu))
+            << rmsnorm_last_error();
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t k = 0; k < cols; ++k)
+            ASSERT_EQ(gx.get(r, k), static_cast<double>(static_cast<float>(gx32.get(r, k)) + static_cast<float>(gh.get(r, k))))
+                << "gx at row " << r << " col " << k;
+        if (mode != RMSNORM_GW_NONE)
+          for (int64_t k = 0; k < cols; ++k) {
+            const double want = mode == RMSNORM_GW_STORE ? harness::round_to(dt, gw32.get(0, k)) : gw32.get(0, k);
+            ASSERT_EQ(gw.get(0, k), want) << "gw at col " << k;
+          }
+      }
+}
+
+TEST(ResidualF32, ArgumentRules) {
+  const int64_t rows = 3, cols = 16;
+  const int32_t dt = RMSNORM_DTYPE_BF16;
+  HostMatrix x(dt, rows, cols), res(RMSNORM_DTYPE_F32, rows, cols), y(dt, rows, cols), w(dt, 1, cols);
+  harness::fill_normal(x, 12);
+  harness::fill_normal(res, 13);
+  const rmsnorm_problem_t p = problem(dt, rows, cols, RMSNORM_FLAG_RESIDUAL_F32);
+  const HostMatrix x0 = x;
+  // h over x (another dtype) is an overlap; nothing written.
+  EXPECT_EQ(RMSNORM_STATUS_OVERLAP, rmsnorm_add_forward(&p, x.data(), cols, res.data(), cols, w.data(), x.data(), cols,
+                                                        y.data(), cols, nullptr, &kCpu));
+  EXPECT_EQ(0, std::memcmp(x.storage.data(), x0.storage.data(), x.storage.size())) << "written although refused";
+  // The other operations refuse the flag.
+  EXPECT_EQ(RMSNORM_STATUS_INVALID_OPTION, rmsnorm_forward(&p, x.data(), cols, w.data(), y.data(), cols, nullptr, &kCpu));
+  EXPECT_NE(std::string(rmsnorm_last_error()).find("RMSNORM_FLAG_RESIDUAL_F32"), std::string::npos) << rmsnorm_last_error();
+  std::vector<uint8_t> q(static_cast<size_t>(rows * cols));
+  std::vector<float> s(static_cast<size_t>(rows));
+  rmsnorm_quant_t qt{RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_PER_ROW, nullptr, s.data(), nullptr};
+  HostMatrix h(RMSNORM_DTYPE_F32, rows, cols);
+  EXPECT_EQ(RMSNORM_STATUS_INVALID_OPTION, rmsnorm_add_forward_quant(&p, x.data(), cols, res.data(), cols, w.data(),
+                                                                     h.data(), cols, &qt, q.data(), cols, nullptr, &kCpu));
+  HostMatrix gx(dt, rows, cols);
+  EXPECT_EQ(RMSNORM_STATUS_INVALID_OPTION, rmsnorm_backward(&p, x.data(), cols, w.data(), x.data(), cols, nullptr,
+                                                            gx.data(), cols, nullptr, RMSNORM_GW_NONE, nullptr, 0, &kCpu));
+  // With fp32 x the flag changes nothing.
+  HostMatrix xf(RMSNORM_DTYPE_F32, rows, cols), wf(RMSNORM_DTYPE_F32, 1, cols), ya(RMSNORM_DTYPE_F32, rows, cols),
+      yb(RMSNORM_DTYPE_F32, rows, cols), ha(RMSNORM_DTYPE_F32, rows, cols), hb(RMSNORM_DTYPE_F32, rows, cols);
+  harness::fill_normal(xf, 14);
+  harness::fill_normal(wf, 15);
+  const rmsnorm_problem_t pf = problem(RMSNORM_DTYPE_F32, rows, cols, RMSNORM_FLAG_RESIDUAL_F32);
+  const rmsnorm_problem_t pp = problem(RMSNORM_DTYPE_F32, rows, cols, 0);
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_add_forward(&pf, xf.data(), cols, res.data(), cols, wf.data(), ha.data(),
+                                                        cols, ya.data(), cols, nullptr, &kCpu));
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_add_forward(&pp, xf.data(), cols, res.data(), cols, wf.data(), hb.data(),
+                                                        cols, yb.data(), cols, nullptr, &kCpu));
+  EXPECT_EQ(0, std::memcmp(ya.data(), yb.data(), ya.data_bytes()));
+  EXPECT_EQ(0, std::memcmp(ha.data(), hb.data(), ha.data_bytes()));
+#if defined(RMSNORM_WITH_CUDA)
+  const rmsnorm_backend_t cuda = rmsnorm_backend_cuda(-1, nullptr);
+  EXPECT_EQ(RMSNORM_STATUS_BACKEND_UNAVAILABLE, rmsnorm_add_forward(&p, x.data(), cols, res.data(), cols, w.data(),
+                                                                    h.data(), cols, y.data(), cols, nullptr, &cuda));
+#endif
+}
+
 }  // namespace
 }  // namespace rmsnorm::test

@@ -113,6 +113,7 @@ typedef enum rmsnorm_dtype {
 /* y (forward) and gy (backward) in dtype dt, an rmsnorm_dtype_t, whatever problem->dtype (below) */
 #define RMSNORM_FLAG_Y_DTYPE(dt) (((uint32_t)(dt) + 1u) << 8)
 #define RMSNORM_FLAG_Y_DTYPE_MASK (3u << 8)
+#define RMSNORM_FLAG_RESIDUAL_F32 1024u /* the residual stream (residual, h, g_h, gx) in fp32 (below) */
 /* RMSNORM_FLAG_Y_DTYPE(dt): the output dtype chosen apart from x's (bf16 y
  * from an fp32 residual stream, say). rmsnorm_forward writes y = Y(x_hat * w')
  * (or Y(T(x_hat) * w') with RMSNORM_FLAG_ROUND_XHAT), rounded once to dt = Y;
@@ -133,6 +134,16 @@ typedef enum rmsnorm_dtype {
  * looped band's kernels at every D (one row per 1024-thread CTA; slower than
  * the plain path at D below the looped band), so rstd is summed in that
  * kernel's order. */
+/* RMSNORM_FLAG_RESIDUAL_F32: an fp32 residual stream with f16 / bf16 x, for
+ * rmsnorm_add_forward and rmsnorm_add_backward. Forward: residual and h are
+ * float; h = float(x) + residual (one fp32 add), and y = T(rms_norm(h) * w')
+ * from h's fp32 values (y, x and the weight in problem->dtype T). Backward:
+ * h, g_h and gx are float, gy and the weight are in T, gx = gx_norm + g_h in
+ * fp32 (residual's gradient; x's is T(gx)), and gw is in the weight's dtype.
+ * h may be residual itself (and gx may be g_h); h over x, or gx over gy, is
+ * RMSNORM_STATUS_OVERLAP. With RMSNORM_DTYPE_F32 it changes nothing. CPU
+ * backend only: CUDA returns RMSNORM_STATUS_BACKEND_UNAVAILABLE, and the
+ * other operations (the quantized add among them) RMSNORM_STATUS_INVALID_OPTION. */
 /* RMSNORM_FLAG_TRUSTED_MEMORY: the caller vouches that every operand lies in
  * memory the backend can use (for CUDA: memory of the backend's device, or
  * managed or registered host memory; for the CPU backend: host memory), as a

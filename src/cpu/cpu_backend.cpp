@@ -164,10 +164,21 @@ std::vector<float> weight_prime(const void* weight, DType dt, int64_t cols, bool
 // The residual add: h[j] = T(x[j] + residual[j]) written, and its value as
 // stored widened into scratch. x[j] and residual[j] are read before h[j] is
 // written, so h == x and h == residual are safe.
+// With residual_f32 (RMSNORM_FLAG_RESIDUAL_F32) residual and h are float: h = float(x) + residual.
 template <DType dt>
 const float* add_rows_into(const ForwardArgs& a, int64_t i, float* scratch) {
   using T = typename Elem<dt>::T;
   const T* x = static_cast<const T*>(a.x) + i * a.x_stride;
+  if (a.residual_f32) {
+    const float* res = static_cast<const float*>(a.residual) + i * a.residual_stride;
+    float* h = static_cast<float*>(a.h) + i * a.h_stride;
+    for (int64_t j = 0; j < a.cols; ++j) {
+      const float v = Elem<dt>::load(x[j]) + res[j];
+      h[j] = v;
+      scratch[j] = v;
+    }
+    return scratch;
+  }
   const T* res = static_cast<const T*>(a.residual) + i * a.residual_stride;
   T* h = static_cast<T*>(a.h) + i * a.h_stride;
   for (int64_t j = 0; j < a.cols; ++j) {
@@ -277,8 +288,10 @@ void gw_tile(const BackwardArgs& a, const float* wp, const RowStats* stats, int6
   }
 }
 
-template <DType dt>
+// gw in the weight's dtype wdt (the _F32 modes: float).
+template <DType wdt>
 void write_gw(const BackwardArgs& a, int64_t parts, int64_t c0, int64_t c1) {
+  constexpr DType dt = wdt;
   using T = typename Elem<dt>::T;
   const float* ws = static_cast<const float*>(a.workspace);
   for (int64_t j = c0; j < c1; ++j) {
@@ -330,8 +343,11 @@ void backward_gw(const BackwardArgs& a, const float* wp, int num_threads) {
                        scratch.get(t, 1));
     }
   });
-  parallel_for(cols, threads_for(num_threads, cols, parts * cols),
-               [&](int, int64_t c0, int64_t c1) { write_gw<dt>(a, parts, c0, c1); });
+  dispatch_dtype(weight_dtype_of(a), [&](auto wtag) {
+    constexpr DType wdt = decltype(wtag)::value;
+    parallel_for(cols, threads_for(num_threads, cols, parts * cols),
+                 [&](int, int64_t c0, int64_t c1) { write_gw<wdt>(a, parts, c0, c1); });
+  });
 }
 
 rmsnorm_status_t out_of_memory() {
@@ -432,12 +448,12 @@ rmsnorm_status_t backward(const BackwardArgs& a, int num_threads) {
     if (a.gw_mode == GwMode::kStoreF32) {
       std::fill_n(static_cast<float*>(a.gw), a.cols, 0.0f);
     } else if (a.gw_mode == GwMode::kStore) {
-      std::memset(a.gw, 0, static_cast<size_t>(a.cols) * dtype_size(a.dtype));  // +0 is all-zero bits in every dtype
+      std::memset(a.gw, 0, static_cast<size_t>(a.cols) * dtype_size(weight_dtype_of(a)));  // +0: all-zero bits
     }
     return RMSNORM_STATUS_SUCCESS;
   }
   try {
-    const std::vector<float> wp = weight_prime(a.weight, a.weight_f32 ? DType::kF32 : a.dtype, a.cols, a.weight_offset);
+    const std::vector<float> wp = weight_prime(a.weight, weight_dtype_of(a), a.cols, a.weight_offset);
     dispatch_dtype(a.dtype, [&](auto tag) {
       constexpr DType dt = decltype(tag)::value;
       dispatch_dtype(y_dtype_of(a), [&](auto gtag) {
