@@ -188,6 +188,8 @@ void check_flags(int64_t flags, const char* op) {
   if (flags < 0 || flags > UINT32_MAX) fail(op, ": flags ", flags, " is not a set of RMSNORM_FLAG_* bits");
   if ((flags & RMSNORM_FLAG_WEIGHT_F32) != 0)
     fail(op, ": flags must not include RMSNORM_FLAG_WEIGHT_F32 (16); it follows from the weight's dtype");
+  if ((flags & RMSNORM_FLAG_RESIDUAL_F32) != 0)
+    fail(op, ": flags must not include RMSNORM_FLAG_RESIDUAL_F32 (1024); it follows from the residual's dtype");
 }
 
 // RMSNORM_FLAG_WEIGHT_F32 where a checked weight is fp32 and x is not.
@@ -287,10 +289,16 @@ std::tuple<Tensor, std::optional<Tensor>> backward_impl(const Tensor& gy, const 
                                                         int64_t flags, std::optional<ScalarType> gw_dtype,
                                                         const std::optional<Tensor>& g_h, const char* op) {
   check_floating_input(x, op);
-  const int32_t dtype = library_dtype(x.scalar_type(), op, "x");
+  // The fp32 residual stream's backward (RMSNORM_FLAG_RESIDUAL_F32): h (x here), g_h and gx are float32, gy and the
+  // weight 16-bit; the problem's dtype is gy's.
+  const bool residual_f32 = g_h.has_value() && x.scalar_type() == ScalarType::Float &&
+                            (gy.scalar_type() == ScalarType::Half || gy.scalar_type() == ScalarType::BFloat16);
+  const Tensor& t_ref = residual_f32 ? gy : x;  // the tensor of the problem's dtype
+  const int32_t dtype = library_dtype(t_ref.scalar_type(), op, residual_f32 ? "gy" : "x");
   check_flags(flags, op);
   check_y_dtype_backend(flags, x, op);
-  const ScalarType gy_type = y_scalar_type(flags, x);
+  if (residual_f32 && x.is_cuda()) fail(op, ": a float32 residual stream with 16-bit gy is not built for CUDA yet");
+  const ScalarType gy_type = residual_f32 ? gy.scalar_type() : y_scalar_type(flags, x);
   if (gy.scalar_type() != gy_type) {
     fail(op, ": gy has dtype ", dtype_name(gy.scalar_type()), " but y has ", dtype_name(gy_type),
          gy_type == x.scalar_type() ? " (x's)" : " (the flags' RMSNORM_FLAG_Y_DTYPE)");
@@ -317,14 +325,14 @@ std::tuple<Tensor, std::optional<Tensor>> backward_impl(const Tensor& gy, const 
   if (g_h.has_value()) ghr = as_rows(*g_h);
   const Tensor r = rstd.is_contiguous() ? rstd : torch::stable::contiguous(rstd);
   std::optional<Tensor> w;
-  if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op);
+  if (weight.has_value()) w = checked_weight(*weight, t_ref, xr.cols, op);
 
   int32_t gw_mode = RMSNORM_GW_NONE;
   if (gw_dtype.has_value()) {
     if (!w) fail(op, ": gw_dtype is given but there is no weight");
     if (*gw_dtype == ScalarType::Float) {
       gw_mode = RMSNORM_GW_STORE_F32;
-    } else if (*gw_dtype == x.scalar_type() && w->scalar_type() == x.scalar_type()) {
+    } else if (*gw_dtype == t_ref.scalar_type() && w->scalar_type() == t_ref.scalar_type()) {
       gw_mode = RMSNORM_GW_STORE;
     } else {
       fail(op, ": gw_dtype must be the weight's dtype or float32, got ", dtype_name(*gw_dtype));
@@ -343,7 +351,8 @@ std::tuple<Tensor, std::optional<Tensor>> backward_impl(const Tensor& gy, const 
   p.rows = xr.rows;
   p.cols = xr.cols;
   p.dtype = dtype;
-  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_f32_flag(w, x);  // as in forward
+  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_f32_flag(w, t_ref) |  // as in forward
+            (residual_f32 ? RMSNORM_FLAG_RESIDUAL_F32 : 0u);
   const rmsnorm_backend_t be = backend_for(x, op);
   size_t ws_bytes = 0;
   check_status(rmsnorm_backward_workspace_size(&p, gw_mode, &be, &ws_bytes), op);
@@ -475,8 +484,11 @@ std::tuple<Tensor, Tensor, Tensor> add_forward(Tensor x, Tensor residual, std::o
   const char* op = "rmsnorm.add_forward";
   check_floating_input(x, op);
   const int32_t dtype = library_dtype(x.scalar_type(), op, "x");
-  if (residual.scalar_type() != x.scalar_type()) {
-    fail(op, ": residual has dtype ", dtype_name(residual.scalar_type()), " but x has ", dtype_name(x.scalar_type()));
+  // An fp32 residual stream with 16-bit x (RMSNORM_FLAG_RESIDUAL_F32): residual and h are float32.
+  const bool residual_f32 = residual.scalar_type() == ScalarType::Float && x.scalar_type() != ScalarType::Float;
+  if (residual.scalar_type() != x.scalar_type() && !residual_f32) {
+    fail(op, ": residual has dtype ", dtype_name(residual.scalar_type()), " but x has ", dtype_name(x.scalar_type()),
+         "; the residual must have x's dtype, or be float32 with a float16 or bfloat16 x");
   }
   if (full_shape(residual) != full_shape(x)) {
     fail(op, ": residual has shape ", shape_string(residual), " but x has ", shape_string(x));
@@ -487,7 +499,8 @@ std::tuple<Tensor, Tensor, Tensor> add_forward(Tensor x, Tensor residual, std::o
   const Rows rr = as_rows(residual);
   std::optional<Tensor> w;
   if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op);
-  Tensor h = new_tensor(full_shape(x), x.scalar_type(), x);
+  if (residual_f32 && x.is_cuda()) fail(op, ": a float32 residual with 16-bit x is not built for CUDA yet");
+  Tensor h = new_tensor(full_shape(x), residual.scalar_type(), x);
   Tensor y = new_tensor(full_shape(x), x.scalar_type(), x);
   Tensor rstd = new_tensor(leading_shape(x), ScalarType::Float, x);
   if (xr.rows == 0) return {y, h, rstd};
@@ -495,7 +508,8 @@ std::tuple<Tensor, Tensor, Tensor> add_forward(Tensor x, Tensor residual, std::o
   p.rows = xr.rows;
   p.cols = xr.cols;
   p.dtype = dtype;
-  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_f32_flag(w, x);  // as in forward
+  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_f32_flag(w, x) |  // as in forward
+            (residual_f32 ? RMSNORM_FLAG_RESIDUAL_F32 : 0u);
   p.eps = static_cast<float>(eps);
   const rmsnorm_backend_t be = backend_for(x, op);
   check_status(rmsnorm_add_forward(&p, xr.t.data_ptr(), xr.stride, rr.t.data_ptr(), rr.stride,

@@ -296,7 +296,9 @@ def _check_rms_norm_args(input, normalized_shape, weight):
 
 @torch.library.register_fake("rmsnorm::add_forward")
 def _add_forward_fake(x, residual, weight, eps, flags):
-    return x.new_empty(x.shape), x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
+    # h has the residual's dtype (float32 with 16-bit x: the fp32 residual stream).
+    return (x.new_empty(x.shape), x.new_empty(x.shape, dtype=residual.dtype),
+            x.new_empty(x.shape[:-1], dtype=torch.float32))
 
 
 @torch.library.register_fake("rmsnorm::add_backward")
@@ -306,25 +308,30 @@ def _add_backward_fake(gy, g_h, h, weight, rstd, flags, gw_dtype):
 
 
 def _add_setup_context(ctx, inputs, output):
-    _x, _residual, weight, _eps, flags = inputs
+    x, _residual, weight, _eps, flags = inputs
     _y, h, rstd = output
     ctx.mark_non_differentiable(rstd)
     ctx.save_for_backward(h, weight, rstd)
     ctx.flags = flags
+    ctx.x_dtype = x.dtype
 
 
 def _add_backward(ctx, gy, g_h, _grstd):
     h, weight, rstd = ctx.saved_tensors
     need_gw = weight is not None and ctx.needs_input_grad[2]
     gw_dtype = weight.dtype if need_gw else None
+    wide = h.dtype != ctx.x_dtype  # the fp32 residual stream: h float32, y and gy in x's dtype
     if gy is None:
-        gy = torch.zeros_like(h)
+        gy = torch.zeros(h.shape, dtype=ctx.x_dtype, device=h.device)
+    if g_h is None and wide:
+        g_h = torch.zeros_like(h)  # the add form carries the mixed dtypes; + 0 changes no value
     if g_h is None:  # h has no other consumer: the plain backward
         gx, gw = _backward_op(gy, h, weight, rstd, ctx.flags, gw_dtype)
     else:
         gx, gw = torch.ops.rmsnorm.add_backward.default(gy, g_h, h, weight, rstd, ctx.flags, gw_dtype)
-    # h = x + residual: both get gx.
-    return (gx if ctx.needs_input_grad[0] else None), (gx if ctx.needs_input_grad[1] else None), gw, None, None
+    # h = x + residual: both get gx (x's rounded to its dtype, as autograd of x.float() + residual gives).
+    gx_x = (gx.to(ctx.x_dtype) if wide else gx) if ctx.needs_input_grad[0] else None
+    return gx_x, (gx if ctx.needs_input_grad[1] else None), gw, None, None
 
 
 torch.library.register_autograd("rmsnorm::add_forward", _add_backward, setup_context=_add_setup_context)
@@ -343,6 +350,7 @@ class _EagerAddRMSNorm(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(h, weight, rstd)
         ctx.flags = flags
+        ctx.x_dtype = x.dtype
         return y, h
 
     @staticmethod
@@ -364,15 +372,19 @@ def add_rms_norm(
     and ``y = rms_norm(h, normalized_shape, weight, eps)``; returns ``(y, h)``, both new tensors. ``y`` is bit for
     bit ``rms_norm`` of ``h``. Differentiable in ``input``, ``residual`` and ``weight``: the backward adds ``h``'s
     gradient from its other consumer (the next residual step) to the norm's in the same pass. The other arguments
-    are as in ``rms_norm``; ``residual`` must have ``input``'s shape, dtype and device."""
+    are as in ``rms_norm``; ``residual`` must have ``input``'s shape, dtype and device, or be float32 with a float16
+    or bfloat16 input: an fp32 residual stream, where ``h = input.float() + residual`` is float32, ``y`` has the
+    input's dtype, ``residual``'s gradient is float32 and ``input``'s is it rounded to the input's dtype (CPU tensors
+    for now)."""
     normalized_shape = _normalized_dims("rmsnorm.add_rms_norm", input, normalized_shape)
     k = len(normalized_shape)
     dtype = input.dtype
     shape = input.shape
-    if residual.shape != shape or residual.dtype != dtype or residual.device != input.device:
+    wide = residual.dtype == torch.float32 and dtype in _HALF_DTYPES  # an fp32 residual stream
+    if residual.shape != shape or (residual.dtype != dtype and not wide) or residual.device != input.device:
         raise RuntimeError(
             f"rmsnorm.add_rms_norm: residual ({list(residual.shape)}, {residual.dtype}, {residual.device}) must "
-            f"match input ({list(shape)}, {dtype}, {input.device})"
+            f"match input ({list(shape)}, {dtype}, {input.device}), or be float32 with a float16 or bfloat16 input"
         )
     if weight is not None:
         if weight.shape != normalized_shape:

@@ -151,3 +151,49 @@ def test_cuda_out_dtype_is_refused():
     x = randn(3, 16, device="cuda")
     with pytest.raises(RuntimeError, match="not built for the CUDA backend"):
         rmsnorm.rms_norm(x, 16, out_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp32_residual_stream_is_the_eager_composition(dtype):
+    # add_rms_norm with a float32 residual and 16-bit input (RMSNORM_FLAG_RESIDUAL_F32): h = input.float() +
+    # residual in float32, y = rms_norm of that h in the input's dtype; every gradient bit for bit the eager
+    # composition's (x's gradient is residual's rounded to x's dtype).
+    gen = torch.Generator().manual_seed(79)
+    for shape, with_gh in [((5, 64), True), ((2, 3, 1000), True), ((7, 96), False)]:
+        d = shape[-1]
+        x0 = row_scaled(randn(*shape, dtype=dtype, gen=gen), gen)
+        r0 = row_scaled(randn(*shape, gen=gen), gen)
+        w0 = (1.0 + 0.3 * randn(d, gen=gen)).to(dtype)
+        gy = randn(*shape, dtype=dtype, gen=gen)
+        gh = randn(*shape, gen=gen)
+        outs = []
+        for fused in (True, False):
+            x, r, w = (t.detach().clone().requires_grad_(True) for t in (x0, r0, w0))
+            if fused:
+                y, h = rmsnorm.add_rms_norm(x, r, d, w, 1e-5)
+            else:
+                h = x.float() + r
+                y = rmsnorm.rms_norm(h, d, w.float(), 1e-5, out_dtype=dtype)
+            assert y.dtype == dtype and h.dtype == torch.float32
+            grads = torch.autograd.grad((y, h) if with_gh else (y,), (x, r, w), (gy, gh) if with_gh else (gy,))
+            outs.append((y.detach(), h.detach(), *grads))
+        for i, (a, b) in enumerate(zip(*outs)):
+            assert a.dtype == b.dtype, (i, a.dtype, b.dtype)
+            assert torch.equal(a, b), f"{shape}: output {i} differs from the eager composition"
+    x = randn(3, 32, dtype=dtype)
+    r = randn(3, 32)
+    w = randn(32, dtype=dtype)
+    torch.library.opcheck(torch.ops.rmsnorm.add_forward.default, (x, r, w, 1e-5, 0))
+    _, h, rstd = torch.ops.rmsnorm.add_forward(x, r, w, 1e-5, 0)
+    torch.library.opcheck(torch.ops.rmsnorm.add_backward.default, (x, torch.randn(3, 32), h, w, rstd, 0, dtype))
+    with pytest.raises(RuntimeError, match="RMSNORM_FLAG_RESIDUAL_F32"):
+        torch.ops.rmsnorm.add_forward(x, r, w, 1e-5, 1024)
+    with pytest.raises(RuntimeError, match="float32 with a float16 or bfloat16"):
+        rmsnorm.add_rms_norm(x.float(), r.double(), 32, None)
+
+
+@requires_cuda
+def test_cuda_fp32_residual_stream_is_refused():
+    x = randn(3, 16, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(RuntimeError, match="not built for CUDA"):
+        rmsnorm.add_rms_norm(x, randn(3, 16, device="cuda"), 16)
