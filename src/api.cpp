@@ -464,11 +464,15 @@ rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* problem, const voi
   // be residual exactly; no other overlap (a partial one would let h's stores reach elements not yet read).
   // With an fp32 residual stream, x has another dtype: it may overlap neither residual nor h.
   if ((!same_view(eres, ex) || c.residual_f32) && overlaps(eres, ex))
-    return fail(RMSNORM_STATUS_OVERLAP, "residual", "overlaps x (only residual == x with equal row strides)");
+    return fail(RMSNORM_STATUS_OVERLAP, "residual",
+                c.residual_f32 ? "overlaps x (another dtype with RMSNORM_FLAG_RESIDUAL_F32)"
+                               : "overlaps x (only residual == x with equal row strides)");
   for (const Extent* in : {&ex, &eres}) {
     if ((!same_view(eh, *in) || (c.residual_f32 && in == &ex)) && overlaps(eh, *in))
       return fail(RMSNORM_STATUS_OVERLAP, "h",
-                  std::string("overlaps ") + in->name + " (only h == x or h == residual with equal row strides)");
+                  std::string("overlaps ") + in->name +
+                      (c.residual_f32 ? " (only h == residual, with equal row strides, with RMSNORM_FLAG_RESIDUAL_F32)"
+                                      : " (only h == x or h == residual with equal row strides)"));
   }
   RMSNORM_TRY(check_overlap(eh, ew));
   for (const Extent* other : {&ex, &eres, &eh, &ew}) RMSNORM_TRY(check_overlap(ey, *other));
@@ -557,7 +561,9 @@ static rmsnorm_status_t forward_quant_impl(const rmsnorm_problem_t* problem, con
   // output is disjoint from every other operand.
   if (add) {
     if (!same_view(eres, ex) && overlaps(eres, ex))
-      return fail(RMSNORM_STATUS_OVERLAP, "residual", "overlaps x (only residual == x with equal row strides)");
+      return fail(RMSNORM_STATUS_OVERLAP, "residual",
+                c.residual_f32 ? "overlaps x (another dtype with RMSNORM_FLAG_RESIDUAL_F32)"
+                               : "overlaps x (only residual == x with equal row strides)");
     for (const Extent* in : {&ex, &eres}) {
       if (!same_view(eh, *in) && overlaps(eh, *in))
         return fail(RMSNORM_STATUS_OVERLAP, "h",

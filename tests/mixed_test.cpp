@@ -465,8 +465,9 @@ TEST(ResidualF32, ForwardIsTheForwardOfTheFp32H) {
   std::mt19937_64 rng(66);
   for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F16})
     for (int64_t cols : {1, 33, 1000})
-      for (int in_place : {0, 1}) {
-        SCOPED_TRACE("dtype " + std::to_string(dt) + " cols " + std::to_string(cols) + (in_place ? " h == residual" : ""));
+      for (int in_place : {0, 1, 2}) {  // 2: h apart, with round_xhat (x_hat rounds to h's dtype: fp32)
+        SCOPED_TRACE("dtype " + std::to_string(dt) + " cols " + std::to_string(cols) + " case " + std::to_string(in_place));
+        const uint32_t extra = in_place == 2 ? static_cast<uint32_t>(RMSNORM_FLAG_ROUND_XHAT) : 0u;
         const int64_t rows = 11;
         HostMatrix x(dt, rows, cols), res(RMSNORM_DTYPE_F32, rows, cols, cols + 2, 1), w(dt, 1, cols);
         harness::fill_normal(x, rng(), harness::hetero_row_scale);
@@ -474,9 +475,9 @@ TEST(ResidualF32, ForwardIsTheForwardOfTheFp32H) {
         harness::fill_normal(w, rng(), {}, 1.0);
         const HostMatrix res0 = res;
         HostMatrix h_own(RMSNORM_DTYPE_F32, rows, cols), y(dt, rows, cols);
-        HostMatrix& h = in_place ? res : h_own;
+        HostMatrix& h = in_place == 1 ? res : h_own;
         std::vector<float> rstd(static_cast<size_t>(rows), NAN);
-        const rmsnorm_problem_t p = problem(dt, rows, cols, RMSNORM_FLAG_RESIDUAL_F32);
+        const rmsnorm_problem_t p = problem(dt, rows, cols, RMSNORM_FLAG_RESIDUAL_F32 | extra);
         ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
                   rmsnorm_add_forward(&p, x.data(), cols, res.data(), res.stride, w.data(), h.data(), h.stride,
                                       y.data(), cols, rstd.data(), &kCpu))
@@ -485,7 +486,7 @@ TEST(ResidualF32, ForwardIsTheForwardOfTheFp32H) {
           for (int64_t k = 0; k < cols; ++k)
             ASSERT_EQ(h.get(r, k), static_cast<double>(static_cast<float>(x.get(r, k)) + static_cast<float>(res0.get(r, k))))
                 << "h at row " << r << " col " << k;
-        const rmsnorm_problem_t p32 = problem(RMSNORM_DTYPE_F32, rows, cols, RMSNORM_FLAG_Y_DTYPE(dt));
+        const rmsnorm_problem_t p32 = problem(RMSNORM_DTYPE_F32, rows, cols, RMSNORM_FLAG_Y_DTYPE(dt) | extra);
         const HostMatrix w32 = widened(w);
         HostMatrix y_want(dt, rows, cols);
         std::vector<float> rstd_want(static_cast<size_t>(rows), NAN);

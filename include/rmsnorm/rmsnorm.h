@@ -137,7 +137,8 @@ typedef enum rmsnorm_dtype {
 /* RMSNORM_FLAG_RESIDUAL_F32: an fp32 residual stream with f16 / bf16 x, for
  * rmsnorm_add_forward and rmsnorm_add_backward. Forward: residual and h are
  * float; h = float(x) + residual (one fp32 add), and y = T(rms_norm(h) * w')
- * from h's fp32 values (y, x and the weight in problem->dtype T). Backward:
+ * from h's fp32 values (y, x and the weight in problem->dtype T;
+ * RMSNORM_FLAG_ROUND_XHAT rounds x_hat to h's dtype, fp32, so changes nothing). Backward:
  * h, g_h and gx are float, gy and the weight are in T, gx = gx_norm + g_h in
  * fp32 (residual's gradient; x's is T(gx)), and gw is in the weight's dtype.
  * h may be residual itself (and gx may be g_h); h over x, or gx over gy, is

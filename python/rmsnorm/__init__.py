@@ -324,7 +324,7 @@ def _add_backward(ctx, gy, g_h, _grstd):
     if gy is None:
         gy = torch.zeros(h.shape, dtype=ctx.x_dtype, device=h.device)
     if g_h is None and wide:
-        g_h = torch.zeros_like(h)  # the add form carries the mixed dtypes; + 0 changes no value
+        g_h = torch.full_like(h, -0.0)  # the add form carries the mixed dtypes; + (-0.0) changes no bit
     if g_h is None:  # h has no other consumer: the plain backward
         gx, gw = _backward_op(gy, h, weight, rstd, ctx.flags, gw_dtype)
     else:

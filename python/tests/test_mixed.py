@@ -159,7 +159,8 @@ def test_fp32_residual_stream_is_the_eager_composition(dtype):
     # residual in float32, y = rms_norm of that h in the input's dtype; every gradient bit for bit the eager
     # composition's (x's gradient is residual's rounded to x's dtype).
     gen = torch.Generator().manual_seed(79)
-    for shape, with_gh in [((5, 64), True), ((2, 3, 1000), True), ((7, 96), False)]:
+    for shape, with_gh, rx in [((5, 64), True, False), ((2, 3, 1000), True, False), ((7, 96), False, False),
+                               ((4, 256), True, True)]:
         d = shape[-1]
         x0 = row_scaled(randn(*shape, dtype=dtype, gen=gen), gen)
         r0 = row_scaled(randn(*shape, gen=gen), gen)
@@ -170,10 +171,10 @@ def test_fp32_residual_stream_is_the_eager_composition(dtype):
         for fused in (True, False):
             x, r, w = (t.detach().clone().requires_grad_(True) for t in (x0, r0, w0))
             if fused:
-                y, h = rmsnorm.add_rms_norm(x, r, d, w, 1e-5)
+                y, h = rmsnorm.add_rms_norm(x, r, d, w, 1e-5, round_xhat=rx)
             else:
                 h = x.float() + r
-                y = rmsnorm.rms_norm(h, d, w.float(), 1e-5, out_dtype=dtype)
+                y = rmsnorm.rms_norm(h, d, w.float(), 1e-5, round_xhat=rx, out_dtype=dtype)
             assert y.dtype == dtype and h.dtype == torch.float32
             grads = torch.autograd.grad((y, h) if with_gh else (y,), (x, r, w), (gy, gh) if with_gh else (gy,))
             outs.append((y.detach(), h.detach(), *grads))

@@ -203,7 +203,9 @@ void forward_rows(const ForwardArgs& a, const float* wp, float* scratch, int64_t
     Y* y = static_cast<Y*>(a.y) + i * a.y_stride;
     const float r = row_rstd(x, cols, a.eps);
     if (a.rstd != nullptr) a.rstd[i] = r;
-    if (a.round_xhat) {
+    // round_xhat rounds x_hat to the norm's input dtype: x's, or with an fp32 residual stream h's (float: no
+    // rounding, so the plain formula).
+    if (a.round_xhat && !a.residual_f32) {
       for (int64_t j = 0; j < cols; ++j) {
         const float xh = Elem<dt>::load(Elem<dt>::store(x[j] * r));  // x_hat rounded to x's dtype
         y[j] = Elem<ydt>::store(xh * wp[j]);
