@@ -588,5 +588,54 @@ TEST(ResidualF32, ArgumentRules) {
 #endif
 }
 
+// The C++ API: add_forward with a float h (R deduced) and add_backward<float, T> are the C ABI with the flag.
+TEST(ResidualF32, CppAddForwardAndBackwardAreTheCAbi) {
+  const int64_t rows = 4, cols = 80;
+  using B = rmsnorm::bfloat16;
+  HostMatrix x(RMSNORM_DTYPE_BF16, rows, cols), res(RMSNORM_DTYPE_F32, rows, cols), w(RMSNORM_DTYPE_BF16, 1, cols),
+      gy(RMSNORM_DTYPE_BF16, rows, cols), gh(RMSNORM_DTYPE_F32, rows, cols);
+  harness::fill_normal(x, 94, harness::hetero_row_scale);
+  harness::fill_normal(res, 95);
+  harness::fill_normal(w, 96, {}, 1.0);
+  harness::fill_normal(gy, 97);
+  harness::fill_normal(gh, 98);
+  const rmsnorm_problem_t p = problem(RMSNORM_DTYPE_BF16, rows, cols, RMSNORM_FLAG_RESIDUAL_F32);
+  HostMatrix h_c(RMSNORM_DTYPE_F32, rows, cols), y_c(RMSNORM_DTYPE_BF16, rows, cols), h(RMSNORM_DTYPE_F32, rows, cols),
+      y(RMSNORM_DTYPE_BF16, rows, cols);
+  std::vector<float> rstd_c(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_add_forward(&p, x.data(), cols, res.data(), cols, w.data(), h_c.data(),
+                                                        cols, y_c.data(), cols, rstd_c.data(), &kCpu));
+  const rmsnorm::Backend be = rmsnorm::Backend::cpu(2);
+  const auto wv = rmsnorm::make_vector(static_cast<const B*>(w.data()), cols);
+  ASSERT_EQ(rmsnorm::Status::kSuccess,
+            rmsnorm::add_forward(rmsnorm::make_matrix(static_cast<const B*>(x.data()), rows, cols),
+                                 rmsnorm::make_matrix(static_cast<const float*>(res.data()), rows, cols), wv,
+                                 rmsnorm::make_matrix(static_cast<float*>(h.data()), rows, cols),
+                                 rmsnorm::make_matrix(static_cast<B*>(y.data()), rows, cols),
+                                 rmsnorm::make_vector(rstd.data(), rows), rmsnorm::Options{}, be))
+      << rmsnorm::last_error();
+  EXPECT_EQ(0, std::memcmp(h.data(), h_c.data(), h.data_bytes()));
+  EXPECT_EQ(0, std::memcmp(y.data(), y_c.data(), y.data_bytes()));
+  EXPECT_EQ(0, std::memcmp(rstd.data(), rstd_c.data(), rstd.size() * 4));
+  HostMatrix gx_c(RMSNORM_DTYPE_F32, rows, cols), gx(RMSNORM_DTYPE_F32, rows, cols), gw_c(RMSNORM_DTYPE_BF16, 1, cols),
+      gw(RMSNORM_DTYPE_BF16, 1, cols);
+  std::vector<double> ws(1 << 16);
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+            rmsnorm_add_backward(&p, h.data(), cols, w.data(), gy.data(), cols, rstd.data(), gh.data(), cols,
+                                 gx_c.data(), cols, gw_c.data(), RMSNORM_GW_STORE, ws.data(), ws.size() * 8, &kCpu));
+  ASSERT_EQ(rmsnorm::Status::kSuccess,
+            (rmsnorm::add_backward<float, B>(
+                rmsnorm::make_matrix(static_cast<const float*>(h.data()), rows, cols), wv,
+                rmsnorm::make_matrix(static_cast<const B*>(gy.data()), rows, cols),
+                rmsnorm::make_vector(static_cast<const float*>(rstd.data()), rows),
+                rmsnorm::make_matrix(static_cast<const float*>(gh.data()), rows, cols),
+                rmsnorm::make_matrix(static_cast<float*>(gx.data()), rows, cols),
+                rmsnorm::GradWeight<B>::store(rmsnorm::make_vector(static_cast<B*>(gw.data()), cols)),
+                rmsnorm::Workspace{ws.data(), ws.size() * 8}, rmsnorm::Options{}, be)))
+      << rmsnorm::last_error();
+  EXPECT_EQ(0, std::memcmp(gx.data(), gx_c.data(), gx.data_bytes()));
+  EXPECT_EQ(0, std::memcmp(gw.data(), gw_c.data(), gw.data_bytes()));
+}
+
 }  // namespace
 }  // namespace rmsnorm::test

@@ -336,12 +336,15 @@ Status forward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<Vec
 
 // h = T(x + residual), y = rms_norm(h) * w' (rmsnorm_add_forward). h may be
 // residual or x itself (in place). weight and rstd may be empty views. T is
-// taken from y.
-template <class T>
-Status add_forward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<MatrixView<const T>> residual,
-                   detail::nondeduced<VectorView<const T>> weight, detail::nondeduced<MatrixView<T>> h, MatrixView<T> y,
+// taken from y, the residual stream's R (residual, h) from h: R = float with
+// 16-bit T is the fp32 residual stream (RMSNORM_FLAG_RESIDUAL_F32: h =
+// float(x) + residual; then h may be residual, not x).
+template <class T, class R>
+Status add_forward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<MatrixView<const R>> residual,
+                   detail::nondeduced<VectorView<const T>> weight, MatrixView<R> h, MatrixView<T> y,
                    VectorView<float> rstd, const Options& opt, const Backend& backend) noexcept {
   static_assert(!std::is_const<T>::value, "y must be writable");
+  static_assert(std::is_same<R, T>::value || std::is_same<R, float>::value, "the residual stream is T or float");
   detail::clear_cpp_error();
   Status s = detail::check_same_shape("y", y, x);
   if (s == Status::kSuccess) s = detail::check_same_shape("residual", residual, x);
@@ -349,7 +352,8 @@ Status add_forward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced
   if (s == Status::kSuccess) s = detail::check_optional("weight", weight, x.cols, "cols");
   if (s == Status::kSuccess) s = detail::check_optional("rstd", rstd, x.rows, "rows");
   if (s != Status::kSuccess) return s;
-  const rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
+  rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
+  if (!std::is_same<R, T>::value) p.flags |= RMSNORM_FLAG_RESIDUAL_F32;
   return static_cast<Status>(rmsnorm_add_forward(&p, x.data, x.row_stride, residual.data, residual.row_stride,
                                                  weight.data, h.data, h.row_stride, y.data, y.row_stride, rstd.data,
                                                  &backend.c()));
@@ -392,14 +396,18 @@ Status backward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<Ve
 
 // The backward of add_forward (rmsnorm_add_backward): gx = T(T(gx_norm) + g_h)
 // for both x and residual, given h, gy and g_h (h's gradient from its other
-// consumer). gx may alias gy or g_h exactly. T is taken from gx.
-template <class T>
-Status add_backward(detail::nondeduced<MatrixView<const T>> h, detail::nondeduced<VectorView<const T>> weight,
+// consumer). gx may alias gy or g_h exactly. The residual stream's R (h, g_h,
+// gx) is taken from gx, and T (gy, the weight, gw) is R unless named: the fp32
+// residual stream is add_backward<float, T> (RMSNORM_FLAG_RESIDUAL_F32; gx is
+// then residual's gradient in fp32, and x's is T(gx)).
+template <class R, class T = R>
+Status add_backward(detail::nondeduced<MatrixView<const R>> h, detail::nondeduced<VectorView<const T>> weight,
                     detail::nondeduced<MatrixView<const T>> gy, detail::nondeduced<VectorView<const float>> rstd,
-                    detail::nondeduced<MatrixView<const T>> g_h, MatrixView<T> gx,
+                    detail::nondeduced<MatrixView<const R>> g_h, MatrixView<R> gx,
                     detail::nondeduced<GradWeight<T>> gw, Workspace workspace, const Options& opt,
                     const Backend& backend) noexcept {
-  static_assert(!std::is_const<T>::value, "gx must be writable");
+  static_assert(!std::is_const<R>::value, "gx must be writable");
+  static_assert(std::is_same<R, T>::value || std::is_same<R, float>::value, "the residual stream is T or float");
   detail::clear_cpp_error();
   Status s = detail::check_same_shape("gy", gy, h);
   if (s == Status::kSuccess) s = detail::check_same_shape("g_h", g_h, h);
@@ -409,7 +417,8 @@ Status add_backward(detail::nondeduced<MatrixView<const T>> h, detail::nondeduce
   if (s == Status::kSuccess && gw.mode() != GwMode::kNone && gw.data() != nullptr)
     s = detail::check_size("gw", gw.size(), "cols", h.cols);
   if (s != Status::kSuccess) return s;
-  const rmsnorm_problem_t p = detail::make_problem<T>(h.rows, h.cols, opt);
+  rmsnorm_problem_t p = detail::make_problem<T>(h.rows, h.cols, opt);
+  if (!std::is_same<R, T>::value) p.flags |= RMSNORM_FLAG_RESIDUAL_F32;
   return static_cast<Status>(rmsnorm_add_backward(&p, h.data, h.row_stride, weight.data, gy.data, gy.row_stride,
                                                   rstd.data, g_h.data, g_h.row_stride, gx.data, gx.row_stride,
                                                   gw.data(), static_cast<int32_t>(gw.mode()), workspace.data,
