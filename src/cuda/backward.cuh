@@ -455,10 +455,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
     if (p.w != nullptr && c < p.chunks) wr[it] = load_row_chunk<kPartial>(p.w, c, p.cols);
   }
   const float given_r = p.rstd != nullptr && valid ? p.rstd[row] : 0.0f;
-  auto w_of = [&](int it, float (&w)[kN]) {
-#pragma unroll
-    for (int j = 0; j < kN; ++j) w[j] = p.w != nullptr ? wr[it].get(j) + p.w_offset : 1.0f;
-  };
+  auto w_of = [&](int it, float (&w)[kN]) { held_weights(wr[it], p.w != nullptr, p.w_offset, w); };
   float acc[kCpt][kN];
 #pragma unroll
   for (int it = 0; it < kCpt; ++it)

@@ -239,8 +239,7 @@ __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chu
       const int c = m.chunk(it);
       if (c < p.chunks) {
         float w[kN];
-#pragma unroll
-        for (int j = 0; j < kN; ++j) w[j] = p.w != nullptr ? wr[it].get(j) + p.w_offset : 1.0f;
+        held_weights(wr[it], p.w != nullptr, p.w_offset, w);
         xr[it] = y_chunk(xr[it], w, r, p.round_xhat);
         if (qp.per_row) absmax = chunk_absmax(absmax, xr[it], kPartial ? p.cols - c * kN : kN);
       }
@@ -342,8 +341,9 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
         const int c = m.chunk(it);
         if (c < p.chunks) {
           float w[kN];
-#pragma unroll
-          for (int j = 0; j < kN; ++j) w[j] = p.w != nullptr ? wr[it].get(j) + p.w_offset : 1.0f;
+          held_weights(wr[it], p.w != nullptr, p.w_offset, w);
+          // Not y_chunk(): the same arithmetic, but nvcc schedules this kernel differently with it (SASS
+          // compared), and the plain forward's speed was measured with this form.
           const Chunk<T> y = p.round_xhat ? normalize_chunk<T, true>(xr[it], w, r) : normalize_chunk<T, false>(xr[it], w, r);
           store_row_chunk<kPartial>(yr, c, p.cols, y);
         }

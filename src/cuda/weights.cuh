@@ -29,6 +29,15 @@ __device__ __forceinline__ void weights_of(const T* __restrict__ w, int chunk, i
   weights_at(w, chunk * Chunk<T>::kN, cols, vector_io, offset, out);
 }
 
+// w' from a weight chunk already held in registers (the direct rows kernels);
+// has_weight false: 1.
+template <typename T>
+__device__ __forceinline__ void held_weights(const Chunk<T>& w, bool has_weight, float offset,
+                                             float (&out)[Chunk<T>::kN]) {
+#pragma unroll
+  for (int j = 0; j < Chunk<T>::kN; ++j) out[j] = has_weight ? w.get(j) + offset : 1.0f;
+}
+
 // The same for an fp32 weight (RMSNORM_FLAG_WEIGHT_F32), chunk `chunk` of kN
 // columns of a 16-bit x: element loads (the weight is only 4-byte aligned).
 template <int kN>
