@@ -719,6 +719,42 @@ TEST_F(Cuda, BackwardIsDeterministic) {
   }
 }
 
+// The operands of a residual-add case on the device: x and w (make_inputs), a residual, and h's own buffer, with
+// h_want = T(fp32(x) + fp32(residual)) by the rule. `over` says where the op writes h: 0 its own buffer, 1 over
+// the residual, 2 over x.
+struct AddOperands {
+  Inputs in;
+  HostMatrix res, h, h_want;
+  Dev dx, dres, dw, dh;
+  void* h_ptr(int over) const { return over == 1 ? dres.data() : over == 2 ? dx.data() : dh.data(); }
+};
+
+AddOperands make_add_operands(const Case& c, std::mt19937_64& rng) {
+  AddOperands a;
+  a.in = make_inputs(c, rng);
+  a.res = HostMatrix(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
+  fill_random(a.res, rng, [&](int64_t r) { return 4.0 * row_scale(c, r + 1); });
+  a.h_want = HostMatrix(c.dtype, c.rows, c.cols);
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t k = 0; k < c.cols; ++k)
+      a.h_want.set(r, k, static_cast<float>(a.in.x.get(r, k)) + static_cast<float>(a.res.get(r, k)));
+  a.h = HostMatrix(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
+  a.dx = upload(a.in.x);
+  a.dres = upload(a.res);
+  a.dw = upload(a.in.w);
+  a.dh = upload(a.h);
+  return a;
+}
+
+// h as the op stored it (where `over` says), every element checked against h_want.
+void download_checked_h(const Case& c, const AddOperands& a, int over, HostMatrix* h_got) {
+  *h_got = over == 1 ? a.res : over == 2 ? a.in.x : a.h;
+  download(over == 1 ? a.dres : over == 2 ? a.dx : a.dh, *h_got);
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t k = 0; k < c.cols; ++k)
+      ASSERT_EQ(h_got->get(r, k), a.h_want.get(r, k)) << "h at row " << r << " col " << k;
+}
+
 // rmsnorm_add_forward in every band, layout and dtype: h exactly T(fp32(x) + fp32(res)) (computed here from the
 // stored inputs), and y and rstd bit for bit what rmsnorm_forward gives for that h on this device (the fused rows
 // kernel reduces in the plain kernels' order; elsewhere the forward of h runs after the add). The plan is asked
@@ -726,41 +762,31 @@ TEST_F(Cuda, BackwardIsDeterministic) {
 void check_add_forward(const Case& c, int over, std::mt19937_64& rng) {
   SCOPED_TRACE(describe(c) + (over == 1 ? " h == residual" : over == 2 ? " h == x" : ""));
   Arena::get().reset();
-  Inputs in = make_inputs(c, rng);
-  HostMatrix res(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
-  fill_random(res, rng, [&](int64_t r) { return 4.0 * row_scale(c, r + 1); });
-  HostMatrix h_want(c.dtype, c.rows, c.cols);
-  for (int64_t r = 0; r < c.rows; ++r)
-    for (int64_t k = 0; k < c.cols; ++k)
-      h_want.set(r, k, static_cast<float>(in.x.get(r, k)) + static_cast<float>(res.get(r, k)));
-  HostMatrix h(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c)), y(c.dtype, c.rows, c.cols, stride_of(c),
-                                                                           offset_of(c));
-  const Dev dx = upload(in.x), dres = upload(res), dw = upload(in.w), dh = upload(h), dy = upload(y);
+  const AddOperands a = make_add_operands(c, rng);
+  HostMatrix y(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
+  const Dev dy = upload(y);
   float* drstd = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(c.rows) * 4 + 4));
   CUDA_OK(cudaMemset(drstd, 0xFF, static_cast<size_t>(c.rows) * 4));
   poison_shared_memory();
   const rmsnorm_problem_t p = problem_of(c);
   const rmsnorm_backend_t b = cuda_backend();
-  void* hp = over == 1 ? dres.data() : over == 2 ? dx.data() : dh.data();
-  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_add_forward(&p, dx.data(), stride_of(c), dres.data(), stride_of(c),
-                                                         c.weight ? dw.data() : nullptr, hp, stride_of(c), dy.data(),
-                                                         stride_of(c), drstd, &b))
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_add_forward(&p, a.dx.data(), stride_of(c), a.dres.data(), stride_of(c),
+                                                         c.weight ? a.dw.data() : nullptr, a.h_ptr(over), stride_of(c),
+                                                         dy.data(), stride_of(c), drstd, &b))
       << rmsnorm_last_error();
   CUDA_OK(cudaDeviceSynchronize());
-  HostMatrix h_got = over == 1 ? res : over == 2 ? in.x : h;
-  download(over == 1 ? dres : over == 2 ? dx : dh, h_got);
   download(dy, y);
   std::vector<float> rstd(static_cast<size_t>(c.rows));
   CUDA_OK(cudaMemcpy(rstd.data(), drstd, rstd.size() * 4, cudaMemcpyDeviceToHost));
-  for (int64_t r = 0; r < c.rows; ++r)
-    for (int64_t k = 0; k < c.cols; ++k)
-      ASSERT_EQ(h_got.get(r, k), h_want.get(r, k)) << "h at row " << r << " col " << k;
+  HostMatrix h_got;
+  download_checked_h(c, a, over, &h_got);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
   // The plain forward of h as stored.
   Case plain = c;
   plain.with_rstd = true;
   Inputs hin;
   hin.x = h_got;
-  hin.w = in.w;
+  hin.w = a.in.w;
   HostMatrix y_plain;
   std::vector<float> rstd_plain;
   gpu_forward(plain, hin, &y_plain, &rstd_plain);
@@ -1072,15 +1098,7 @@ TEST_F(Cuda, ForwardQuant) {
 // bit for bit rmsnorm_forward_quant's of that h.
 void check_add_forward_quant(const Case& c, int over, const QuantSpec& qs, std::mt19937_64& rng) {
   Arena::get().reset();
-  Inputs in = make_inputs(c, rng);
-  HostMatrix res(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
-  fill_random(res, rng, [&](int64_t r) { return 4.0 * row_scale(c, r + 1); });
-  HostMatrix h_want(c.dtype, c.rows, c.cols);
-  for (int64_t r = 0; r < c.rows; ++r)
-    for (int64_t k = 0; k < c.cols; ++k)
-      h_want.set(r, k, static_cast<float>(in.x.get(r, k)) + static_cast<float>(res.get(r, k)));
-  HostMatrix h(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
-  const Dev dx = upload(in.x), dres = upload(res), dw = upload(in.w), dh = upload(h);
+  const AddOperands a = make_add_operands(c, rng);
   const int64_t qstride = q_stride_of(c), qoff = c.layout == Layout::kOffset ? 1 : 0;
   const size_t qbytes = static_cast<size_t>(c.rows * qstride);
   uint8_t* dq = static_cast<uint8_t*>(Arena::get().alloc(qbytes + 16));
@@ -1097,15 +1115,12 @@ void check_add_forward_quant(const Case& c, int over, const QuantSpec& qs, std::
                      qs.mode == RMSNORM_QUANT_PER_ROW ? dscales : nullptr, qs.ub ? dconst + 1 : nullptr};
   const rmsnorm_problem_t p = problem_of(c);
   const rmsnorm_backend_t b = cuda_backend();
-  void* hp = over == 1 ? dres.data() : over == 2 ? dx.data() : dh.data();
   ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
-            rmsnorm_add_forward_quant(&p, dx.data(), stride_of(c), dres.data(), stride_of(c),
-                                      c.weight ? dw.data() : nullptr, hp, stride_of(c), &qt, dq + qoff,
+            rmsnorm_add_forward_quant(&p, a.dx.data(), stride_of(c), a.dres.data(), stride_of(c),
+                                      c.weight ? a.dw.data() : nullptr, a.h_ptr(over), stride_of(c), &qt, dq + qoff,
                                       qstride, drstd, &b))
       << rmsnorm_last_error();
   CUDA_OK(cudaDeviceSynchronize());
-  HostMatrix h_got = over == 1 ? res : over == 2 ? in.x : h;
-  download(over == 1 ? dres : over == 2 ? dx : dh, h_got);
   QuantOut got;
   got.q.resize(qbytes);
   got.scales.assign(static_cast<size_t>(c.rows), NAN);
@@ -1113,12 +1128,12 @@ void check_add_forward_quant(const Case& c, int over, const QuantSpec& qs, std::
   CUDA_OK(cudaMemcpy(got.q.data(), dq + qoff, qbytes, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(got.scales.data(), dscales, got.scales.size() * 4, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(got.rstd.data(), drstd, got.rstd.size() * 4, cudaMemcpyDeviceToHost));
-  for (int64_t r = 0; r < c.rows; ++r)
-    for (int64_t k = 0; k < c.cols; ++k)
-      ASSERT_EQ(h_got.get(r, k), h_want.get(r, k)) << "h at row " << r << " col " << k;
+  HostMatrix h_got;
+  download_checked_h(c, a, over, &h_got);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
   Inputs hin;
   hin.x = h_got;
-  hin.w = in.w;
+  hin.w = a.in.w;
   QuantOut want;
   gpu_forward_quant(c, hin, qs, &want);
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
