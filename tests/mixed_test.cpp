@@ -59,6 +59,32 @@ Fwd forward(const HostMatrix& x, const HostMatrix& w, int32_t dtype, uint32_t fl
   return f;
 }
 
+// rmsnorm_backward (g_h null) or rmsnorm_add_backward on the CPU backend with the workspace the library asks for;
+// gx and gw are the caller's (gw preset for the accumulate modes, not passed with RMSNORM_GW_NONE).
+void cpu_backward(const rmsnorm_problem_t& p, const HostMatrix& x, const HostMatrix& w, const HostMatrix& gy,
+                  const HostMatrix* g_h, HostMatrix* gx, HostMatrix* gw, int32_t mode) {
+  size_t bytes = 0;
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, mode, &kCpu, &bytes));
+  std::vector<unsigned char> ws(bytes + 16);
+  void* const gwp = mode == RMSNORM_GW_NONE ? nullptr : gw->data();
+  void* const wsp = bytes > 0 ? ws.data() : nullptr;
+  const rmsnorm_status_t st =
+      g_h == nullptr ? rmsnorm_backward(&p, x.data(), x.stride, w.data(), gy.data(), gy.stride, nullptr, gx->data(),
+                                        gx->stride, gwp, mode, wsp, bytes, &kCpu)
+                     : rmsnorm_add_backward(&p, x.data(), x.stride, w.data(), gy.data(), gy.stride, nullptr, g_h->data(),
+                                            g_h->stride, gx->data(), gx->stride, gwp, mode, wsp, bytes, &kCpu);
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, st) << rmsnorm_last_error();
+}
+
+// gw against the fp32 problem's gw32: rounded once to dt in RMSNORM_GW_STORE, bit for bit in the fp32 modes.
+void expect_gw_of(const HostMatrix& gw, const HostMatrix& gw32, int32_t mode, int32_t dt) {
+  if (mode == RMSNORM_GW_NONE) return;
+  for (int64_t k = 0; k < gw.cols; ++k) {
+    const double want = mode == RMSNORM_GW_STORE ? harness::round_to(dt, gw32.get(0, k)) : gw32.get(0, k);
+    ASSERT_EQ(gw.get(0, k), want) << "gw at col " << k;
+  }
+}
+
 TEST(WeightF32, ForwardIsTheFp32ProblemRoundedOnce) {
   std::mt19937_64 rng(61);
   for (int32_t dt : {RMSNORM_DTYPE_F16, RMSNORM_DTYPE_BF16})
@@ -126,14 +152,7 @@ TEST(WeightF32, BackwardIsTheFp32ProblemRoundedOnce) {
                        HostMatrix* gx, HostMatrix* gw) {
           *gx = HostMatrix(dtype, rows, cols);
           *gw = accumulate ? gw0 : HostMatrix(RMSNORM_DTYPE_F32, 1, cols);
-          const rmsnorm_problem_t p = problem(dtype, rows, cols, flags);
-          size_t ws = 0;
-          ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, m, &kCpu, &ws));
-          std::vector<unsigned char> workspace(ws + 16);
-          ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
-                    rmsnorm_backward(&p, xs.data(), cols, w.data(), gys.data(), cols, nullptr, gx->data(), cols,
-                                     gw->data(), m, ws > 0 ? workspace.data() : nullptr, ws, &kCpu))
-              << rmsnorm_last_error();
+          cpu_backward(problem(dtype, rows, cols, flags), xs, w, gys, nullptr, gx, gw, m);
         };
         HostMatrix gx, gw, gxf, gwf;
         run(x, gy, dt, RMSNORM_FLAG_WEIGHT_F32, mode, &gx, &gw);
@@ -324,15 +343,7 @@ TEST(YDtype, BackwardReadsGyInY) {
                          uint32_t flags, int32_t m, HostMatrix* gx, HostMatrix* gw) {
             *gx = HostMatrix(dtype, rows, cols);
             *gw = HostMatrix(m == RMSNORM_GW_STORE ? dtype : RMSNORM_DTYPE_F32, 1, cols);
-            const rmsnorm_problem_t p = problem(dtype, rows, cols, flags);
-            size_t wsb = 0;
-            ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, m, &kCpu, &wsb));
-            std::vector<unsigned char> workspace(wsb + 16);
-            ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
-                      rmsnorm_backward(&p, xs.data(), cols, ws.data(), gys.data(), cols, nullptr, gx->data(), cols,
-                                       m == RMSNORM_GW_NONE ? nullptr : gw->data(), m,
-                                       wsb > 0 ? workspace.data() : nullptr, wsb, &kCpu))
-                << rmsnorm_last_error();
+            cpu_backward(problem(dtype, rows, cols, flags), xs, ws, gys, nullptr, gx, gw, m);
           };
           HostMatrix gx, gw, gxf, gwf;
           run(x, gy, w, xdt, RMSNORM_FLAG_Y_DTYPE(ydt), mode, &gx, &gw);
@@ -343,11 +354,7 @@ TEST(YDtype, BackwardReadsGyInY) {
           for (int64_t r = 0; r < rows; ++r)
             for (int64_t k = 0; k < cols; ++k)
               ASSERT_EQ(gx.get(r, k), harness::round_to(xdt, gxf.get(r, k))) << "gx at row " << r << " col " << k;
-          if (mode != RMSNORM_GW_NONE)
-            for (int64_t k = 0; k < cols; ++k) {
-              const double want = mode == RMSNORM_GW_STORE ? harness::round_to(xdt, gwf.get(0, k)) : gwf.get(0, k);
-              ASSERT_EQ(gw.get(0, k), want) << "gw at col " << k;
-            }
+          expect_gw_of(gw, gwf, mode, xdt);
         }
 }
 
@@ -510,37 +517,18 @@ TEST(ResidualF32, BackwardIsTheFp32ProblemPlusGh) {
         harness::fill_normal(gh, rng());
         harness::fill_normal(w, rng(), {}, 1.0);
         HostMatrix gx(RMSNORM_DTYPE_F32, rows, cols), gw(mode == RMSNORM_GW_STORE ? dt : RMSNORM_DTYPE_F32, 1, cols);
-        const rmsnorm_problem_t p = problem(dt, rows, cols, RMSNORM_FLAG_RESIDUAL_F32);
-        size_t wsb = 0;
-        ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, mode, &kCpu, &wsb));
-        std::vector<unsigned char> ws(wsb + 16);
-        ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
-                  rmsnorm_add_backward(&p, h.data(), cols, w.data(), gy.data(), cols, nullptr, gh.data(), cols,
-                                       gx.data(), cols, mode == RMSNORM_GW_NONE ? nullptr : gw.data(), mode,
-                                       wsb > 0 ? ws.data() : nullptr, wsb, &kCpu))
-            << rmsnorm_last_error();
+        cpu_backward(problem(dt, rows, cols, RMSNORM_FLAG_RESIDUAL_F32), h, w, gy, &gh, &gx, &gw, mode);
+        ASSERT_FALSE(HasFatalFailure());
         // The fp32 problem on h with gy in dt and the weight widened.
-        const rmsnorm_problem_t p32 = problem(RMSNORM_DTYPE_F32, rows, cols, RMSNORM_FLAG_Y_DTYPE(dt));
-        const HostMatrix w32 = widened(w);
         HostMatrix gx32(RMSNORM_DTYPE_F32, rows, cols), gw32(RMSNORM_DTYPE_F32, 1, cols);
-        const int32_t mode32 = mode == RMSNORM_GW_NONE ? RMSNORM_GW_NONE : RMSNORM_GW_STORE_F32;
-        size_t wsb32 = 0;
-        ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p32, mode32, &kCpu, &wsb32));
-        std::vector<unsigned char> ws32(wsb32 + 16);
-        ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
-                  rmsnorm_backward(&p32, h.data(), cols, w32.data(), gy.data(), cols, nullptr, gx32.data(), cols,
-                                   mode32 == RMSNORM_GW_NONE ? nullptr : gw32.data(), mode32,
-                                   wsb32 > 0 ? ws32.data() : nullptr, wsb32, &kCpu))
-            << rmsnorm_last_error();
+        cpu_backward(problem(RMSNORM_DTYPE_F32, rows, cols, RMSNORM_FLAG_Y_DTYPE(dt)), h, widened(w), gy, nullptr,
+                     &gx32, &gw32, mode == RMSNORM_GW_NONE ? RMSNORM_GW_NONE : RMSNORM_GW_STORE_F32);
+        ASSERT_FALSE(HasFatalFailure());
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t k = 0; k < cols; ++k)
             ASSERT_EQ(gx.get(r, k), static_cast<double>(static_cast<float>(gx32.get(r, k)) + static_cast<float>(gh.get(r, k))))
                 << "gx at row " << r << " col " << k;
-        if (mode != RMSNORM_GW_NONE)
-          for (int64_t k = 0; k < cols; ++k) {
-            const double want = mode == RMSNORM_GW_STORE ? harness::round_to(dt, gw32.get(0, k)) : gw32.get(0, k);
-            ASSERT_EQ(gw.get(0, k), want) << "gw at col " << k;
-          }
+        expect_gw_of(gw, gw32, mode, dt);
       }
 }
 
