@@ -183,7 +183,14 @@ _grad_enabled = torch.is_grad_enabled
 
 
 def _forward(x, weight, eps, flags):
-    if _is_compiling() or _functorch_active():
+    if _is_compiling():
+        return _forward_op(x, weight, eps, flags)[0]
+    return _forward_eager(x, weight, eps, flags)
+
+
+def _forward_eager(x, weight, eps, flags):
+    """_forward outside torch.compile (rms_norm's fast path has checked that already)."""
+    if _functorch_active():
         return _forward_op(x, weight, eps, flags)[0]
     if _grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
         if cpp_autograd:
@@ -241,7 +248,7 @@ def rms_norm(
     # Under torch.compile the checks below run first, so that bad arguments fail at trace time.
     if type(n) is int and not _is_compiling() and input.dim() > 0 and input.shape[-1] == n:
         try:
-            return _forward(input, weight, eps, flags)
+            return _forward_eager(input, weight, eps, flags)
         except RuntimeError:
             _check_rms_norm_args(input, (n,), weight)
             raise
