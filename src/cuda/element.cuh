@@ -127,4 +127,15 @@ __device__ __forceinline__ Chunk<T> as_chunk(const uint4& u) {
   return p;
 }
 
+// A chunk of zeros, and one of ones (T(1) in every element).
+template <typename T>
+__device__ __forceinline__ Chunk<T> zero_chunk() {
+  return as_chunk<T>(make_uint4(0u, 0u, 0u, 0u));
+}
+template <typename T>
+__device__ __forceinline__ Chunk<T> one_chunk() {
+  constexpr uint32_t kWord = sizeof(T) == 4 ? 0x3f800000u : std::is_same_v<T, __nv_bfloat16> ? 0x3f803f80u : 0x3c003c00u;
+  return as_chunk<T>(make_uint4(kWord, kWord, kWord, kWord));
+}
+
 }  // namespace rmsnorm::cuda

@@ -265,6 +265,23 @@ __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chu
   }
 }
 
+// The direct kernel's y: every chunk computed (branch-free), the chunks this
+// thread holds stored; x_hat rounded or not as one branch around the whole.
+template <typename T, bool kRoundXhat, bool kPartial, typename Map>
+__device__ __forceinline__ void store_direct(T* __restrict__ yr, const Chunk<T> (&xr)[plan::kChunksPerThread],
+                                             const Chunk<T> (&wr)[plan::kChunksPerThread], float offset, float r,
+                                             const Map& m, int chunks, int cols) {
+#pragma unroll
+  for (int it = 0; it < plan::kChunksPerThread; ++it) {
+    float w[Chunk<T>::kN];
+#pragma unroll
+    for (int j = 0; j < Chunk<T>::kN; ++j) w[j] = wr[it].get(j) + offset;
+    const Chunk<T> y = normalize_chunk<T, kRoundXhat>(xr[it], w, r);
+    const int c = m.chunk(it);
+    if (c < chunks) store_row_chunk<kPartial>(yr, c, cols, y);
+  }
+}
+
 // ---- kRows with 16-byte I/O: one row group per CTA, the row in registers ----------------------
 // No shared-memory stages and no persistence: each CTA loads its rows' x and
 // w' chunks (all of them in flight at once), reduces, and stores y; the
@@ -303,14 +320,20 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
     const int64_t row = g * kSlots + m.slot;
     const bool valid = row < p.rows;
+    // Chunks this thread does not hold (past the row, or a row past the end) read as x = 0 and w = 1, so
+    // that every chunk goes through the same straight-line code: the extra terms add +0 to the sum of
+    // squares, which leaves its bits as they are, and their y is never stored.
     Chunk<T> xr[kCpt];
     Chunk<T> wr[kCpt];
     const T* xrow = p.x + row * p.x_stride;
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
       const int c = m.chunk(it);
-      if (valid && c < p.chunks) xr[it] = load_row_chunk<kPartial>(xrow, c, p.cols);
-      if (p.w != nullptr && c < p.chunks) wr[it] = load_row_chunk<kPartial>(p.w, c, p.cols);
+      const bool own = valid && c < p.chunks;
+      xr[it] = zero_chunk<T>();
+      wr[it] = one_chunk<T>();
+      if (own) xr[it] = load_row_chunk<kPartial>(xrow, c, p.cols);
+      if (own && p.w != nullptr) wr[it] = load_row_chunk<kPartial>(p.w, c, p.cols);
     }
     if constexpr (kAdd) {
       // One residual chunk at a time: h may alias residual, so each load waits for the h store before it
@@ -327,7 +350,10 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
         }
       }
     }
-    const float ss = row_sum<kTpr, kSlots>(thread_squares(xr, m, p.chunks, valid), scratch, parity);
+    float part = 0.0f;
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) part = add_squares(part, xr[it]);
+    const float ss = row_sum<kTpr, kSlots>(part, scratch, parity);
     if constexpr (kQuant) {
       quantize_row<kTpr, kSlots, kPartial>(p, xr, wr, ss, row, valid, m, max_scratch, parity, qk);
       continue;
@@ -335,19 +361,13 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     if (valid) {
       const float r = rms_from_sum(ss, p.cols, p.eps);  // no rescaled path in this band: rstd.cuh
       if (p.rstd != nullptr && m.pos == 0) p.rstd[row] = r;
+      // A null weight was loaded as 1: no offset then.
+      const float offset = p.w != nullptr ? p.w_offset : 0.0f;
       T* yr = p.y + row * p.y_stride;
-#pragma unroll
-      for (int it = 0; it < kCpt; ++it) {
-        const int c = m.chunk(it);
-        if (c < p.chunks) {
-          float w[kN];
-          held_weights(wr[it], p.w != nullptr, p.w_offset, w);
-          // Not y_chunk(): the same arithmetic, but nvcc schedules this kernel differently with it (SASS
-          // compared), and the plain forward's speed was measured with this form.
-          const Chunk<T> y = p.round_xhat ? normalize_chunk<T, true>(xr[it], w, r) : normalize_chunk<T, false>(xr[it], w, r);
-          store_row_chunk<kPartial>(yr, c, p.cols, y);
-        }
-      }
+      if (p.round_xhat)
+        store_direct<T, true, kPartial>(yr, xr, wr, offset, r, m, p.chunks, p.cols);
+      else
+        store_direct<T, false, kPartial>(yr, xr, wr, offset, r, m, p.chunks, p.cols);
     }
   }
 }
