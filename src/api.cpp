@@ -253,27 +253,17 @@ void set_problem_fields(const rmsnorm_problem_t& p, const Common& c, Args* a) {
   a->y_dtype = static_cast<int32_t>(c.y_dtype);
 }
 
-// RMSNORM_FLAG_RESIDUAL_F32: the residual-add forward and backward take it, on the CPU backend.
+// RMSNORM_FLAG_RESIDUAL_F32: the residual-add forward and backward take it.
 rmsnorm_status_t check_residual_f32(const Common& c, bool op_takes_it, const char* op) {
-  if (!c.residual_f32) return RMSNORM_STATUS_SUCCESS;
-  if (!op_takes_it)
-    return fail(RMSNORM_STATUS_INVALID_OPTION, "flags", std::string("RMSNORM_FLAG_RESIDUAL_F32 is not supported by ") + op);
-  if (c.cuda)
-    return fail(RMSNORM_STATUS_BACKEND_UNAVAILABLE, "flags",
-                "RMSNORM_FLAG_RESIDUAL_F32 is not built for the CUDA backend yet");
-  return RMSNORM_STATUS_SUCCESS;
+  if (!c.residual_f32 || op_takes_it) return RMSNORM_STATUS_SUCCESS;
+  return fail(RMSNORM_STATUS_INVALID_OPTION, "flags", std::string("RMSNORM_FLAG_RESIDUAL_F32 is not supported by ") + op);
 }
 
-// RMSNORM_FLAG_Y_DTYPE: the operations that take it, and the backends that have it.
+// RMSNORM_FLAG_Y_DTYPE: the operations that take it.
 rmsnorm_status_t check_y_dtype(const Common& c, bool op_takes_it, const char* op) {
-  if (c.y_dtype == c.dtype) return RMSNORM_STATUS_SUCCESS;
-  if (!op_takes_it)
-    return fail(RMSNORM_STATUS_INVALID_OPTION, "flags",
-                std::string("RMSNORM_FLAG_Y_DTYPE with a dtype other than x's is not supported by ") + op);
-  if (c.cuda)
-    return fail(RMSNORM_STATUS_BACKEND_UNAVAILABLE, "flags",
-                "RMSNORM_FLAG_Y_DTYPE with a dtype other than x's is not built for the CUDA backend yet");
-  return RMSNORM_STATUS_SUCCESS;
+  if (c.y_dtype == c.dtype || op_takes_it) return RMSNORM_STATUS_SUCCESS;
+  return fail(RMSNORM_STATUS_INVALID_OPTION, "flags",
+              std::string("RMSNORM_FLAG_Y_DTYPE with a dtype other than x's is not supported by ") + op);
 }
 
 int cpu_threads(int requested) {
@@ -407,7 +397,9 @@ static rmsnorm_status_t workspace_size_impl(const rmsnorm_problem_t* problem, in
     return RMSNORM_STATUS_SUCCESS;
   }
 #if defined(RMSNORM_WITH_CUDA)
-  return cuda::backward_workspace_bytes(problem->rows, problem->cols, c.dtype, mode, c.weight_f32, c.device, bytes);
+  // The mixed-dtype backward (the looped band's launch, whose workspace does not depend on the element size).
+  const bool mixed = c.weight_f32 || c.y_dtype != c.dtype || c.residual_f32;
+  return cuda::backward_workspace_bytes(problem->rows, problem->cols, c.dtype, mode, mixed, c.device, bytes);
 #else
   return fail(RMSNORM_STATUS_INTERNAL_ERROR, "backend", "unreachable");
 #endif

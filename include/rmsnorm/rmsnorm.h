@@ -123,8 +123,10 @@ typedef enum rmsnorm_dtype {
  * needs equal dtypes; otherwise any overlap is RMSNORM_STATUS_OVERLAP. The
  * fused operations (rmsnorm_add_*, rmsnorm_*_quant) refuse another Y with
  * RMSNORM_STATUS_INVALID_OPTION. CPU backend: forward and backward. CUDA
- * backend: not built yet (RMSNORM_STATUS_BACKEND_UNAVAILABLE, nothing
- * written). */
+ * backend: forward and backward through the looped band's kernels at every D
+ * (y and gy by element; slower than the plain path below the looped band),
+ * so rstd is summed in that kernel's order and may differ from the plain
+ * call's in the last bits. */
 /* RMSNORM_FLAG_WEIGHT_F32: mixed precision, as AMP and FSDP keep master
  * weights: x, y, gy and gx in problem->dtype, the weight in fp32, w' =
  * float(w) (+ 1), and gw in fp32 in every gw mode (RMSNORM_GW_STORE and
@@ -142,9 +144,10 @@ typedef enum rmsnorm_dtype {
  * h, g_h and gx are float, gy and the weight are in T, gx = gx_norm + g_h in
  * fp32 (residual's gradient; x's is T(gx)), and gw is in the weight's dtype.
  * h may be residual itself (and gx may be g_h); h over x, or gx over gy, is
- * RMSNORM_STATUS_OVERLAP. With RMSNORM_DTYPE_F32 it changes nothing. CPU
- * backend only: CUDA returns RMSNORM_STATUS_BACKEND_UNAVAILABLE, and the
- * other operations (the quantized add among them) RMSNORM_STATUS_INVALID_OPTION. */
+ * RMSNORM_STATUS_OVERLAP. With RMSNORM_DTYPE_F32 it changes nothing. Both
+ * backends; CUDA adds in one kernel, then runs the looped band's kernel on the
+ * fp32 h at every D (the backward too). The other operations (the quantized
+ * add among them) return RMSNORM_STATUS_INVALID_OPTION. */
 /* RMSNORM_FLAG_TRUSTED_MEMORY: the caller vouches that every operand lies in
  * memory the backend can use (for CUDA: memory of the backend's device, or
  * managed or registered host memory; for the CPU backend: host memory), as a

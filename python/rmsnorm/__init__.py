@@ -227,8 +227,8 @@ def rms_norm(
 
     ``out_dtype`` (float32, float16 or bfloat16; default ``input.dtype``) is y's dtype: the fp32 result rounded once
     to it (bf16 y from an fp32 residual stream, say); the gradient reaching y then has that dtype, and input's
-    gradient has input's. The CPU backend has it; on CUDA another ``out_dtype`` than ``input.dtype`` raises (not
-    built yet).
+    gradient has input's. On CUDA another ``out_dtype`` runs the looped kernel at every size (slower than the plain
+    forward; its rstd may differ from the plain call's in the last bits: another summation order).
 
     Supports float32, float16 and bfloat16; the weight must have the input's dtype and device, or be float32 with a
     float16 or bfloat16 input.
@@ -381,8 +381,8 @@ def add_rms_norm(
     gradient from its other consumer (the next residual step) to the norm's in the same pass. The other arguments
     are as in ``rms_norm``; ``residual`` must have ``input``'s shape, dtype and device, or be float32 with a float16
     or bfloat16 input: an fp32 residual stream, where ``h = input.float() + residual`` is float32, ``y`` has the
-    input's dtype, ``residual``'s gradient is float32 and ``input``'s is it rounded to the input's dtype (CPU tensors
-    for now)."""
+    input's dtype, ``residual``'s gradient is float32 and ``input``'s is it rounded to the input's dtype (on CUDA:
+    the residual add, then the looped kernel on h, at every size)."""
     normalized_shape = _normalized_dims("rmsnorm.add_rms_norm", input, normalized_shape)
     k = len(normalized_shape)
     dtype = input.dtype

@@ -1,8 +1,9 @@
 """An fp32 weight with float16 / bfloat16 input (AMP and FSDP master weights; RMSNORM_FLAG_WEIGHT_F32).
 
 The identity checked: x widened to fp32 (exact) with the same fp32 weight is the fp32 problem, whose y and gx rounded
-once to the input dtype are the mixed call's, and whose gw is its gw bit for bit. Values also against float64. The
-CUDA backend has no kernel for it yet and says so."""
+once to the input dtype are the mixed call's, and whose gw is its gw bit for bit. Values also against float64. Then
+the output dtype (RMSNORM_FLAG_Y_DTYPE) and the fp32 residual stream (RMSNORM_FLAG_RESIDUAL_F32), on the CPU and on
+CUDA."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import torch
 
 import rmsnorm
 from helpers import randn, requires_cuda, row_scaled
+
+RMSNORM_DTYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # rmsnorm.h's RMSNORM_DTYPE_*
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -147,10 +150,34 @@ def test_out_dtype_rules():
 
 
 @requires_cuda
-def test_cuda_out_dtype_is_refused():
-    x = randn(3, 16, device="cuda")
-    with pytest.raises(RuntimeError, match="not built for the CUDA backend"):
-        rmsnorm.rms_norm(x, 16, out_dtype=torch.bfloat16)
+@pytest.mark.parametrize("x_dtype,y_dtype", [(torch.float32, torch.bfloat16), (torch.float32, torch.float16),
+                                             (torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16)])
+def test_cuda_out_dtype(x_dtype, y_dtype):
+    # CUDA runs the looped kernel's mixed form, whose sum of squares is in another order than the CPU backend's: y is
+    # exactly Y(x * rstd * w) of the rstd it returns; rstd, gx and gw agree with the CPU backend's within the dtypes'
+    # roundings.
+    gen = torch.Generator().manual_seed(81)
+    flags = (RMSNORM_DTYPE[y_dtype] + 1) << 8  # RMSNORM_FLAG_Y_DTYPE
+    for shape in [(6, 48), (2, 3, 1000), (2, 70000)]:
+        d = shape[-1]
+        x = row_scaled(randn(*shape, dtype=x_dtype, gen=gen), gen)
+        w = (1.0 + 0.3 * randn(d, gen=gen)).to(x_dtype)
+        gy = randn(*shape, dtype=y_dtype, gen=gen)
+        y, rstd = torch.ops.rmsnorm.forward(x.cuda(), w.cuda(), 1e-5, flags)
+        assert y.dtype == y_dtype
+        want = (x.cuda().float() * rstd.unsqueeze(-1) * w.cuda().float()).to(y_dtype)
+        assert torch.equal(y, want), "y is not Y(x * rstd * w) of the rstd returned"
+        _, rstd_cpu = torch.ops.rmsnorm.forward(x, w, 1e-5, flags)
+        torch.testing.assert_close(rstd.cpu(), rstd_cpu, rtol=2e-5, atol=0)
+        grads = []
+        for dev in ("cpu", "cuda"):
+            xl, wl = (t.to(dev).requires_grad_(True) for t in (x, w))
+            yl = rmsnorm.rms_norm(xl, d, wl, 1e-5, out_dtype=y_dtype)
+            grads.append([g.cpu() for g in torch.autograd.grad(yl, (xl, wl), gy.to(dev))])
+        tol = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-3}[x_dtype]
+        for got, ref, name in zip(grads[1], grads[0], ("gx", "gw")):
+            assert got.dtype == x_dtype
+            torch.testing.assert_close(got, ref, rtol=tol, atol=tol * ref.abs().max().item(), msg=name)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -194,7 +221,35 @@ def test_fp32_residual_stream_is_the_eager_composition(dtype):
 
 
 @requires_cuda
-def test_cuda_fp32_residual_stream_is_refused():
-    x = randn(3, 16, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(RuntimeError, match="not built for CUDA"):
-        rmsnorm.add_rms_norm(x, randn(3, 16, device="cuda"), 16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_fp32_residual_stream_is_the_eager_composition(dtype):
+    # On CUDA the fused op (add_kernel, then the looped kernel on the fp32 h) and the eager composition (torch's add,
+    # then rms_norm of the fp32 h with out_dtype: the same looped kernel) give the same bits: y, h and every
+    # gradient; and h, y against the CPU backend's within y's rounding.
+    gen = torch.Generator().manual_seed(83)
+    for shape, with_gh in [((5, 64), True), ((2, 3, 1000), True), ((7, 96), False), ((2, 70000), True)]:
+        d = shape[-1]
+        x0 = row_scaled(randn(*shape, dtype=dtype, gen=gen), gen)
+        r0 = row_scaled(randn(*shape, gen=gen), gen)
+        w0 = (1.0 + 0.3 * randn(d, gen=gen)).to(dtype)
+        gy = randn(*shape, dtype=dtype, gen=gen)
+        gh = randn(*shape, gen=gen)
+        outs = []
+        for fused in (True, False):
+            x, r, w = (t.detach().cuda().requires_grad_(True) for t in (x0, r0, w0))
+            if fused:
+                y, h = rmsnorm.add_rms_norm(x, r, d, w, 1e-5)
+            else:
+                h = x.float() + r
+                y = rmsnorm.rms_norm(h, d, w.float(), 1e-5, out_dtype=dtype)
+            assert y.dtype == dtype and h.dtype == torch.float32
+            grads = torch.autograd.grad((y, h) if with_gh else (y,), (x, r, w),
+                                        (gy.cuda(), gh.cuda()) if with_gh else (gy.cuda(),))
+            outs.append((y.detach(), h.detach(), *grads))
+        for i, (a, b) in enumerate(zip(*outs)):
+            assert a.dtype == b.dtype, (i, a.dtype, b.dtype)
+            assert torch.equal(a, b), f"{shape}: output {i} differs from the eager composition"
+        y_cpu, h_cpu = rmsnorm.add_rms_norm(x0, r0, d, w0, 1e-5)
+        assert torch.equal(outs[0][1].cpu(), h_cpu), "h is not float(x) + residual"
+        tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
+        torch.testing.assert_close(outs[0][0].cpu(), y_cpu, rtol=tol, atol=tol)

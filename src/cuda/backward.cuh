@@ -71,8 +71,9 @@ __device__ __forceinline__ Chunk<T> plus_g_h(const Chunk<T>& g, const T* ghr, in
 
 // Adds a chunk's terms to this thread's running sums: x^2 (in the forward's
 // order, see add_squares) and x * w' * gy.
-template <typename T>
-__device__ __forceinline__ float2 add_chunk_sums(float2 s, const Chunk<T>& x, const Chunk<T>& gy,
+// Gy: a Chunk<T>, or the Floats of a gy in another dtype (anything with get(j)).
+template <typename T, typename Gy>
+__device__ __forceinline__ float2 add_chunk_sums(float2 s, const Chunk<T>& x, const Gy& gy,
                                                  const float (&w)[Chunk<T>::kN]) {
 #pragma unroll
   for (int j = 0; j < Chunk<T>::kN; ++j) {
@@ -118,8 +119,8 @@ __device__ __forceinline__ RowScalars plain_row_scalars(const BackwardParams<T>&
 }
 
 // gx for one chunk; gy * x_hat of each element is added to gw_sums.
-template <typename T>
-__device__ __forceinline__ Chunk<T> grad_chunk(const Chunk<T>& x, const Chunk<T>& gy, const float (&w)[Chunk<T>::kN],
+template <typename T, typename Gy>
+__device__ __forceinline__ Chunk<T> grad_chunk(const Chunk<T>& x, const Gy& gy, const float (&w)[Chunk<T>::kN],
                                               RowScalars s, float (&gw_sums)[Chunk<T>::kN]) {
   Chunk<T> gx;
 #pragma unroll
@@ -694,8 +695,10 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
 }
 
 // ---- kLooped: any D; x and gy read twice; gw partial kept in this CTA's workspace row ----------
-// kWf32: the weight is fp32 (RMSNORM_FLAG_WEIGHT_F32), passed in p.w.
-template <typename T, bool kGh, bool kWf32 = false>
+// W: the weight's dtype, passed in p.w (fp32 with 16-bit x, RMSNORM_FLAG_WEIGHT_F32; 16-bit with the fp32
+// residual stream's h as x). G: gy's dtype, passed in p.gy and loaded by element (RMSNORM_FLAG_Y_DTYPE; the
+// fp32 residual stream's gy in the 16-bit dtype), gy_stride in G's elements.
+template <typename T, bool kGh, typename W = T, typename G = T>
 __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(const BackwardParams<T> p) {
   constexpr int kCtaThreads = plan::kLoopedThreads;
   constexpr int kN = Chunk<T>::kN;
@@ -713,12 +716,19 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
     const T* xr = p.x + row * p.x_stride;
     const T* gyr = p.gy + row * p.gy_stride;
+    const G* gyr_g = reinterpret_cast<const G*>(p.gy) + row * p.gy_stride;
+    auto gy_of = [&](int c) {
+      if constexpr (std::is_same_v<G, T>)
+        return load_chunk(gyr, c, p.cols, p.vector_io);
+      else
+        return load_floats<G, kN>(gyr_g, c, p.cols);
+    };
     const float given_r = p.rstd != nullptr ? p.rstd[row] : 0.0f;
     float2 sums = make_float2(0.0f, 0.0f);
     for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
       float w[kN];
-      weights_any<kWf32>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
-      sums = add_chunk_sums(sums, load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io), w);
+      weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+      sums = add_chunk_sums(sums, load_chunk(xr, c, p.cols, p.vector_io), gy_of(c), w);
     }
     const RowScalars s = cta_row_scalars<kCtaThreads>(
         p, given_r, cta_sum<kCtaThreads>(sums, scratch, parity), scratch,
@@ -732,8 +742,8 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
           float v = 0.0f;
           for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
             float w[kN];
-            weights_any<kWf32>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
-            v = add_scaled_dot(v, load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io), w, t);
+            weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+            v = add_scaled_dot(v, load_chunk(xr, c, p.cols, p.vector_io), gy_of(c), w, t);
           }
           return v;
         });
@@ -743,9 +753,9 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
       float w[kN], a[kN];
 #pragma unroll
       for (int j = 0; j < kN; ++j) a[j] = 0.0f;
-      weights_any<kWf32>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+      weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
       store_chunk(gxr, c, p.cols, p.vector_io,
-                  plus_g_h<kGh>(grad_chunk(load_chunk(xr, c, p.cols, p.vector_io), load_chunk(gyr, c, p.cols, p.vector_io),
+                  plus_g_h<kGh>(grad_chunk(load_chunk(xr, c, p.cols, p.vector_io), gy_of(c),
                                       w, s, a),
                            ghr, c, p.cols, p.vector_io));
       if (part != nullptr)
@@ -839,22 +849,59 @@ BackwardParams<T> backward_params(const BackwardArgs& a, const plan::Launch& l) 
   return p;
 }
 
+// The looped backward for a weight or gy of another dtype than x's T (W, G;
+// mixed_backward_launch): T16 x with RMSNORM_FLAG_WEIGHT_F32 and/or
+// RMSNORM_FLAG_Y_DTYPE (g_h only with gy in T); fp32 x with RMSNORM_FLAG_Y_DTYPE
+// (16-bit gy), or as the fp32 residual stream's h (16-bit gy, the weight in
+// gy's dtype or fp32, with or without g_h). Other combinations do not occur.
+template <typename T, typename Launch>
+rmsnorm_status_t launch_looped_mixed(DType wdt, DType gdt, bool gh, Launch&& launch) {
+  return dispatch_dtype(wdt, [&](auto wtag) -> rmsnorm_status_t {
+    return dispatch_dtype(gdt, [&](auto gtag) -> rmsnorm_status_t {
+      using W = decltype(wtag);
+      using G = decltype(gtag);
+      constexpr bool kF32x = std::is_same_v<T, float>;
+      constexpr bool kTaken = kF32x ? !std::is_same_v<G, float> && (std::is_same_v<W, float> || std::is_same_v<W, G>)
+                                    : std::is_same_v<W, T> || std::is_same_v<W, float>;
+      if constexpr (kTaken) {
+        if (!gh) return launch(backward_looped_kernel<T, false, W, G>, plan::kLoopedThreads);
+        if constexpr (kF32x || std::is_same_v<G, T>) return launch(backward_looped_kernel<T, true, W, G>, plan::kLoopedThreads);
+      }
+      return fail(RMSNORM_STATUS_INTERNAL_ERROR, "dtype", "no looped backward for this combination of dtypes");
+    });
+  });
+}
+
 template <typename T>
 rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev, cudaStream_t stream) {
   constexpr int kEs = static_cast<int>(sizeof(T));
-  const plan::Io io = plan::io_of(
-      {{a.x, a.x_stride}, {a.gy, a.gy_stride}, {a.gx, a.gx_stride}, {a.g_h, a.g_h_stride}, {a.weight, 0}}, kEs);
-  // An fp32 weight with 16-bit x: the looped kernel's fp32-weight form at every D (plan.hpp).
-  const plan::Launch l = a.weight_f32 ? plan::mixed_backward_launch(a.rows, a.cols, kEs, io, a.gw_mode != GwMode::kNone, dev)
-                                      : plan::backward_launch(a.rows, a.cols, kEs, io, a.gw_mode != GwMode::kNone, dev);
+  const DType wdt = weight_dtype_of(a);
+  const DType gdt = y_dtype_of(a);
+  // A weight or gy of another dtype: the looped kernel's mixed forms at every D (plan.hpp); those operands go by
+  // element, so they do not decide the I/O path.
+  const bool mixed = wdt != a.dtype || gdt != a.dtype;
+  const plan::Io io = plan::io_of({{a.x, a.x_stride},
+                                   {gdt == a.dtype ? a.gy : nullptr, a.gy_stride},
+                                   {a.gx, a.gx_stride},
+                                   {a.g_h, a.g_h_stride},
+                                   {wdt == a.dtype ? a.weight : nullptr, 0}},
+                                  kEs);
+  const plan::Launch l = mixed ? plan::mixed_backward_launch(a.rows, a.cols, kEs, io, a.gw_mode != GwMode::kNone, dev)
+                               : plan::backward_launch(a.rows, a.cols, kEs, io, a.gw_mode != GwMode::kNone, dev);
   const BackwardParams<T> p = backward_params<T>(a, l);
   const bool pdl = a.pdl && dev.sm90_code;
+  // gw's own dtype (the finalize's stores in the non-F32 modes): the weight's.
+  auto finalize = [&](const float* partials, bool finalize_pdl) {
+    return dispatch_dtype(wdt, [&](auto wtag) {
+      return launch_finalize<decltype(wtag)>(l, partials, a.cols, p.gw, finalize_pdl, stream);
+    });
+  };
   if (l.grid == 0) {
     // No rows: gw is the empty sum (0). The store modes write zeros; the
     // accumulate modes leave gw as it is, bit for bit (adding 0 would turn
     // -0 into +0 and change NaN payloads), as the CPU backend does.
     const bool store = a.gw_mode == GwMode::kStore || a.gw_mode == GwMode::kStoreF32;
-    return store && l.finalize ? launch_finalize<T>(l, nullptr, a.cols, p.gw, pdl, stream) : RMSNORM_STATUS_SUCCESS;
+    return store && l.finalize ? finalize(nullptr, pdl) : RMSNORM_STATUS_SUCCESS;
   }
   auto launch = [&](auto kernel, int cta_threads) { return launch_planned(kernel, cta_threads, l, pdl, stream, p); };
   const bool gh = a.g_h != nullptr;
@@ -883,9 +930,8 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
               : launch(backward_kernel<T, plan::kClusterTpr, true, false, false>, plan::kClusterTpr);
       break;
     case Kernel::kBackwardLooped:
-      if (a.weight_f32)
-        st = gh ? launch(backward_looped_kernel<T, true, true>, plan::kLoopedThreads)
-                : launch(backward_looped_kernel<T, false, true>, plan::kLoopedThreads);
+      if (mixed)
+        st = launch_looped_mixed<T>(wdt, gdt, gh, launch);
       else
         st = gh ? launch(backward_looped_kernel<T, true>, plan::kLoopedThreads)
                 : launch(backward_looped_kernel<T, false>, plan::kLoopedThreads);
@@ -896,8 +942,7 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
   }
   if (st != RMSNORM_STATUS_SUCCESS) return st;
   // The finalize always overlaps the main kernel's tail where sm_90 code exists.
-  return l.finalize ? launch_finalize<T>(l, p.gw.partials, a.cols, p.gw, dev.sm90_code, stream)
-                    : RMSNORM_STATUS_SUCCESS;
+  return l.finalize ? finalize(p.gw.partials, dev.sm90_code) : RMSNORM_STATUS_SUCCESS;
 }
 
 }  // namespace rmsnorm::cuda

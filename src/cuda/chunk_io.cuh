@@ -150,4 +150,21 @@ __device__ __forceinline__ void store_row_chunk(T* __restrict__ row, int chunk, 
     store16(row + chunk * Chunk<T>::kN, v);
 }
 
+// kN elements of a row of G widened to fp32, with a Chunk's get(j): a gy of
+// another dtype than x's in the looped backward (elements past `cols` read
+// as 0). Element loads: G's rows need only G's alignment.
+template <int kN>
+struct Floats {
+  float v[kN];
+  __device__ __forceinline__ float get(int j) const { return v[j]; }
+};
+template <typename G, int kN>
+__device__ __forceinline__ Floats<kN> load_floats(const G* __restrict__ row, int chunk, int cols) {
+  Floats<kN> f;
+  const int base = chunk * kN;
+#pragma unroll
+  for (int j = 0; j < kN; ++j) f.v[j] = base + j < cols ? to_float(row[base + j]) : 0.0f;
+  return f;
+}
+
 }  // namespace rmsnorm::cuda

@@ -23,8 +23,9 @@ enum class MemorySpace { kHost, kDevice, kBoth };
 MemorySpace memory_space(const void* p, int* owner);
 
 // Workspace bytes of the fused backward on `device` (0 for GwMode::kNone).
-// weight_f32: RMSNORM_FLAG_WEIGHT_F32 with 16-bit x (the looped band's launch).
-rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, GwMode mode, bool weight_f32, int device,
+// mixed: a weight or gy of another dtype than x's (RMSNORM_FLAG_WEIGHT_F32,
+// RMSNORM_FLAG_Y_DTYPE, RMSNORM_FLAG_RESIDUAL_F32): the looped band's launch.
+rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, GwMode mode, bool mixed, int device,
                                           size_t* bytes);
 
 rmsnorm_status_t forward(const ForwardArgs& a, int device, void* stream);

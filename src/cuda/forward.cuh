@@ -449,11 +449,16 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
 // kQuant: q = quant(y) in place of y (rmsnorm_forward_quant), at any D and
 // alignment (plan::quant_launch): y is computed again for each pass over the
 // row (max|y| with per-row scales, then q); x and w' come from L1 or L2.
-// kWf32: the weight is fp32 (RMSNORM_FLAG_WEIGHT_F32), passed in p.w.
-template <typename T, bool kQuant = false, bool kWf32 = false>
+// W: the weight's dtype, passed in p.w (an fp32 weight with 16-bit x,
+// RMSNORM_FLAG_WEIGHT_F32; a 16-bit weight with the fp32 residual stream's h
+// as x). Y: y's dtype, passed in p.y (RMSNORM_FLAG_Y_DTYPE; the fp32 residual
+// stream's y in the 16-bit dtype of the call's x); stored by element, y_stride
+// in Y's elements.
+template <typename T, bool kQuant = false, typename W = T, typename Y = T>
 __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(const ForwardParamsOf<T, kQuant> p) {
   constexpr int kCtaThreads = plan::kLoopedThreads;
   constexpr int kN = Chunk<T>::kN;
+  static_assert(!kQuant || std::is_same_v<Y, T>, "the quantized forward writes q, not y");
   __shared__ RowScratch<float, kCtaThreads, 1> scratch;
   __shared__ RowScratch<AbsMax, kQuant ? kCtaThreads : 1, 1> max_scratch;
   pdl_enter();
@@ -474,7 +479,7 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(co
     if (p.rstd != nullptr && threadIdx.x == 0) p.rstd[row] = r;
     auto y_of = [&](int c) {
       float w[kN];
-      weights_any<kWf32>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+      weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
       return y_chunk(load_chunk(xr, c, p.cols, p.vector_io), w, r, p.round_xhat);
     };
     if constexpr (kQuant) {
@@ -492,12 +497,26 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(co
       uint8_t* qrow = qp.q + row * qp.q_stride;
       for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads)
         store_q_chunk<T>(qrow, c, min(kN, p.cols - c * kN), qp.q_vector, quantize_chunk(y_of(c), qrule, qp.fp8));
-    } else {
+    } else if constexpr (std::is_same_v<Y, T>) {
       T* yr = p.y + row * p.y_stride;
       for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
         float w[kN];
-        weights_any<kWf32>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+        weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
         store_normalized(yr, c, p.cols, p.vector_io, p.round_xhat, load_chunk(xr, c, p.cols, p.vector_io), w, r);
+      }
+    } else {
+      // y = Y(x_hat w'), or Y(T(x_hat) w') with round_xhat: one rounding to Y (the CPU backend's rule).
+      Y* yr = reinterpret_cast<Y*>(p.y) + row * p.y_stride;
+      for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
+        float w[kN];
+        weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+        const Chunk<T> x = load_chunk(xr, c, p.cols, p.vector_io);
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+          const float xh = x.get(j) * r;
+          const float o = (p.round_xhat ? to_float(from_float<T>(xh)) : xh) * w[j];
+          if (c * kN + j < p.cols) yr[c * kN + j] = from_float<Y>(o);
+        }
       }
     }
   }
@@ -506,21 +525,22 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(co
 // ---- launch ------------------------------------------------------------------------------------
 
 // The residual add alone, where the forward that follows is not the fused
-// rows kernel (plan::add_fused): h = T(x + res) element by element, any
-// alignment, the geometry from plan::add_launch. Each element is read before
-// it is written by the same thread, so h == x and h == res are safe.
-template <typename T>
-__global__ void __launch_bounds__(plan::kAddThreads) add_kernel(const T* x, int64_t x_stride, const T* res,
-                                                                 int64_t res_stride, T* h, int64_t h_stride,
+// rows kernel (plan::add_fused): h = R(x + res) element by element, any
+// alignment, the geometry from plan::add_launch. R: the residual's and h's
+// dtype (T, or float for the fp32 residual stream). Each element is read
+// before it is written by the same thread, so h == x and h == res are safe.
+template <typename T, typename R = T>
+__global__ void __launch_bounds__(plan::kAddThreads) add_kernel(const T* x, int64_t x_stride, const R* res,
+                                                                 int64_t res_stride, R* h, int64_t h_stride,
                                                                  int64_t rows, int cols) {
   pdl_enter();
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * x_stride;
-    const T* rr = res + row * res_stride;
-    T* hr = h + row * h_stride;
+    const R* rr = res + row * res_stride;
+    R* hr = h + row * h_stride;
     // 64-bit: cols may come within kAddThreads of 2^31.
     for (int64_t j = threadIdx.x; j < cols; j += plan::kAddThreads)
-      hr[j] = from_float<T>(to_float(xr[j]) + to_float(rr[j]));
+      hr[j] = from_float<R>(to_float(xr[j]) + to_float(rr[j]));
   }
 }
 
@@ -550,15 +570,15 @@ ForwardParams<T> forward_params(const ForwardArgs& a, const plan::Launch& l) {
 }
 
 // The unfused residual add: add_kernel writes h, then `forward` runs on h as x (the plain or the quantized
-// forward, which reads h once more).
-template <typename T, typename Forward>
+// forward, which reads h once more). R: the residual's and h's dtype.
+template <typename T, typename R = T, typename Forward>
 rmsnorm_status_t add_then_forward(const ForwardArgs& a, const plan::Device& dev, bool pdl, cudaStream_t stream,
                                   Forward&& forward) {
   const plan::Launch al = plan::add_launch(a.rows, dev);
-  const rmsnorm_status_t st = launch_kernel(add_kernel<T>, al.grid, dim3(plan::kAddThreads), 1, 0, pdl, stream,
+  const rmsnorm_status_t st = launch_kernel(add_kernel<T, R>, al.grid, dim3(plan::kAddThreads), 1, 0, pdl, stream,
                                             static_cast<const T*>(a.x), a.x_stride,
-                                            static_cast<const T*>(a.residual), a.residual_stride,
-                                            static_cast<T*>(a.h), a.h_stride, a.rows, static_cast<int>(a.cols));
+                                            static_cast<const R*>(a.residual), a.residual_stride,
+                                            static_cast<R*>(a.h), a.h_stride, a.rows, static_cast<int>(a.cols));
   if (st != RMSNORM_STATUS_SUCCESS) return st;
   ForwardArgs b = a;
   b.x = a.h;
@@ -568,8 +588,48 @@ rmsnorm_status_t add_then_forward(const ForwardArgs& a, const plan::Device& dev,
   return forward(b);
 }
 
+// The looped kernel with x of X, the weight of W and y of Y (plan.hpp: the
+// mixed-dtype forms run in the looped band at every D). The I/O path is x's
+// (and the weight's where it is of X); the other operands go by element.
+template <typename X, typename W, typename Y>
+rmsnorm_status_t launch_looped_as(const ForwardArgs& a, const plan::Device& dev, cudaStream_t stream) {
+  constexpr int kEs = static_cast<int>(sizeof(X));
+  const plan::Io io = std::is_same_v<W, X> ? plan::io_of({{a.x, a.x_stride}, {a.weight, 0}}, kEs)
+                                           : plan::io_of({{a.x, a.x_stride}}, kEs);
+  const plan::Launch l = plan::looped_forward_launch(a.rows, a.cols, kEs, io, dev);
+  const ForwardParams<X> p = forward_params<X>(a, l);
+  return launch_planned(forward_looped_kernel<X, false, W, Y>, plan::kLoopedThreads, l, a.pdl && dev.sm90_code, stream,
+                        p);
+}
+
+// y in another dtype than x's (RMSNORM_FLAG_Y_DTYPE), or the fp32 residual
+// stream (RMSNORM_FLAG_RESIDUAL_F32: h = float(x) + residual in float, then
+// the forward of h with y in x's dtype T and the weight in T, or fp32).
+template <typename T>
+rmsnorm_status_t launch_forward_mixed(const ForwardArgs& a, const plan::Device& dev, cudaStream_t stream) {
+  if (a.residual_f32) {
+    if constexpr (std::is_same_v<T, float>) {
+      return fail(RMSNORM_STATUS_INTERNAL_ERROR, "dtype", "RMSNORM_FLAG_RESIDUAL_F32 with fp32 x");  // api.cpp: none
+    } else {
+      return add_then_forward<T, float>(a, dev, a.pdl && dev.sm90_code, stream, [&](const ForwardArgs& b) {
+        return a.weight_f32 ? launch_looped_as<float, float, T>(b, dev, stream)
+                            : launch_looped_as<float, T, T>(b, dev, stream);
+      });
+    }
+  }
+  return dispatch_dtype(y_dtype_of(a), [&](auto ytag) -> rmsnorm_status_t {
+    using Y = decltype(ytag);
+    if constexpr (std::is_same_v<Y, T>) {
+      return fail(RMSNORM_STATUS_INTERNAL_ERROR, "dtype", "no mixed forward for equal dtypes");  // launch_forward's
+    } else {
+      return a.weight_f32 ? launch_looped_as<T, float, Y>(a, dev, stream) : launch_looped_as<T, T, Y>(a, dev, stream);
+    }
+  });
+}
+
 template <typename T>
 rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, cudaStream_t stream) {
+  if (y_dtype_of(a) != a.dtype || a.residual_f32) return launch_forward_mixed<T>(a, dev, stream);
   constexpr int kEs = static_cast<int>(sizeof(T));
   const bool add = a.residual != nullptr;
   const plan::Io io = add ? plan::io_of({{a.x, a.x_stride},
@@ -609,7 +669,7 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
     case Kernel::kForwardClusterElement:
       return launch(forward_kernel<T, plan::kClusterTpr, true, false>, plan::kClusterTpr);
     case Kernel::kForwardLooped:
-      return a.weight_f32 ? launch(forward_looped_kernel<T, false, true>, plan::kLoopedThreads)
+      return a.weight_f32 ? launch(forward_looped_kernel<T, false, float>, plan::kLoopedThreads)
                           : launch(forward_looped_kernel<T>, plan::kLoopedThreads);
     default: break;
   }
@@ -650,7 +710,7 @@ rmsnorm_status_t launch_forward_quant(const ForwardArgs& a, const QuantArgs& qa,
   const bool pdl = a.pdl && dev.sm90_code;
   auto launch = [&](auto kernel, int cta_threads) { return launch_planned(kernel, cta_threads, l, pdl, stream, p); };
   if (l.kernel == plan::Kernel::kForwardLooped)
-    return a.weight_f32 ? launch(forward_looped_kernel<T, true, true>, plan::kLoopedThreads)
+    return a.weight_f32 ? launch(forward_looped_kernel<T, true, float>, plan::kLoopedThreads)
                         : launch(forward_looped_kernel<T, true>, plan::kLoopedThreads);
   if (l.kernel != plan::Kernel::kForwardRows)
     return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", std::string("no quantized forward for ") + plan::kernel_name(l.kernel));

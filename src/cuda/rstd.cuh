@@ -56,8 +56,8 @@ __device__ __forceinline__ float add_scaled_squares(float ss, const Chunk<T>& x,
 
 // The backward's sum(x * w' * gy) with each x scaled by t first
 // (rms_dot_scale), in the order of the plain sum.
-template <typename T>
-__device__ __forceinline__ float add_scaled_dot(float d, const Chunk<T>& x, const Chunk<T>& gy,
+template <typename T, typename Gy>
+__device__ __forceinline__ float add_scaled_dot(float d, const Chunk<T>& x, const Gy& gy,
                                                 const float (&w)[Chunk<T>::kN], float t) {
 #pragma unroll
   for (int j = 0; j < Chunk<T>::kN; ++j) d += (x.get(j) * t) * w[j] * gy.get(j);

@@ -38,25 +38,27 @@ __device__ __forceinline__ void held_weights(const Chunk<T>& w, bool has_weight,
   for (int j = 0; j < Chunk<T>::kN; ++j) out[j] = has_weight ? w.get(j) + offset : 1.0f;
 }
 
-// The same for an fp32 weight (RMSNORM_FLAG_WEIGHT_F32), chunk `chunk` of kN
-// columns of a 16-bit x: element loads (the weight is only 4-byte aligned).
-template <int kN>
-__device__ __forceinline__ void weights_of_f32(const float* __restrict__ w, int chunk, int cols, float offset,
-                                               float (&out)[kN]) {
+// The same for a weight of another dtype W than x's (RMSNORM_FLAG_WEIGHT_F32's
+// fp32 weight with 16-bit x; the fp32 residual stream's 16-bit weight with
+// the float h), chunk `chunk` of kN columns of x: element loads (the weight's
+// rows need only W's alignment).
+template <typename W, int kN>
+__device__ __forceinline__ void weights_elems(const W* __restrict__ w, int chunk, int cols, float offset,
+                                              float (&out)[kN]) {
   const int base = chunk * kN;
 #pragma unroll
-  for (int j = 0; j < kN; ++j) out[j] = w == nullptr ? 1.0f : (base + j < cols ? w[base + j] : 0.0f) + offset;
+  for (int j = 0; j < kN; ++j) out[j] = w == nullptr ? 1.0f : (base + j < cols ? to_float(w[base + j]) : 0.0f) + offset;
 }
 
-// w' of chunk `chunk`: from a weight of T, or with kWf32 from an fp32 weight
-// passed in the same pointer (the looped kernels' fp32-weight instantiations).
-template <bool kWf32, typename T>
+// w' of chunk `chunk` in the looped kernels: from a weight of T, or of W
+// passed in the same pointer.
+template <typename W, typename T>
 __device__ __forceinline__ void weights_any(const T* __restrict__ w, int chunk, int cols, bool vector_io, float offset,
                                             float (&out)[Chunk<T>::kN]) {
-  if constexpr (kWf32)
-    weights_of_f32(reinterpret_cast<const float*>(w), chunk, cols, offset, out);
-  else
+  if constexpr (std::is_same_v<W, T>)
     weights_of(w, chunk, cols, vector_io, offset, out);
+  else
+    weights_elems(reinterpret_cast<const W*>(w), chunk, cols, offset, out);
 }
 
 // w' of the kChunksPerThread chunks a thread owns (the same columns in every

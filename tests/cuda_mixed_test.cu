@@ -1,0 +1,283 @@
+// GPU tests of the mixed-dtype forms of the CUDA backend (the looped kernels'
+// forms at every D): y in another dtype than x's (RMSNORM_FLAG_Y_DTYPE) and
+// the fp32 residual stream with 16-bit x (RMSNORM_FLAG_RESIDUAL_F32). Skipped,
+// with a message, when no CUDA device is present (CI).
+//
+// Every case: fresh random inputs with rows of very different scales, outputs
+// poisoned with NaN bytes (so is the padding between rows, checked untouched
+// afterwards), shared memory poisoned before the launch, every element checked
+// against the float64 reference, the worst one printed; y and h exactly by
+// their rules (y from the rstd the call returned, h one fp32 add).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "rmsnorm/rmsnorm.h"
+#include "rmsnorm_reference.hpp"
+#include "test_util.hpp"
+#include "cuda_poison.cuh"
+
+namespace rmsnorm::test {
+namespace {
+
+#define CUDA_OK(call) ASSERT_EQ(cudaSuccess, (call)) << #call << ": " << cudaGetErrorString(cudaGetLastError())
+
+class CudaMixed : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (rmsnorm_cuda_available() != 1) GTEST_SKIP() << "no CUDA device: GPU tests skipped";
+  }
+};
+
+// A host matrix's whole storage (row padding included) on the device, and back.
+struct DeviceCopy {
+  void* base = nullptr;
+  size_t bytes = 0;
+  int64_t offset_bytes = 0;
+  explicit DeviceCopy(const HostMatrix& m) : bytes(m.span_bytes()), offset_bytes(m.offset * int64_t(m.esize())) {
+    if (cudaMalloc(&base, bytes) != cudaSuccess) base = nullptr;
+    if (base != nullptr) cudaMemcpy(base, m.storage.data(), bytes, cudaMemcpyHostToDevice);
+  }
+  ~DeviceCopy() {
+    if (base != nullptr) cudaFree(base);
+  }
+  DeviceCopy(const DeviceCopy&) = delete;
+  DeviceCopy& operator=(const DeviceCopy&) = delete;
+  void* data() const { return static_cast<unsigned char*>(base) + offset_bytes; }
+  void download(HostMatrix* m) const { cudaMemcpy(m->storage.data(), base, bytes, cudaMemcpyDeviceToHost); }
+};
+
+struct MixedCase {
+  int32_t x_dtype = RMSNORM_DTYPE_BF16;
+  int32_t y_dtype = RMSNORM_DTYPE_BF16;  // gy's too
+  bool residual_f32 = false;             // then y_dtype is x's and h, g_h, gx are fp32
+  bool weight_f32 = false;
+  bool weight = true;
+  bool weight_offset = false;
+  bool round_xhat = false;
+  bool padded = false;  // base + 1 element, row stride cols + 3
+  int64_t rows = 0, cols = 0;
+  int32_t gw_mode = RMSNORM_GW_STORE;
+};
+
+std::string describe(const MixedCase& c) {
+  return std::string(dtype_name(c.x_dtype)) + " x, " + dtype_name(c.y_dtype) + " y" +
+         (c.residual_f32 ? ", fp32 residual stream" : "") + (c.weight_f32 ? ", fp32 weight" : "") +
+         (c.weight ? "" : ", no weight") + (c.weight_offset ? ", offset" : "") + (c.round_xhat ? ", round_xhat" : "") +
+         (c.padded ? ", base + 1, padded" : "") + ", " + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
+         ", gw mode " + std::to_string(c.gw_mode);
+}
+
+int64_t stride_of(const MixedCase& c) { return c.padded ? c.cols + 3 : c.cols; }
+int64_t offset_of(const MixedCase& c) { return c.padded ? 1 : 0; }
+HostMatrix matrix(const MixedCase& c, int32_t dt) { return HostMatrix(dt, c.rows, c.cols, stride_of(c), offset_of(c)); }
+int32_t weight_dtype(const MixedCase& c) { return c.weight_f32 ? RMSNORM_DTYPE_F32 : c.x_dtype; }
+// The dtype the norm reads (x's, or the fp32 residual stream's h).
+int32_t norm_dtype(const MixedCase& c) { return c.residual_f32 ? RMSNORM_DTYPE_F32 : c.x_dtype; }
+
+rmsnorm_problem_t problem_of(const MixedCase& c) {
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = c.rows;
+  p.cols = c.cols;
+  p.dtype = c.x_dtype;
+  p.flags = (c.weight_offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u) | (c.round_xhat ? RMSNORM_FLAG_ROUND_XHAT : 0u) |
+            (c.weight_f32 ? RMSNORM_FLAG_WEIGHT_F32 : 0u) | (c.residual_f32 ? RMSNORM_FLAG_RESIDUAL_F32 : 0u) |
+            (c.y_dtype != c.x_dtype ? RMSNORM_FLAG_Y_DTYPE(c.y_dtype) : 0u);
+  return p;
+}
+
+reference::Options ref_options(const MixedCase& c) {
+  reference::Options o;
+  o.eps = 1e-5;
+  o.weight_offset = c.weight_offset;
+  return o;
+}
+
+// Every byte of got's storage outside its rows' elements is still the 0xFF poison.
+::testing::AssertionResult padding_untouched(const char* what, const HostMatrix& got) {
+  std::vector<bool> inside(got.storage.size(), false);
+  for (int64_t r = 0; r < got.rows; ++r)
+    for (int64_t k = 0; k < got.cols; ++k)
+      for (size_t b = 0; b < got.esize(); ++b) inside[(got.offset + got.index(r, k)) * got.esize() + b] = true;
+  for (size_t i = 0; i < got.storage.size(); ++i)
+    if (!inside[i] && got.storage[i] != 0xFF)
+      return ::testing::AssertionFailure() << what << ": byte " << i << " outside the rows was written";
+  return ::testing::AssertionSuccess();
+}
+
+// w' of column k as the kernels compute it: fp32 w (+ 1 with the offset), or 1 without a weight.
+float w_prime(const MixedCase& c, const HostMatrix& w, int64_t k) {
+  return c.weight ? static_cast<float>(w.get(0, k)) + (c.weight_offset ? 1.0f : 0.0f) : 1.0f;
+}
+
+void check_mixed(const MixedCase& c, std::mt19937_64& rng) {
+  SCOPED_TRACE(describe(c));
+  const int32_t nd = norm_dtype(c), wd = weight_dtype(c), gw_dt = c.gw_mode == RMSNORM_GW_STORE_F32 ? RMSNORM_DTYPE_F32 : wd;
+  HostMatrix x = matrix(c, c.x_dtype), res = matrix(c, RMSNORM_DTYPE_F32), w(wd, 1, c.cols), gy = matrix(c, c.y_dtype),
+             gh = matrix(c, RMSNORM_DTYPE_F32);
+  fill_random(x, rng, harness::hetero_row_scale);
+  fill_random(res, rng, harness::hetero_row_scale);
+  fill_random(w, rng);
+  fill_random(gy, rng);
+  fill_random(gh, rng);
+  HostMatrix y = matrix(c, c.y_dtype), h = matrix(c, RMSNORM_DTYPE_F32), gx = matrix(c, nd), gw(gw_dt, 1, c.cols);
+  std::vector<float> rstd(static_cast<size_t>(c.rows), NAN);
+  DeviceCopy dx(x), dres(res), dw(w), dgy(gy), dgh(gh), dy(y), dh(h), dgx(gx), dgw(gw);
+  float* drstd = nullptr;
+  CUDA_OK(cudaMalloc(&drstd, rstd.size() * 4 + 4));
+  CUDA_OK(cudaMemset(drstd, 0xFF, rstd.size() * 4 + 4));
+  const rmsnorm_problem_t p = problem_of(c);
+  const rmsnorm_backend_t b = rmsnorm_backend_cuda(-1, nullptr);
+  poison_shared_memory();
+  const int64_t s = stride_of(c);
+  const rmsnorm_status_t fst =
+      c.residual_f32 ? rmsnorm_add_forward(&p, dx.data(), s, dres.data(), s, c.weight ? dw.data() : nullptr, dh.data(),
+                                           s, dy.data(), s, drstd, &b)
+                     : rmsnorm_forward(&p, dx.data(), s, c.weight ? dw.data() : nullptr, dy.data(), s, drstd, &b);
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, fst) << rmsnorm_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  dy.download(&y);
+  dh.download(&h);
+  CUDA_OK(cudaMemcpy(rstd.data(), drstd, rstd.size() * 4, cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(padding_untouched("y", y));
+
+  // The norm's input: x, or h = float(x) + residual (one fp32 add, so exactly this).
+  HostMatrix in = c.residual_f32 ? matrix(c, RMSNORM_DTYPE_F32) : x;
+  if (c.residual_f32) {
+    EXPECT_TRUE(padding_untouched("h", h));
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t k = 0; k < c.cols; ++k) {
+        const float want = static_cast<float>(x.get(r, k)) + static_cast<float>(res.get(r, k));
+        ASSERT_EQ(static_cast<float>(h.get(r, k)), want) << "h at row " << r << " col " << k;
+        in.set(r, k, want);
+      }
+  }
+  const std::vector<double> ind = in.to_double(), wdd = w.to_double(), gyd = gy.to_double();
+  const size_t n = static_cast<size_t>(c.rows * c.cols);
+  std::vector<double> yr(n), rr(static_cast<size_t>(c.rows));
+  reference::forward(c.rows, c.cols, ind.data(), c.weight ? wdd.data() : nullptr, ref_options(c), yr.data(), rr.data(),
+                     nullptr);
+  EXPECT_TRUE(check_vector("rstd", c.rows, [&](int64_t r) { return double(rstd[r]); }, rr,
+                           [&](int64_t r) { return rstd_tol(rr[r], c.cols); }));
+  EXPECT_TRUE(check_matrix("y", y, yr, [&](int64_t r, int64_t k) {
+    const double xh = ind[r * c.cols + k] * rr[r];
+    return c.round_xhat && nd != RMSNORM_DTYPE_F32 ? y_round_xhat_tol(c.y_dtype, yr[r * c.cols + k], xh, w_prime(c, w, k), c.cols)
+                                                   : y_tol(c.y_dtype, yr[r * c.cols + k], c.cols);
+  }));
+  // Exactly: y = Y(x_hat w') with x_hat = in * rstd in fp32 (rounded to the norm's input dtype with round_xhat).
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t k = 0; k < c.cols; ++k) {
+      float xh = static_cast<float>(in.get(r, k)) * rstd[r];
+      if (c.round_xhat) xh = static_cast<float>(round_to(nd, xh));
+      const double want = round_to(c.y_dtype, static_cast<double>(xh * w_prime(c, w, k)));
+      ASSERT_EQ(y.get(r, k), want) << "y at row " << r << " col " << k << " (from the rstd returned)";
+    }
+  if (::testing::Test::HasFailure()) {
+    CUDA_OK(cudaFree(drstd));
+    return;
+  }
+
+  // Backward, rstd given (the reference's, rounded to fp32), gw in the weight's dtype or fp32.
+  std::vector<float> rstd_in(static_cast<size_t>(c.rows));
+  for (int64_t r = 0; r < c.rows; ++r) rstd_in[r] = static_cast<float>(rr[r]);
+  CUDA_OK(cudaMemcpy(drstd, rstd_in.data(), rstd_in.size() * 4, cudaMemcpyHostToDevice));
+  const int32_t mode = c.weight ? c.gw_mode : RMSNORM_GW_NONE;
+  size_t ws_bytes = 0;
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, mode, &b, &ws_bytes)) << rmsnorm_last_error();
+  void* ws = nullptr;
+  if (ws_bytes > 0) {
+    CUDA_OK(cudaMalloc(&ws, ws_bytes));
+    CUDA_OK(cudaMemset(ws, 0xFF, ws_bytes));
+  }
+  DeviceCopy din(in);
+  poison_shared_memory();
+  void* gw_ptr = mode == RMSNORM_GW_NONE ? nullptr : dgw.data();
+  const rmsnorm_status_t bst =
+      c.residual_f32 ? rmsnorm_add_backward(&p, din.data(), s, c.weight ? dw.data() : nullptr, dgy.data(), s, drstd,
+                                            dgh.data(), s, dgx.data(), s, gw_ptr, mode, ws, ws_bytes, &b)
+                     : rmsnorm_backward(&p, dx.data(), s, c.weight ? dw.data() : nullptr, dgy.data(), s, drstd,
+                                        dgx.data(), s, gw_ptr, mode, ws, ws_bytes, &b);
+  EXPECT_EQ(RMSNORM_STATUS_SUCCESS, bst) << rmsnorm_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  if (ws != nullptr) CUDA_OK(cudaFree(ws));
+  CUDA_OK(cudaFree(drstd));
+  if (bst != RMSNORM_STATUS_SUCCESS) return;
+  dgx.download(&gx);
+  dgw.download(&gw);
+  EXPECT_TRUE(padding_untouched("gx", gx));
+  std::vector<double> gxr(n), gwr(static_cast<size_t>(c.cols)), gxs(n), gws(static_cast<size_t>(c.cols));
+  reference::backward(c.rows, c.cols, ind.data(), c.weight ? wdd.data() : nullptr, gyd.data(), ref_options(c),
+                      gxr.data(), gwr.data(), gxs.data(), gws.data());
+  const std::vector<double> ghd = gh.to_double();
+  if (c.residual_f32)  // gx = gx of the norm + g_h, one more fp32 rounding
+    for (size_t i = 0; i < n; ++i) gxr[i] += ghd[i];
+  EXPECT_TRUE(check_matrix("gx", gx, gxr, [&](int64_t r, int64_t k) {
+    const size_t i = static_cast<size_t>(r * c.cols + k);
+    return gx_tol(nd, gxr[i], gxs[i], c.cols) + (c.residual_f32 ? ulp(RMSNORM_DTYPE_F32, gxr[i]) : 0.0);
+  }));
+  if (mode == RMSNORM_GW_NONE) return;
+  EXPECT_TRUE(check_vector("gw", c.cols, [&](int64_t k) { return gw.get(0, k); }, gwr,
+                           [&](int64_t k) { return gw_tol(gw_dt, gwr[k], gws[k], c.rows, c.cols); }));
+}
+
+// RMSNORM_FLAG_Y_DTYPE on CUDA: every pair of dtypes, D from one element to the looped band's sizes, aligned and
+// misaligned, with and without a weight, the Gemma offset, x_hat rounding and an fp32 weight.
+TEST_F(CudaMixed, YDtype) {
+  std::mt19937_64 rng(101);
+  const int32_t dts[] = {RMSNORM_DTYPE_F32, RMSNORM_DTYPE_F16, RMSNORM_DTYPE_BF16};
+  int i = 0;
+  for (int32_t xd : dts)
+    for (int32_t yd : dts) {
+      if (xd == yd) continue;
+      for (int64_t d : {1, 33, 1000, 4096, 40000})
+        for (bool padded : {false, true}) {
+          MixedCase c;
+          c.x_dtype = xd;
+          c.y_dtype = yd;
+          c.cols = d;
+          c.rows = d > 8192 ? 5 : 37;
+          c.padded = padded;
+          c.weight = i % 5 != 4;
+          c.weight_offset = i % 3 == 1;
+          c.round_xhat = i % 4 == 2;
+          c.weight_f32 = xd != RMSNORM_DTYPE_F32 && i % 3 == 2;
+          c.gw_mode = i % 2 == 0 ? RMSNORM_GW_STORE : RMSNORM_GW_STORE_F32;
+          ++i;
+          check_mixed(c, rng);
+          if (HasFatalFailure() || HasFailure()) return;
+        }
+    }
+}
+
+// RMSNORM_FLAG_RESIDUAL_F32 on CUDA: h = float(x) + residual exactly, y and rstd of h, gx = gx of the norm + g_h in
+// fp32, gw in the weight's dtype (16-bit or fp32).
+TEST_F(CudaMixed, ResidualF32) {
+  std::mt19937_64 rng(102);
+  int i = 0;
+  for (int32_t xd : {RMSNORM_DTYPE_F16, RMSNORM_DTYPE_BF16})
+    for (int64_t d : {1, 33, 1000, 4096, 40000})
+      for (bool padded : {false, true}) {
+        MixedCase c;
+        c.x_dtype = xd;
+        c.y_dtype = xd;
+        c.residual_f32 = true;
+        c.cols = d;
+        c.rows = d > 8192 ? 5 : 37;
+        c.padded = padded;
+        c.weight = i % 5 != 4;
+        c.weight_offset = i % 3 == 1;
+        c.round_xhat = i % 4 == 2;
+        c.weight_f32 = i % 3 == 2;
+        c.gw_mode = i % 2 == 0 ? RMSNORM_GW_STORE : RMSNORM_GW_STORE_F32;
+        ++i;
+        check_mixed(c, rng);
+        if (HasFatalFailure() || HasFailure()) return;
+      }
+}
+
+}  // namespace
+}  // namespace rmsnorm::test
