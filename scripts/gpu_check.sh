@@ -224,15 +224,16 @@ SAN_BODY='
   exe="$BUILD_DIR/tests/rmsnorm_cuda_test"
   [ -n "$SANITIZER" ] || { echo "compute-sanitizer not found"; exit 1; }
   [ -x "$exe" ] || { echo "$exe was not built"; exit 1; }
-  # One run per CudaSanitizer test (RowsBand, PersistentReuse, ClusterBand, LoopedBand, ...: the list
-  # comes from the binary), each with a share of the step limit, so a slow one cannot hide the others.
-  bands="$("$exe" --gtest_list_tests --gtest_filter="CudaSanitizer.*" | awk "/^  /{print \$1}")"
-  [ -n "$bands" ] || { echo "no CudaSanitizer test listed"; exit 1; }
+  # One run per *Sanitizer* test (CudaSanitizer.RowsBand, .PersistentReuse, ..., CudaMixedSanitizer.*: the
+  # list comes from the binary, suite and test names joined), each with a share of the step limit, so a slow
+  # one cannot hide the others.
+  bands="$("$exe" --gtest_list_tests --gtest_filter="*Sanitizer*" | awk "/^[^ ]/{s=\$1} /^  /{print s \$1}")"
+  [ -n "$bands" ] || { echo "no *Sanitizer* test listed"; exit 1; }
   rc=0
   : >"$STATE/san_$tool.txt"
   for band in $bands; do
     timeout "${SAN_BAND_S:-80}" "$SANITIZER" --tool "$tool" --error-exitcode 1 "$@" "$exe" \
-      --gtest_filter="CudaSanitizer.$band" 2>&1 | tee -a "$STATE/san_$tool.txt"
+      --gtest_filter="$band" 2>&1 | tee -a "$STATE/san_$tool.txt"
     r=${PIPESTATUS[0]}
     echo "sanitizer $tool $band: exit $r"
     [ "$r" = 0 ] || rc=$r

@@ -11,12 +11,14 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "rmsnorm/rmsnorm.h"
+#include "rmsnorm/rmsnorm.hpp"
 #include "rmsnorm_reference.hpp"
 #include "test_util.hpp"
 #include "cuda_poison.cuh"
@@ -165,8 +167,9 @@ void check_mixed(const MixedCase& c, std::mt19937_64& rng) {
                            [&](int64_t r) { return rstd_tol(rr[r], c.cols); }));
   EXPECT_TRUE(check_matrix("y", y, yr, [&](int64_t r, int64_t k) {
     const double xh = ind[r * c.cols + k] * rr[r];
-    return c.round_xhat && nd != RMSNORM_DTYPE_F32 ? y_round_xhat_tol(c.y_dtype, yr[r * c.cols + k], xh, w_prime(c, w, k), c.cols)
-                                                   : y_tol(c.y_dtype, yr[r * c.cols + k], c.cols);
+    // With round_xhat, x_hat rounds to the norm's input dtype (not y's): half an ulp of it, times |w'|, on top.
+    const double extra = c.round_xhat ? ulp(nd, xh) * std::fabs(w_prime(c, w, k)) : 0.0;
+    return y_tol(c.y_dtype, yr[r * c.cols + k], c.cols) + extra;
   }));
   // Exactly: y = Y(x_hat w') with x_hat = in * rstd in fp32 (rounded to the norm's input dtype with round_xhat).
   for (int64_t r = 0; r < c.rows; ++r)
@@ -274,6 +277,63 @@ TEST_F(CudaMixed, ResidualF32) {
         c.weight_f32 = i % 3 == 2;
         c.gw_mode = i % 2 == 0 ? RMSNORM_GW_STORE : RMSNORM_GW_STORE_F32;
         ++i;
+        check_mixed(c, rng);
+        if (HasFatalFailure() || HasFailure()) return;
+      }
+}
+
+// On CUDA the mixed forms take the looped kernels, whose workspace differs from the plain backward's: the C++
+// query, given the dtypes, asks for the flags' workspace (at 1 x 4096 the plain backward writes gw directly and
+// needs none; the looped one needs a partial row).
+TEST_F(CudaMixed, CppWorkspaceQueryNamesTheDtypes) {
+  using B = rmsnorm::bfloat16;
+  const rmsnorm::Backend be = rmsnorm::Backend::cuda();
+  auto c_query = [&](int32_t dt, uint32_t flags, int64_t rows) {
+    rmsnorm_problem_t p = rmsnorm_problem_default();
+    p.rows = rows;
+    p.cols = 4096;
+    p.dtype = dt;
+    p.flags = flags;
+    size_t bytes = 0;
+    EXPECT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, RMSNORM_GW_STORE, &be.c(), &bytes))
+        << rmsnorm_last_error();
+    return bytes;
+  };
+  for (int64_t rows : {1, 5000}) {
+    SCOPED_TRACE("rows " + std::to_string(rows));
+    const size_t plain = rmsnorm::backward_workspace_size_or_throw<B>(rows, 4096, rmsnorm::GwMode::kStore, be);
+    EXPECT_EQ(plain, c_query(RMSNORM_DTYPE_BF16, 0, rows));
+    EXPECT_EQ((rmsnorm::backward_workspace_size_or_throw<B, float>(rows, 4096, rmsnorm::GwMode::kStore, be)),
+              c_query(RMSNORM_DTYPE_BF16, RMSNORM_FLAG_Y_DTYPE(RMSNORM_DTYPE_F32), rows));
+    EXPECT_EQ((rmsnorm::backward_workspace_size_or_throw<B, B, float>(rows, 4096, rmsnorm::GwMode::kStore, be)),
+              c_query(RMSNORM_DTYPE_BF16, RMSNORM_FLAG_WEIGHT_F32, rows));
+    EXPECT_EQ((rmsnorm::backward_workspace_size_or_throw<B, B, B, float>(rows, 4096, rmsnorm::GwMode::kStore, be)),
+              c_query(RMSNORM_DTYPE_BF16, RMSNORM_FLAG_RESIDUAL_F32, rows));
+    if (rows == 1) {
+      EXPECT_EQ(plain, 0u);
+      EXPECT_GT((rmsnorm::backward_workspace_size_or_throw<B, float>(rows, 4096, rmsnorm::GwMode::kStore, be)), 0u);
+    }
+  }
+}
+
+// The mixed kernels under compute-sanitizer (scripts/gpu_check.sh runs '*Sanitizer*'): small cases of each form,
+// aligned and misaligned, checked as above.
+class CudaMixedSanitizer : public CudaMixed {};
+
+TEST_F(CudaMixedSanitizer, YDtypeAndResidualF32Kernels) {
+  std::mt19937_64 rng(103);
+  for (int64_t d : {33, 1000, 40000})
+    for (bool padded : {false, true})
+      for (int form = 0; form < 3; ++form) {
+        MixedCase c;
+        c.x_dtype = form == 1 ? RMSNORM_DTYPE_F32 : RMSNORM_DTYPE_BF16;
+        c.y_dtype = form == 0 ? RMSNORM_DTYPE_F32 : RMSNORM_DTYPE_BF16;
+        c.residual_f32 = form == 2;
+        c.weight_f32 = form == 2 && padded;
+        c.cols = d;
+        c.rows = 3;
+        c.padded = padded;
+        c.gw_mode = padded ? RMSNORM_GW_STORE_F32 : RMSNORM_GW_STORE;
         check_mixed(c, rng);
         if (HasFatalFailure() || HasFailure()) return;
       }

@@ -117,8 +117,9 @@ typedef enum rmsnorm_dtype {
 /* RMSNORM_FLAG_Y_DTYPE(dt): the output dtype chosen apart from x's (bf16 y
  * from an fp32 residual stream, say). rmsnorm_forward writes y = Y(x_hat * w')
  * (or Y(T(x_hat) * w') with RMSNORM_FLAG_ROUND_XHAT), rounded once to dt = Y;
- * rmsnorm_backward reads gy in Y and writes gx in problem->dtype; rstd, gw and
- * the workspace are as without the flag. Bits 8-9 hold dt + 1; 0 (no flag), or
+ * rmsnorm_backward reads gy in Y and writes gx in problem->dtype; rstd and gw
+ * are as without the flag (the workspace on CUDA is not: ask
+ * rmsnorm_backward_workspace_size with the flag). Bits 8-9 hold dt + 1; 0 (no flag), or
  * dt equal to problem->dtype, is the plain form. y == x (and gx == gy) in place
  * needs equal dtypes; otherwise any overlap is RMSNORM_STATUS_OVERLAP. The
  * fused operations (rmsnorm_add_*, rmsnorm_*_quant) refuse another Y with
@@ -298,7 +299,9 @@ RMSNORM_API rmsnorm_status_t rmsnorm_add_forward_quant(const rmsnorm_problem_t* 
                                                        float* rstd,
                                                        const rmsnorm_backend_t* backend);
 
-/* Workspace that rmsnorm_backward needs for this problem, gw mode and backend.
+/* Workspace that rmsnorm_backward needs for this problem (its flags
+ * included: on CUDA RMSNORM_FLAG_WEIGHT_F32, RMSNORM_FLAG_Y_DTYPE and
+ * RMSNORM_FLAG_RESIDUAL_F32 take other kernels), gw mode and backend.
  * 0 when gw_mode is RMSNORM_GW_NONE. On CUDA it never exceeds
  * 2 * (multiprocessors) * cols * 4 bytes, whatever the number of rows. */
 RMSNORM_API rmsnorm_status_t rmsnorm_backward_workspace_size(const rmsnorm_problem_t* problem,

@@ -360,19 +360,28 @@ Status add_forward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced
 }
 
 // Bytes of workspace backward needs for rows x cols of T with this gw mode.
-template <class T>
+// The mixed-dtype backwards name their other dtypes here too, since on CUDA
+// they run other kernels with another workspace: Y, gy's dtype (backward_from<Y,
+// T>); W = float, an fp32 weight (backward_mixed<T>); R = float, the fp32
+// residual stream (add_backward<float, T>).
+template <class T, class Y = T, class W = T, class R = T>
 Status backward_workspace_size(int64_t rows, int64_t cols, GwMode mode, const Backend& backend,
                                size_t* bytes) noexcept {
+  static_assert(std::is_same<W, T>::value || std::is_same<W, float>::value, "the weight is T or float");
+  static_assert(std::is_same<R, T>::value || std::is_same<R, float>::value, "the residual stream is T or float");
   detail::clear_cpp_error();
-  const rmsnorm_problem_t p = detail::make_problem<T>(rows, cols, Options{});
+  rmsnorm_problem_t p = detail::make_problem<T>(rows, cols, Options{});
+  if (!std::is_same<Y, T>::value) p.flags |= RMSNORM_FLAG_Y_DTYPE(dtype_of_v<Y>);
+  if (!std::is_same<W, T>::value) p.flags |= RMSNORM_FLAG_WEIGHT_F32;
+  if (!std::is_same<R, T>::value) p.flags |= RMSNORM_FLAG_RESIDUAL_F32;
   return static_cast<Status>(
       rmsnorm_backward_workspace_size(&p, static_cast<int32_t>(mode), &backend.c(), bytes));
 }
 
-template <class T>
+template <class T, class Y = T, class W = T, class R = T>
 size_t backward_workspace_size_or_throw(int64_t rows, int64_t cols, GwMode mode, const Backend& backend) {
   size_t bytes = 0;
-  check(backward_workspace_size<T>(rows, cols, mode, backend, &bytes));
+  check(backward_workspace_size<T, Y, W, R>(rows, cols, mode, backend, &bytes));
   return bytes;
 }
 
@@ -399,7 +408,8 @@ Status backward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<Ve
 // consumer). gx may alias gy or g_h exactly. The residual stream's R (h, g_h,
 // gx) is taken from gx, and T (gy, the weight, gw) is R unless named: the fp32
 // residual stream is add_backward<float, T> (RMSNORM_FLAG_RESIDUAL_F32; gx is
-// then residual's gradient in fp32, and x's is T(gx)).
+// then residual's gradient in fp32, and x's is T(gx); its workspace:
+// backward_workspace_size<T, T, T, float>).
 template <class R, class T = R>
 Status add_backward(detail::nondeduced<MatrixView<const R>> h, detail::nondeduced<VectorView<const T>> weight,
                     detail::nondeduced<MatrixView<const T>> gy, detail::nondeduced<VectorView<const float>> rstd,
@@ -427,8 +437,8 @@ Status add_backward(detail::nondeduced<MatrixView<const R>> h, detail::nondeduce
 
 // y in another dtype Y than x's T (RMSNORM_FLAG_Y_DTYPE): y = Y(x_hat * w'),
 // rounded once (bf16 y from fp32 x, say); the backward reads gy in Y and
-// writes gx in T, gw in the weight's T. The weight has x's dtype. CUDA
-// backend: not yet (Status::kBackendUnavailable).
+// writes gx in T, gw in the weight's T. The weight has x's dtype. Its
+// workspace: backward_workspace_size<T, Y>.
 template <class Y, class X>
 Status forward_to(MatrixView<X> x, detail::nondeduced<VectorView<const std::remove_const_t<X>>> weight, MatrixView<Y> y,
                   VectorView<float> rstd, const Options& opt, const Backend& backend) noexcept {
@@ -461,7 +471,7 @@ Status backward_from(detail::nondeduced<MatrixView<const T>> x, detail::nondeduc
 // Mixed precision (RMSNORM_FLAG_WEIGHT_F32): an fp32 weight with 16-bit x, y,
 // gy and gx, as AMP and FSDP keep master weights; gw is fp32 (any GradWeight
 // mode). Named apart from forward/backward so that an empty weight view ({})
-// stays unambiguous there. CUDA backend: not yet (Status::kBackendUnavailable).
+// stays unambiguous there. Its workspace: backward_workspace_size<T, T, float>.
 template <class T>
 Status forward_mixed(detail::nondeduced<MatrixView<const T>> x, VectorView<const float> weight, MatrixView<T> y,
                      VectorView<float> rstd, const Options& opt, const Backend& backend) noexcept {
