@@ -18,8 +18,8 @@ retained graph, rstd or whatever the implementation saved given); fwd+bwd (y = f
 torch.autograd.grad(y, [x, w], gy): one forward and one backward per call).
 
 What is measured, per case:
-  kernel_us  device time from the call's first kernel start to its last kernel (or memset/memcpy) end, read from
-             CUPTI through torch.profiler, with the L2 flushed (a 256 MiB buffer zeroed) before every call; a
+  kernel_us  device time from the call's first kernel start (or the end of the marker before it, if later: see
+             call_spans) to its last kernel (or memset/memcpy) end, read from CUPTI through torch.profiler, with the L2 flushed (a 256 MiB buffer zeroed) before every call; a
              torch.cuda._sleep marker before and after each call delimits its kernels and gives the GPU a head start,
              so that launch gaps inside a multi-kernel op are the GPU's, not Python's. Median of --reps calls.
   call_us    CUDA events around each call, L2 flushed before it (outside the events), no head start: includes launch
@@ -349,13 +349,16 @@ class Bench:
 
 def call_spans(acts):
     """(start_ns, end_ns, name) of every device activity -> the span (us) from the first start to the last end of
-    the activities between each pair of spin_kernel markers (before and after one call)."""
-    spans, inside, first, last = [], False, None, None
+    the activities between each pair of spin_kernel markers (before and after one call). A start before the end of
+    the marker before counts from that end: a kernel launched as a programmatic dependent (ours, by default) is
+    resident early, waiting in griddepcontrol.wait while the marker finishes, and CUPTI dates its start from then."""
+    spans, inside, first, last, marker_end = [], False, None, None, None
     for start, end, name in sorted(acts):
         if "spin_kernel" in name:
             if inside and first is not None:
-                spans.append((last - first) / 1e3)
+                spans.append((last - max(first, marker_end)) / 1e3)
             inside, first, last = not inside, None, None
+            marker_end = end
         elif inside:
             first = start if first is None else min(first, start)
             last = end if last is None else max(last, end)
