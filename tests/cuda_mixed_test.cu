@@ -227,6 +227,24 @@ void check_mixed(const MixedCase& c, std::mt19937_64& rng) {
                            [&](int64_t k) { return gw_tol(gw_dt, gwr[k], gws[k], c.rows, c.cols); }));
 }
 
+// Case i of a sweep: the options rotate with i (no weight every 5th, the offset every 3rd, x_hat rounding every
+// 4th, an fp32 weight with 16-bit x every 3rd, gw in the weight's dtype or fp32 alternately).
+MixedCase sweep_case(int32_t xd, int32_t yd, bool residual_f32, int64_t d, bool padded, int i) {
+  MixedCase c;
+  c.x_dtype = xd;
+  c.y_dtype = yd;
+  c.residual_f32 = residual_f32;
+  c.cols = d;
+  c.rows = d > 8192 ? 5 : 37;
+  c.padded = padded;
+  c.weight = i % 5 != 4;
+  c.weight_offset = i % 3 == 1;
+  c.round_xhat = i % 4 == 2;
+  c.weight_f32 = xd != RMSNORM_DTYPE_F32 && i % 3 == 2;
+  c.gw_mode = i % 2 == 0 ? RMSNORM_GW_STORE : RMSNORM_GW_STORE_F32;
+  return c;
+}
+
 // RMSNORM_FLAG_Y_DTYPE on CUDA: every pair of dtypes, D from one element to the looped band's sizes, aligned and
 // misaligned, with and without a weight, the Gemma offset, x_hat rounding and an fp32 weight.
 TEST_F(CudaMixed, YDtype) {
@@ -238,19 +256,7 @@ TEST_F(CudaMixed, YDtype) {
       if (xd == yd) continue;
       for (int64_t d : {1, 33, 1000, 4096, 40000})
         for (bool padded : {false, true}) {
-          MixedCase c;
-          c.x_dtype = xd;
-          c.y_dtype = yd;
-          c.cols = d;
-          c.rows = d > 8192 ? 5 : 37;
-          c.padded = padded;
-          c.weight = i % 5 != 4;
-          c.weight_offset = i % 3 == 1;
-          c.round_xhat = i % 4 == 2;
-          c.weight_f32 = xd != RMSNORM_DTYPE_F32 && i % 3 == 2;
-          c.gw_mode = i % 2 == 0 ? RMSNORM_GW_STORE : RMSNORM_GW_STORE_F32;
-          ++i;
-          check_mixed(c, rng);
+          check_mixed(sweep_case(xd, yd, false, d, padded, i++), rng);
           if (HasFatalFailure() || HasFailure()) return;
         }
     }
@@ -264,20 +270,7 @@ TEST_F(CudaMixed, ResidualF32) {
   for (int32_t xd : {RMSNORM_DTYPE_F16, RMSNORM_DTYPE_BF16})
     for (int64_t d : {1, 33, 1000, 4096, 40000})
       for (bool padded : {false, true}) {
-        MixedCase c;
-        c.x_dtype = xd;
-        c.y_dtype = xd;
-        c.residual_f32 = true;
-        c.cols = d;
-        c.rows = d > 8192 ? 5 : 37;
-        c.padded = padded;
-        c.weight = i % 5 != 4;
-        c.weight_offset = i % 3 == 1;
-        c.round_xhat = i % 4 == 2;
-        c.weight_f32 = i % 3 == 2;
-        c.gw_mode = i % 2 == 0 ? RMSNORM_GW_STORE : RMSNORM_GW_STORE_F32;
-        ++i;
-        check_mixed(c, rng);
+        check_mixed(sweep_case(xd, xd, true, d, padded, i++), rng);
         if (HasFatalFailure() || HasFailure()) return;
       }
 }

@@ -180,6 +180,33 @@ def test_cuda_out_dtype(x_dtype, y_dtype):
             assert_close_per_row(got, ref, tol, name)
 
 
+def residual_inputs(shape, dtype, gen):
+    """x (16-bit), an fp32 residual (rows of very different scales), w, gy (16-bit) and g_h (fp32), on the CPU."""
+    x0 = row_scaled(randn(*shape, dtype=dtype, gen=gen), gen)
+    r0 = row_scaled(randn(*shape, gen=gen), gen)
+    w0 = (1.0 + 0.3 * randn(shape[-1], gen=gen)).to(dtype)
+    return x0, r0, w0, randn(*shape, dtype=dtype, gen=gen), randn(*shape, gen=gen)
+
+
+def fused_and_eager(x0, r0, w0, gy, gh, rx):
+    """(y, h, grad x, grad residual, grad w) of add_rms_norm with an fp32 residual (fused) and of its eager
+    composition (h = x.float() + r, then rms_norm of h with out_dtype): gradients of y, and of h too when gh is given."""
+    d, dtype = x0.shape[-1], x0.dtype
+    outs = []
+    for fused in (True, False):
+        x, r, w = (t.detach().clone().requires_grad_(True) for t in (x0, r0, w0))
+        if fused:
+            y, h = rmsnorm.add_rms_norm(x, r, d, w, 1e-5, round_xhat=rx)
+        else:
+            h = x.float() + r
+            y = rmsnorm.rms_norm(h, d, w.float(), 1e-5, round_xhat=rx, out_dtype=dtype)
+        assert y.dtype == dtype and h.dtype == torch.float32
+        grads = torch.autograd.grad((y, h) if gh is not None else (y,), (x, r, w),
+                                    (gy, gh) if gh is not None else (gy,))
+        outs.append((y.detach(), h.detach(), *grads))
+    return outs
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fp32_residual_stream_is_the_eager_composition(dtype):
     # add_rms_norm with a float32 residual and 16-bit input (RMSNORM_FLAG_RESIDUAL_F32): h = input.float() +
@@ -188,26 +215,10 @@ def test_fp32_residual_stream_is_the_eager_composition(dtype):
     gen = torch.Generator().manual_seed(79)
     for shape, with_gh, rx in [((5, 64), True, False), ((2, 3, 1000), True, False), ((7, 96), False, False),
                                ((4, 256), True, True)]:
-        d = shape[-1]
-        x0 = row_scaled(randn(*shape, dtype=dtype, gen=gen), gen)
-        r0 = row_scaled(randn(*shape, gen=gen), gen)
-        w0 = (1.0 + 0.3 * randn(d, gen=gen)).to(dtype)
-        gy = randn(*shape, dtype=dtype, gen=gen)
-        gh = randn(*shape, gen=gen)
-        outs = []
-        for fused in (True, False):
-            x, r, w = (t.detach().clone().requires_grad_(True) for t in (x0, r0, w0))
-            if fused:
-                y, h = rmsnorm.add_rms_norm(x, r, d, w, 1e-5, round_xhat=rx)
-            else:
-                h = x.float() + r
-                y = rmsnorm.rms_norm(h, d, w.float(), 1e-5, round_xhat=rx, out_dtype=dtype)
-            assert y.dtype == dtype and h.dtype == torch.float32
-            grads = torch.autograd.grad((y, h) if with_gh else (y,), (x, r, w), (gy, gh) if with_gh else (gy,))
-            outs.append((y.detach(), h.detach(), *grads))
+        x0, r0, w0, gy, gh = residual_inputs(shape, dtype, gen)
+        outs = fused_and_eager(x0, r0, w0, gy, gh if with_gh else None, rx)
         for i, (a, b) in enumerate(zip(*outs)):
-            assert a.dtype == b.dtype, (i, a.dtype, b.dtype)
-            assert torch.equal(a, b), f"{shape}: output {i} differs from the eager composition"
+            assert a.dtype == b.dtype and torch.equal(a, b), f"{shape}: output {i} differs from the eager composition"
     x = randn(3, 32, dtype=dtype)
     r = randn(3, 32)
     w = randn(32, dtype=dtype)
@@ -229,26 +240,10 @@ def test_cuda_fp32_residual_stream_is_the_eager_composition(dtype):
     gen = torch.Generator().manual_seed(83)
     for shape, with_gh in [((5, 64), True), ((2, 3, 1000), True), ((7, 96), False), ((2, 70000), True)]:
         d = shape[-1]
-        x0 = row_scaled(randn(*shape, dtype=dtype, gen=gen), gen)
-        r0 = row_scaled(randn(*shape, gen=gen), gen)
-        w0 = (1.0 + 0.3 * randn(d, gen=gen)).to(dtype)
-        gy = randn(*shape, dtype=dtype, gen=gen)
-        gh = randn(*shape, gen=gen)
-        outs = []
-        for fused in (True, False):
-            x, r, w = (t.detach().cuda().requires_grad_(True) for t in (x0, r0, w0))
-            if fused:
-                y, h = rmsnorm.add_rms_norm(x, r, d, w, 1e-5)
-            else:
-                h = x.float() + r
-                y = rmsnorm.rms_norm(h, d, w.float(), 1e-5, out_dtype=dtype)
-            assert y.dtype == dtype and h.dtype == torch.float32
-            grads = torch.autograd.grad((y, h) if with_gh else (y,), (x, r, w),
-                                        (gy.cuda(), gh.cuda()) if with_gh else (gy.cuda(),))
-            outs.append((y.detach(), h.detach(), *grads))
+        x0, r0, w0, gy, gh = residual_inputs(shape, dtype, gen)
+        outs = fused_and_eager(*(t.cuda() for t in (x0, r0, w0, gy)), gh.cuda() if with_gh else None, False)
         for i, (a, b) in enumerate(zip(*outs)):
-            assert a.dtype == b.dtype, (i, a.dtype, b.dtype)
-            assert torch.equal(a, b), f"{shape}: output {i} differs from the eager composition"
+            assert a.dtype == b.dtype and torch.equal(a, b), f"{shape}: output {i} differs from the eager composition"
         # Against the CPU backend: h exactly, y and the gradients within the dtypes' roundings.
         x, r, w = (t.detach().clone().requires_grad_(True) for t in (x0, r0, w0))
         y_cpu, h_cpu = rmsnorm.add_rms_norm(x, r, d, w, 1e-5)
