@@ -47,7 +47,6 @@ std::string Worst::describe(const std::string& name, bool vector, const std::str
 std::vector<CheckResult> check_against_reference(const HostMatrix& x, const HostMatrix* w, const HostMatrix* gy,
                                                  const reference::Options& opt, const Outputs& out) {
   const int64_t rows = x.rows, cols = x.cols;
-  const int32_t dt = x.dtype;
   const bool backward = !out.gx.empty() || !out.gw.empty();
   std::vector<double> wd;
   if (w != nullptr) wd = w->to_double();
@@ -96,7 +95,7 @@ std::vector<CheckResult> check_against_reference(const HostMatrix& x, const Host
         for (int64_t r = 0; r < n; ++r)
           for (int64_t c = 0; c < cols; ++c) {
             const double e = p.yr[static_cast<size_t>(r * cols + c)];
-            p.y.add(r0 + r, c, out.y->get(r0 + r, c), e, y_tol(dt, e, cols));
+            p.y.add(r0 + r, c, out.y->get(r0 + r, c), e, y_tol(out.y->dtype, e, cols));
           }
       }
       if (!backward) continue;
@@ -105,8 +104,10 @@ std::vector<CheckResult> check_against_reference(const HostMatrix& x, const Host
       for (int64_t r = 0; r < n; ++r)
         for (int64_t c = 0; c < cols; ++c) {
           const size_t i = static_cast<size_t>(r * cols + c);
-          const double e = p.gxr[i], tol = gx_tol(dt, e, p.gxs[i], cols);
-          for (size_t g = 0; g < ngx; ++g) p.gx[g].add(r0 + r, c, out.gx[g].values->get(r0 + r, c), e, tol);
+          const double e = p.gxr[i];
+          for (size_t g = 0; g < ngx; ++g)
+            p.gx[g].add(r0 + r, c, out.gx[g].values->get(r0 + r, c), e,
+                        gx_tol(out.gx[g].values->dtype, e, p.gxs[i], cols));
         }
       for (size_t c = 0; c < vec; ++c) {
         p.gw[c] += p.gwc[c];

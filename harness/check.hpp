@@ -69,7 +69,8 @@ struct CheckResult {
 
 // Every element of out's y, gx and gw against reference::forward/backward of
 // x, w (1 x cols, or null: w' = 1) and gy (needed when out has gx or gw),
-// with y_tol, gx_tol and gw_tol. Works through row chunks on all hardware
+// with y_tol, gx_tol and gw_tol in each output's own dtype (y may have
+// another dtype than x: RMSNORM_FLAG_Y_DTYPE). Works through row chunks on all hardware
 // threads (the reference of 8192 x 4096 in one piece would take > 1 GB).
 // Results in the order y, gx..., gw....
 std::vector<CheckResult> check_against_reference(const HostMatrix& x, const HostMatrix* w, const HostMatrix* gy,

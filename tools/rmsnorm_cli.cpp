@@ -143,6 +143,11 @@ struct Config {
   uint64_t seed = 20240611;
   std::string json;
   std::string op = "norm";  // norm | add | quant-fp8 | quant-int8
+  // Mixed dtypes (-1 until parsed: --dtype's): y's and gy's (RMSNORM_FLAG_Y_DTYPE, --op norm), the weight's (f32
+  // with 16-bit x: RMSNORM_FLAG_WEIGHT_F32), the residual stream's (f32 with 16-bit x: RMSNORM_FLAG_RESIDUAL_F32,
+  // --op add).
+  int32_t y_dtype = -1, weight_dtype = -1, residual_dtype = -1;
+  bool mixed() const { return y_dtype != dtype || weight_dtype != dtype || residual_dtype != dtype; }
 };
 
 const char* kUsage =
@@ -162,6 +167,10 @@ const char* kUsage =
     "  --json FILE         also write every result as JSON\n"
     "  --op OP             norm (the forward and backward) | add (residual add + norm forward) |\n"
     "                      quant-fp8 | quant-int8 (forward quantized with per-row scales) (default norm)\n"
+    "  --y-dtype T         y's and gy's dtype, --op norm (default --dtype's; RMSNORM_FLAG_Y_DTYPE)\n"
+    "  --weight-dtype T    the weight's: --dtype's, or f32 with f16 / bf16 x (RMSNORM_FLAG_WEIGHT_F32)\n"
+    "  --residual-dtype T  the residual stream's (residual and h), --op add: --dtype's, or f32 with f16 / bf16 x\n"
+    "                      (RMSNORM_FLAG_RESIDUAL_F32)\n"
     "  --help              this text\n"
     "\n"
     "Exit status: 0 on success, 1 when the check fails or an error occurs, 2 on bad usage.\n";
@@ -179,6 +188,13 @@ int64_t parse_int(const std::string& opt, const std::string& v, int64_t lo, int6
     usage_error(opt + ": expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + v +
                 "'");
   return x;
+}
+
+int32_t parse_dtype(const std::string& opt, const std::string& d) {
+  if (d == "f32") return RMSNORM_DTYPE_F32;
+  if (d == "f16") return RMSNORM_DTYPE_F16;
+  if (d == "bf16") return RMSNORM_DTYPE_BF16;
+  usage_error(opt + ": expected f32, f16 or bf16, got '" + d + "'");
 }
 
 Config parse_args(int argc, char** argv) {
@@ -204,11 +220,13 @@ Config parse_args(int argc, char** argv) {
     } else if (a == "--cols") {
       c.cols = parse_int(a, value(), 1, int64_t{1} << 30);
     } else if (a == "--dtype") {
-      const std::string d = value();
-      if (d == "f32") c.dtype = RMSNORM_DTYPE_F32;
-      else if (d == "f16") c.dtype = RMSNORM_DTYPE_F16;
-      else if (d == "bf16") c.dtype = RMSNORM_DTYPE_BF16;
-      else usage_error("--dtype: expected f32, f16 or bf16, got '" + d + "'");
+      c.dtype = parse_dtype(a, value());
+    } else if (a == "--y-dtype") {
+      c.y_dtype = parse_dtype(a, value());
+    } else if (a == "--weight-dtype") {
+      c.weight_dtype = parse_dtype(a, value());
+    } else if (a == "--residual-dtype") {
+      c.residual_dtype = parse_dtype(a, value());
     } else if (a == "--backend") {
       c.backend = value();
       if (c.backend != "auto" && c.backend != "cpu" && c.backend != "cuda")
@@ -237,6 +255,14 @@ Config parse_args(int argc, char** argv) {
       usage_error("unknown option '" + a + "'");
     }
   }
+  if (c.y_dtype < 0) c.y_dtype = c.dtype;
+  if (c.weight_dtype < 0) c.weight_dtype = c.dtype;
+  if (c.residual_dtype < 0) c.residual_dtype = c.dtype;
+  if (c.y_dtype != c.dtype && c.op != "norm") usage_error("--y-dtype: only with --op norm");
+  if (c.weight_dtype != c.dtype && c.weight_dtype != RMSNORM_DTYPE_F32)
+    usage_error("--weight-dtype: expected --dtype's or f32");
+  if (c.residual_dtype != c.dtype && (c.residual_dtype != RMSNORM_DTYPE_F32 || c.op != "add"))
+    usage_error("--residual-dtype: expected --dtype's, or f32 with --op add");
   const double bytes = static_cast<double>(c.rows) * static_cast<double>(c.cols) * (c.dtype == RMSNORM_DTYPE_F32 ? 4 : 2);
   if (bytes > 64.0 * (1ull << 30)) usage_error("rows x cols is too large (over 64 GiB per tensor)");
   return c;
@@ -401,15 +427,19 @@ Problem make_problem(const Config& cfg) {
   pr.p.cols = cfg.cols;
   pr.p.dtype = cfg.dtype;
   pr.p.eps = cfg.eps;
+  if (cfg.y_dtype != cfg.dtype) pr.p.flags |= RMSNORM_FLAG_Y_DTYPE(cfg.y_dtype);
+  if (cfg.weight_dtype != cfg.dtype) pr.p.flags |= RMSNORM_FLAG_WEIGHT_F32;
+  if (cfg.residual_dtype != cfg.dtype) pr.p.flags |= RMSNORM_FLAG_RESIDUAL_F32;
   pr.esize = rmsnorm_dtype_size(cfg.dtype);
   pr.elems = static_cast<size_t>(cfg.rows) * static_cast<size_t>(cfg.cols);
   const double nd = static_cast<double>(pr.elems), d = static_cast<double>(cfg.cols), e = static_cast<double>(pr.esize);
-  pr.fwd_bytes = (2 * nd + d) * e;
-  pr.vjp_bytes = (3 * nd + 2 * d) * e;
+  const double ye = static_cast<double>(rmsnorm_dtype_size(cfg.y_dtype)), we = static_cast<double>(rmsnorm_dtype_size(cfg.weight_dtype));
+  pr.fwd_bytes = nd * (e + ye) + d * we;          // read x, w; write y
+  pr.vjp_bytes = nd * (2 * e + ye) + 2 * d * we;  // read x, gy, w; write gx, gw
   Progress progress("generating random inputs");
   pr.x = HostMatrix(cfg.dtype, cfg.rows, cfg.cols);
-  pr.gy = HostMatrix(cfg.dtype, cfg.rows, cfg.cols);
-  pr.w = HostMatrix(cfg.dtype, 1, cfg.cols);
+  pr.gy = HostMatrix(cfg.y_dtype, cfg.rows, cfg.cols);
+  pr.w = HostMatrix(cfg.weight_dtype, 1, cfg.cols);
   rmsnorm::harness::fill_normal(pr.x, cfg.seed, rmsnorm::harness::hetero_row_scale);
   rmsnorm::harness::fill_normal(pr.gy, cfg.seed + 1);
   // w' near 1 as in a trained model, never 0.
@@ -789,10 +819,13 @@ int run_cuda(const Config& cfg) {
 
 #endif  // RMSNORM_WITH_CUDA
 
-// ---- fused operations (--op add | quant-fp8 | quant-int8), either backend ------------------------------
+// ---- fused operations (--op add | quant-fp8 | quant-int8) and mixed dtypes, either backend ----------------
 //
-// add:   h = T(x + residual) and y = rms_norm(h) * w (rmsnorm_add_forward). Checked: every h exactly by the rule
-//        (the sum in fp32, one rounding), y against the float64 reference of h as stored.
+// norm with --y-dtype / --weight-dtype: the forward and the backward with y, gy, the weight and gw in their
+//        dtypes (checked against the float64 reference, each in its own dtype's tolerance).
+// add:   h = R(x + residual) and y = rms_norm(h) * w (rmsnorm_add_forward; R the residual stream's dtype, T or
+//        f32). Checked: every h exactly by the rule (the sum in fp32, one rounding to R), y against the float64
+//        reference of h as stored.
 // quant: q = quant(y) with per-row scales (rmsnorm_forward_quant, vLLM's rule: src/common/quant.hpp), rstd
 //        written. Checked: rstd against the float64 reference; every scale and every q byte exactly by the rule
 //        from y = T(x * rstd * w), the forward's formula for the rstd returned.
@@ -883,8 +916,11 @@ int run_fused(const Config& cfg, bool cuda) {
   std::printf("backend: %s, op %s\n", rep.backend.c_str(), cfg.op.c_str());
   Problem pr = make_problem(cfg);
   const int64_t rows = cfg.rows, cols = cfg.cols;
-  const size_t mat = pr.elems * pr.esize, vec = static_cast<size_t>(cols) * pr.esize;
+  const size_t mat = pr.elems * pr.esize, vec = static_cast<size_t>(cols) * rmsnorm_dtype_size(cfg.weight_dtype);
+  const size_t rmat = pr.elems * rmsnorm_dtype_size(cfg.residual_dtype);
   const double nd = static_cast<double>(pr.elems), d = static_cast<double>(cols), e = static_cast<double>(pr.esize);
+  const double we = static_cast<double>(rmsnorm_dtype_size(cfg.weight_dtype));
+  const double re = static_cast<double>(rmsnorm_dtype_size(cfg.residual_dtype));
   Buf x(mat, cuda), w(vec, cuda), rstd(static_cast<size_t>(rows) * 4, cuda);
   x.upload(pr.x.data());
   w.upload(pr.w.data());
@@ -909,10 +945,55 @@ int run_fused(const Config& cfg, bool cuda) {
     rep.checks.push_back(std::move(c));
   };
 
-  if (cfg.op == "add") {
-    HostMatrix res(cfg.dtype, rows, cols);
+  if (cfg.op == "norm") {
+    // Mixed dtypes (main sends the plain norm to run_cpu / run_cuda): y and gy in --y-dtype, the weight and gw in
+    // --weight-dtype. Checked: y, gx (rstd given) and gw against the float64 reference, each in its own dtype.
+    const size_t ymat = pr.elems * rmsnorm_dtype_size(cfg.y_dtype);
+    Buf y(ymat, cuda), gy(ymat, cuda), gx(mat, cuda), gw(vec, cuda);
+    gy.upload(pr.gy.data());
+    y.poison();
+    gx.poison();
+    gw.poison();
+    size_t wsb = 0;
+    lib_check(rmsnorm_backward_workspace_size(&pr.p, RMSNORM_GW_STORE, &be, &wsb), "workspace query");
+    Buf ws(wsb, cuda);
+    float* r = static_cast<float*>(rstd.get());
+    auto fwd = [&] {
+      lib_check(rmsnorm_forward(&pr.p, x.get(), cols, w.get(), y.get(), cols, r, &be), "forward");
+    };
+    auto vjp = [&] {
+      lib_check(rmsnorm_backward(&pr.p, x.get(), cols, w.get(), gy.get(), cols, r, gx.get(), cols, gw.get(),
+                                 RMSNORM_GW_STORE, wsb > 0 ? ws.get() : nullptr, wsb, &be),
+                "backward");
+    };
+    {
+      Progress progress("running the mixed-dtype forward and backward and checking them");
+      fwd();
+      vjp();
+      sync();
+      HostMatrix yh(cfg.y_dtype, rows, cols), gxh = matrix_like(pr), gwh(cfg.weight_dtype, 1, cols);
+      y.download(yh.data());
+      gx.download(gxh.data());
+      gw.download(gwh.data());
+      rmsnorm::reference::Options opt;
+      opt.eps = static_cast<double>(cfg.eps);
+      Outputs out;
+      out.y_name = std::string("y (forward, ") + dtype_name(cfg.y_dtype) + ")";
+      out.y = &yh;
+      out.gx.push_back({"gx", &gxh});
+      out.gw.push_back({std::string("gw (") + dtype_name(cfg.weight_dtype) + ")", &gwh, 0.0});
+      for (CheckResult& c : rmsnorm::harness::check_against_reference(pr.x, &pr.w, &pr.gy, opt, out))
+        report(std::move(c));
+    }
+    print_checks(rep.checks);
+    if (ok && rows > 0) {
+      rep.timings.push_back(timed("forward", pr.fwd_bytes, fwd));
+      rep.timings.push_back(timed("vjp", pr.vjp_bytes, vjp));
+    }
+  } else if (cfg.op == "add") {
+    HostMatrix res(cfg.residual_dtype, rows, cols);
     rmsnorm::harness::fill_normal(res, cfg.seed + 3);
-    Buf r(mat, cuda), h(mat, cuda), y(mat, cuda);
+    Buf r(rmat, cuda), h(rmat, cuda), y(mat, cuda);
     r.upload(res.data());
     h.poison();
     y.poison();
@@ -925,7 +1006,7 @@ int run_fused(const Config& cfg, bool cuda) {
       Progress progress("running the residual add and checking it");
       call();
       sync();
-      HostMatrix hh = matrix_like(pr), yh = matrix_like(pr);
+      HostMatrix hh(cfg.residual_dtype, rows, cols), yh = matrix_like(pr);
       h.download(hh.data());
       y.download(yh.data());
       CheckResult ch;
@@ -933,8 +1014,8 @@ int run_fused(const Config& cfg, bool cuda) {
       for (int64_t i = 0; i < rows; ++i)
         for (int64_t k = 0; k < cols; ++k)
           ch.worst.add(i, k, hh.get(i, k),
-                       rmsnorm::harness::round_to(cfg.dtype, static_cast<float>(pr.x.get(i, k)) +
-                                                                 static_cast<float>(res.get(i, k))),
+                       rmsnorm::harness::round_to(cfg.residual_dtype, static_cast<float>(pr.x.get(i, k)) +
+                                                                          static_cast<float>(res.get(i, k))),
                        0.0);
       report(std::move(ch));
       rmsnorm::reference::Options opt;
@@ -946,7 +1027,7 @@ int run_fused(const Config& cfg, bool cuda) {
         report(std::move(c));
     }
     print_checks(rep.checks);
-    if (ok && rows > 0) rep.timings.push_back(timed("add forward", (4 * nd + d) * e, call));
+    if (ok && rows > 0) rep.timings.push_back(timed("add forward", 2 * nd * (e + re) + d * we, call));
   } else {
     const bool fp8 = cfg.op == "quant-fp8";
     Buf q(pr.elems, cuda), scales(static_cast<size_t>(rows) * 4, cuda);
@@ -1000,7 +1081,7 @@ int run_fused(const Config& cfg, bool cuda) {
       report(std::move(cq));
     }
     print_checks(rep.checks);
-    if (ok && rows > 0) rep.timings.push_back(timed(cfg.op, nd * e + nd + 4.0 * static_cast<double>(rows) + d * e, call));
+    if (ok && rows > 0) rep.timings.push_back(timed(cfg.op, nd * e + nd + 4.0 * static_cast<double>(rows) + d * we, call));
   }
   if (!rep.timings.empty()) print_timings(rep);
 #if defined(RMSNORM_WITH_CUDA)
@@ -1085,7 +1166,7 @@ int main(int argc, char** argv) {
 #if !defined(RMSNORM_WITH_CUDA)
     if (on_gpu) die("the library reports CUDA but this CLI was built without it; rebuild both together");
 #endif
-    if (cfg.op != "norm") return run_fused(cfg, on_gpu);
+    if (cfg.op != "norm" || cfg.mixed()) return run_fused(cfg, on_gpu);
     if (on_gpu) {
 #if defined(RMSNORM_WITH_CUDA)
       return run_cuda(cfg);
