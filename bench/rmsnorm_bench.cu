@@ -83,6 +83,7 @@ struct Options {
   std::string shapes;  // substring filter on "ROWSxCOLS dtype"
   std::string commit;
   std::vector<std::string> custom;  // --shape ROWSxCOLS:DTYPE[:offset], repeatable: these instead of the list
+  bool no_pdl = false;  // --no-pdl: every library call with RMSNORM_FLAG_NO_PDL (a diagnostic A/B of PDL)
 };
 
 struct Stats {
@@ -590,6 +591,7 @@ void write_json(const std::string& fatal_error) {
           "CUDA events around each call, queued behind a spin kernel, after warm-up; median/p10/p90; b2b = one event "
           "pair around all calls");
   j.field("reps", g_opt.reps).field("quick", g_opt.quick).field("rotation_min_bytes", m.rotation_bytes);
+  j.field("no_pdl", g_opt.no_pdl);
   j.field("fill", "random normal (harness counter hash, Box-Muller), w ~ N(1, 0.25)").field("eps", kEps);
   j.field("decode", "20 calls per CUDA graph, per call = replay / 20");
   j.field("bytes", "forward 2*rows*D*esize + D*esize; vjp 3*rows*D*esize + 2*D*esize");
@@ -752,6 +754,7 @@ void run_shape(const Shape& sh, cudaStream_t stream, const rmsnorm_backend_t& be
   prob.cols = sh.cols;
   prob.dtype = sh.dtype;
   prob.eps = kEps;
+  if (g_opt.no_pdl) prob.flags |= RMSNORM_FLAG_NO_PDL;
 
   // Rotation depth from the forward's bytes (the smaller of the two), capped
   // by free device memory (keep half of it free for the workspace and temps).
@@ -944,6 +947,7 @@ void run_decode(const DecodeShape& sh, cudaStream_t stream, const rmsnorm_backen
   for (int k = 0; k < 4; ++k) {
     const int dir = k % 2;
     const bool pdl = k < 2;
+    if (pdl && g_opt.no_pdl) continue;  // --no-pdl: the plain launches only
     const rmsnorm_problem_t& pr = pdl ? prob : plain;
     CaseResult c;
     c.group = "decode";
@@ -1061,6 +1065,7 @@ void usage() {
       "  --shape RxC:T[:offset]  time this shape instead of the list (e.g. 32768x4096:f16,\n"
       "                  8192x4096:bf16:offset for bases one element off; repeatable; no decode)\n"
       "  --no-extra      skip the extra large-data shapes\n"
+      "  --no-pdl        launch every call with RMSNORM_FLAG_NO_PDL (diagnostic: a run to set against the default)\n"
       "  --json FILE     write every number and the run's metadata to FILE\n"
       "  --commit STR    commit recorded in the JSON (default: $RMSNORM_COMMIT, else \"unknown\")\n");
 }
@@ -1088,6 +1093,8 @@ void parse(int argc, char** argv) {
       parse_shape(g_opt.custom.back());  // a bad spec fails here, before any device work
     } else if (a == "--no-extra") {
       g_opt.extra = false;
+    } else if (a == "--no-pdl") {
+      g_opt.no_pdl = true;
     } else if (a == "--commit") {
       g_opt.commit = value();
     } else if (a == "-h" || a == "--help") {
