@@ -912,6 +912,7 @@ void run_decode(const DecodeShape& sh, cudaStream_t stream, const rmsnorm_backen
   prob.cols = sh.cols;
   prob.dtype = sh.dtype;
   prob.eps = kEps;
+  if (g_opt.no_pdl) prob.flags |= RMSNORM_FLAG_NO_PDL;  // the untimed set-up calls too
   // One operand set per captured call. These fit in L2, as a decode step's
   // activations (just written by the previous layer) do in practice.
   std::vector<OperandSet> sets(kGraphCalls);
@@ -1136,8 +1137,10 @@ int run(int argc, char** argv) {
   std::printf("rmsnorm_bench  %s  %s  SMs %d  L2 %.0f MB  driver %d  runtime %d  commit %s\n", g_meta.gpu.c_str(),
               g_meta.pci_bus_id.c_str(), g_meta.sm_count, static_cast<double>(g_meta.l2_bytes) / 1e6, g_meta.driver,
               g_meta.runtime, g_meta.commit.c_str());
-  std::printf("reps %d%s; operands rotated over >= %.0f MiB; random normal data; eps %g\n", g_opt.reps,
-              g_opt.quick ? " (quick: not for reporting)" : "", g_meta.rotation_bytes / (1 << 20), static_cast<double>(kEps));
+  std::printf("reps %d%s%s; operands rotated over >= %.0f MiB; random normal data; eps %g\n", g_opt.reps,
+              g_opt.quick ? " (quick: not for reporting)" : "",
+              g_opt.no_pdl ? " (--no-pdl: every call without PDL; a diagnostic, not for reporting)" : "",
+              g_meta.rotation_bytes / (1 << 20), static_cast<double>(kEps));
 
   g_meta.copy_st = measure_copy(stream, &g_meta.copy_gbps);
   std::printf("copy ceiling: D2D cudaMemcpyAsync 1 GiB, read+write, median of %d: %.1f us -> %.1f GB/s\n",

@@ -94,7 +94,8 @@ def build(ours, torch_doc):
                  f"{fmt((gpu.get('l2_bytes') or 0) / 1e6, '.0f')} MB), {nvidia_driver}CUDA driver API "
                  f"{cuda_version(ours.get('driver_version'))}, CUDA runtime {cuda_version(ours.get('runtime_version'))}")
     lines.append(f"- commit {ours.get('commit', '-')}, date {ours.get('date_utc', '-')}, reps "
-                 f"{ours.get('method', {}).get('reps', '-')}{' (quick run: not for reporting)' if ours.get('method', {}).get('quick') else ''}")
+                 f"{ours.get('method', {}).get('reps', '-')}{' (quick run: not for reporting)' if ours.get('method', {}).get('quick') else ''}"
+                 f"{' (--no-pdl: every call without PDL; a diagnostic, not for reporting)' if ours.get('method', {}).get('no_pdl') else ''}")
     copy = ours.get("copy", {})
     lines.append(f"- copy ceiling (D2D 1 GiB, read+write, median): {fmt(copy.get('gbps'), '.1f')} GB/s "
                  f"(again at the end: {fmt(copy.get('gbps_end'), '.1f')} GB/s)")

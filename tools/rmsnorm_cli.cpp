@@ -263,7 +263,8 @@ Config parse_args(int argc, char** argv) {
     usage_error("--weight-dtype: expected --dtype's or f32");
   if (c.residual_dtype != c.dtype && (c.residual_dtype != RMSNORM_DTYPE_F32 || c.op != "add"))
     usage_error("--residual-dtype: expected --dtype's, or f32 with --op add");
-  const double bytes = static_cast<double>(c.rows) * static_cast<double>(c.cols) * (c.dtype == RMSNORM_DTYPE_F32 ? 4 : 2);
+  const bool any_f32 = c.dtype == RMSNORM_DTYPE_F32 || c.y_dtype == RMSNORM_DTYPE_F32 || c.residual_dtype == RMSNORM_DTYPE_F32;
+  const double bytes = static_cast<double>(c.rows) * static_cast<double>(c.cols) * (any_f32 ? 4 : 2);
   if (bytes > 64.0 * (1ull << 30)) usage_error("rows x cols is too large (over 64 GiB per tensor)");
   return c;
 }
@@ -350,6 +351,8 @@ void write_json(const Config& cfg, const Report& rep, bool passed) {
   }
   j.field("op", cfg.op);
   j.field("rows", cfg.rows).field("cols", cfg.cols).field("dtype", dtype_name(cfg.dtype)).field("eps", cfg.eps);
+  j.field("y_dtype", dtype_name(cfg.y_dtype)).field("weight_dtype", dtype_name(cfg.weight_dtype));
+  j.field("residual_dtype", dtype_name(cfg.residual_dtype));
   j.field("seed", cfg.seed).field("reps", rep.reps).field("input_sets", rep.input_sets);
   j.key("check").begin_object().field("passed", passed).key("items").begin_array();
   for (const CheckResult& c : rep.checks) {
@@ -930,6 +933,13 @@ int run_fused(const Config& cfg, bool cuda) {
     if (cuda) CUDA_CHECK(cudaStreamSynchronize(cstream));
 #endif
   };
+  // Buf's uploads and poisons run on the legacy default stream, which the library's non-blocking stream does not
+  // wait for: every set-up copy and memset has finished before the first call.
+  auto settle = [&] {
+#if defined(RMSNORM_WITH_CUDA)
+    if (cuda) CUDA_CHECK(cudaDeviceSynchronize());
+#endif
+  };
   auto timed = [&](const std::string& name, double bytes, const std::function<void()>& call) {
 #if defined(RMSNORM_WITH_CUDA)
     if (cuda) return time_cuda(name, bytes, rep.reps, 1, cstream, [&](int) { call(); });
@@ -957,9 +967,11 @@ int run_fused(const Config& cfg, bool cuda) {
     size_t wsb = 0;
     lib_check(rmsnorm_backward_workspace_size(&pr.p, RMSNORM_GW_STORE, &be, &wsb), "workspace query");
     Buf ws(wsb, cuda);
+    rep.fused_workspace_bytes = static_cast<double>(wsb);
     float* r = static_cast<float*>(rstd.get());
-    auto fwd = [&] {
-      lib_check(rmsnorm_forward(&pr.p, x.get(), cols, w.get(), y.get(), cols, r, &be), "forward");
+    // The timed forward writes no rstd, as run_cpu's and run_cuda's; the checked one does, for the backward.
+    auto fwd = [&](float* out_rstd) {
+      lib_check(rmsnorm_forward(&pr.p, x.get(), cols, w.get(), y.get(), cols, out_rstd, &be), "forward");
     };
     auto vjp = [&] {
       lib_check(rmsnorm_backward(&pr.p, x.get(), cols, w.get(), gy.get(), cols, r, gx.get(), cols, gw.get(),
@@ -968,7 +980,8 @@ int run_fused(const Config& cfg, bool cuda) {
     };
     {
       Progress progress("running the mixed-dtype forward and backward and checking them");
-      fwd();
+      settle();
+      fwd(r);
       vjp();
       sync();
       HostMatrix yh(cfg.y_dtype, rows, cols), gxh = matrix_like(pr), gwh(cfg.weight_dtype, 1, cols);
@@ -986,8 +999,9 @@ int run_fused(const Config& cfg, bool cuda) {
         report(std::move(c));
     }
     print_checks(rep.checks);
+    if (rows == 0) std::printf("timing: nothing to time (rows = 0)\n");
     if (ok && rows > 0) {
-      rep.timings.push_back(timed("forward", pr.fwd_bytes, fwd));
+      rep.timings.push_back(timed("forward", pr.fwd_bytes, [&] { fwd(nullptr); }));
       rep.timings.push_back(timed("vjp", pr.vjp_bytes, vjp));
     }
   } else if (cfg.op == "add") {
@@ -1004,6 +1018,7 @@ int run_fused(const Config& cfg, bool cuda) {
     };
     {
       Progress progress("running the residual add and checking it");
+      settle();
       call();
       sync();
       HostMatrix hh(cfg.residual_dtype, rows, cols), yh = matrix_like(pr);
@@ -1042,6 +1057,7 @@ int run_fused(const Config& cfg, bool cuda) {
     };
     {
       Progress progress("running the quantized forward and checking it");
+      settle();
       call();
       sync();
       std::vector<uint8_t> qh(pr.elems);
@@ -1120,8 +1136,16 @@ std::string cuda_unavailable_reason() {
 
 // Host bytes the run keeps at its peak: the inputs and every downloaded output.
 double host_bytes(const Config& cfg, bool cuda) {
-  const double tensor = static_cast<double>(cfg.rows) * static_cast<double>(cfg.cols) * rmsnorm_dtype_size(cfg.dtype);
-  return tensor * (cuda ? 6 : 5);  // x, gy, y, gx, gx (rstd recomputed) [, gx (two-pass)]
+  const double n = static_cast<double>(cfg.rows) * static_cast<double>(cfg.cols);
+  const double e = rmsnorm_dtype_size(cfg.dtype), ye = rmsnorm_dtype_size(cfg.y_dtype);
+  const double re = rmsnorm_dtype_size(cfg.residual_dtype);
+  if (cfg.op == "norm" && !cfg.mixed()) return n * e * (cuda ? 6 : 5);  // x, gy, y, gx, gx (rstd recomputed) [, gx (two-pass)]
+  // run_fused: the inputs (x, gy), and per op its host buffers (on the CPU backend also the library's copies of
+  // every operand) and the downloads checked.
+  const double in = n * (e + ye);
+  if (cfg.op == "norm") return in + n * (ye + e) * (cuda ? 1 : 3);        // y, gx [, x, gy as the library's operands]
+  if (cfg.op == "add") return in + n * (2 * re + e) * (cuda ? 1 : 2) + n * e;  // residual, h, y [+ their Bufs], x's Buf
+  return in + n * (cuda ? 1 : 2) + n * e;                                  // q [+ its Buf], x's Buf
 }
 
 // Physical memory, or 0 where unknown. A run that needs more is refused up
@@ -1153,6 +1177,9 @@ int main(int argc, char** argv) {
   std::printf("rmsnorm %d.%d.%d: %" PRId64 " x %" PRId64 " %s, eps %g\n", RMSNORM_VERSION_MAJOR,
               RMSNORM_VERSION_MINOR, RMSNORM_VERSION_PATCH, cfg.rows, cfg.cols, dtype_name(cfg.dtype),
               static_cast<double>(cfg.eps));
+  if (cfg.mixed())
+    std::printf("mixed dtypes: y %s, weight %s, residual stream %s\n", dtype_name(cfg.y_dtype),
+                dtype_name(cfg.weight_dtype), dtype_name(cfg.residual_dtype));
   const bool cuda = rmsnorm_cuda_available() != 0;
   if (cfg.backend == "cuda" && !cuda) die("--backend cuda: the CUDA backend is not available: " + cuda_unavailable_reason());
   const bool on_gpu = cuda && cfg.backend != "cpu";
