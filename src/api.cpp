@@ -553,9 +553,7 @@ static rmsnorm_status_t forward_quant_impl(const rmsnorm_problem_t* problem, con
   // output is disjoint from every other operand.
   if (add) {
     if (!same_view(eres, ex) && overlaps(eres, ex))
-      return fail(RMSNORM_STATUS_OVERLAP, "residual",
-                c.residual_f32 ? "overlaps x (another dtype with RMSNORM_FLAG_RESIDUAL_F32)"
-                               : "overlaps x (only residual == x with equal row strides)");
+      return fail(RMSNORM_STATUS_OVERLAP, "residual", "overlaps x (only residual == x with equal row strides)");
     for (const Extent* in : {&ex, &eres}) {
       if (!same_view(eh, *in) && overlaps(eh, *in))
         return fail(RMSNORM_STATUS_OVERLAP, "h",
