@@ -19,6 +19,7 @@
 
 #include "rmsnorm/rmsnorm.h"
 #include "rmsnorm/rmsnorm.hpp"
+#include "harness/cuda.hpp"
 #include "rmsnorm_reference.hpp"
 #include "test_util.hpp"
 #include "cuda_poison.cuh"
@@ -35,22 +36,19 @@ class CudaMixed : public ::testing::Test {
   }
 };
 
+using harness::DeviceBuffer;
+
 // A host matrix's whole storage (row padding included) on the device, and back.
 struct DeviceCopy {
-  void* base = nullptr;
-  size_t bytes = 0;
+  DeviceBuffer buf;
   int64_t offset_bytes = 0;
-  explicit DeviceCopy(const HostMatrix& m) : bytes(m.span_bytes()), offset_bytes(m.offset * int64_t(m.esize())) {
-    if (cudaMalloc(&base, bytes) != cudaSuccess) base = nullptr;
-    if (base != nullptr) cudaMemcpy(base, m.storage.data(), bytes, cudaMemcpyHostToDevice);
+  explicit DeviceCopy(const HostMatrix& m) : buf(m.span_bytes()), offset_bytes(m.offset * int64_t(m.esize())) {
+    RMSNORM_HARNESS_CUDA(cudaMemcpy(buf.get(), m.storage.data(), buf.bytes(), cudaMemcpyHostToDevice));
   }
-  ~DeviceCopy() {
-    if (base != nullptr) cudaFree(base);
+  void* data() const { return buf.as<unsigned char>() + offset_bytes; }
+  void download(HostMatrix* m) const {
+    RMSNORM_HARNESS_CUDA(cudaMemcpy(m->storage.data(), buf.get(), buf.bytes(), cudaMemcpyDeviceToHost));
   }
-  DeviceCopy(const DeviceCopy&) = delete;
-  DeviceCopy& operator=(const DeviceCopy&) = delete;
-  void* data() const { return static_cast<unsigned char*>(base) + offset_bytes; }
-  void download(HostMatrix* m) const { cudaMemcpy(m->storage.data(), base, bytes, cudaMemcpyDeviceToHost); }
 };
 
 struct MixedCase {
@@ -129,9 +127,9 @@ void check_mixed(const MixedCase& c, std::mt19937_64& rng) {
   HostMatrix y = matrix(c, c.y_dtype), h = matrix(c, RMSNORM_DTYPE_F32), gx = matrix(c, nd), gw(gw_dt, 1, c.cols);
   std::vector<float> rstd(static_cast<size_t>(c.rows), NAN);
   DeviceCopy dx(x), dres(res), dw(w), dgy(gy), dgh(gh), dy(y), dh(h), dgx(gx), dgw(gw);
-  float* drstd = nullptr;
-  CUDA_OK(cudaMalloc(&drstd, rstd.size() * 4 + 4));
-  CUDA_OK(cudaMemset(drstd, 0xFF, rstd.size() * 4 + 4));
+  DeviceBuffer rstd_buf(rstd.size() * 4 + 4);
+  float* drstd = rstd_buf.as<float>();
+  CUDA_OK(cudaMemset(drstd, 0xFF, rstd_buf.bytes()));
   const rmsnorm_problem_t p = problem_of(c);
   const rmsnorm_backend_t b = rmsnorm_backend_cuda(-1, nullptr);
   poison_shared_memory();
@@ -179,10 +177,7 @@ void check_mixed(const MixedCase& c, std::mt19937_64& rng) {
       const double want = round_to(c.y_dtype, static_cast<double>(xh * w_prime(c, w, k)));
       ASSERT_EQ(y.get(r, k), want) << "y at row " << r << " col " << k << " (from the rstd returned)";
     }
-  if (::testing::Test::HasFailure()) {
-    CUDA_OK(cudaFree(drstd));
-    return;
-  }
+  if (::testing::Test::HasFailure()) return;
 
   // Backward, rstd given (the reference's, rounded to fp32), gw in the weight's dtype or fp32.
   std::vector<float> rstd_in(static_cast<size_t>(c.rows));
@@ -191,11 +186,9 @@ void check_mixed(const MixedCase& c, std::mt19937_64& rng) {
   const int32_t mode = c.weight ? c.gw_mode : RMSNORM_GW_NONE;
   size_t ws_bytes = 0;
   ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, mode, &b, &ws_bytes)) << rmsnorm_last_error();
-  void* ws = nullptr;
-  if (ws_bytes > 0) {
-    CUDA_OK(cudaMalloc(&ws, ws_bytes));
-    CUDA_OK(cudaMemset(ws, 0xFF, ws_bytes));
-  }
+  DeviceBuffer ws_buf(ws_bytes);
+  void* ws = ws_buf.get();
+  if (ws_bytes > 0) CUDA_OK(cudaMemset(ws, 0xFF, ws_bytes));
   DeviceCopy din(in);
   poison_shared_memory();
   void* gw_ptr = mode == RMSNORM_GW_NONE ? nullptr : dgw.data();
@@ -206,8 +199,6 @@ void check_mixed(const MixedCase& c, std::mt19937_64& rng) {
                                         dgx.data(), s, gw_ptr, mode, ws, ws_bytes, &b);
   EXPECT_EQ(RMSNORM_STATUS_SUCCESS, bst) << rmsnorm_last_error();
   CUDA_OK(cudaDeviceSynchronize());
-  if (ws != nullptr) CUDA_OK(cudaFree(ws));
-  CUDA_OK(cudaFree(drstd));
   if (bst != RMSNORM_STATUS_SUCCESS) return;
   dgx.download(&gx);
   dgw.download(&gw);
