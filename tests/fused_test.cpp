@@ -391,6 +391,44 @@ TEST(Quant, Int8RoundsHalfToEvenAndSaturates) {
   for (const auto& [v, want] : cases) EXPECT_EQ(int(quant::int8_saturated(v)), want) << "v = " << v;
 }
 
+// The device's fp8 per-row divide, y / s by way of 1 / s (quant::quotient_by_inverse): the code it gives is the
+// divided value's for every bf16 and every f16 y and random fp32 y, over scales from the smallest allowed up; and
+// the quotient is the divided one, bit for bit, wherever |y / s| >= 2^-60 (below, only the fp8 code must agree).
+TEST(Quant, QuotientByInverseGivesTheDividedCode) {
+  std::mt19937_64 rng(73);
+  std::vector<float> scales = {quant::kFp8MinScale, 1.0f, 0.5f, 3.0f, 1.0f / 448.0f, 1e-3f, 7.25e5f, 1e30f};
+  std::uniform_real_distribution<float> lg(-20.0f, 40.0f);
+  for (int i = 0; i < 150; ++i) scales.push_back(std::max(quant::kFp8MinScale, std::exp2(lg(rng)) / quant::kFp8Max));
+  std::vector<float> ys;
+  for (uint32_t b = 0; b < 65536; ++b) {
+    float v;
+    const uint32_t u = b << 16;
+    std::memcpy(&v, &u, 4);
+    ys.push_back(v);  // every bf16
+    ys.push_back(half_to_float(static_cast<uint16_t>(b)));  // every f16
+  }
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int i = 0; i < 100000; ++i) {
+    float v;
+    const uint32_t u = bits(rng);
+    std::memcpy(&v, &u, 4);
+    ys.push_back(v);
+  }
+  for (float s : scales) {
+    const float inv = 1.0f / s;
+    for (float y : ys) {
+      const float want = y / s, got = quant::quotient_by_inverse(y, s, inv);
+      const uint8_t cw = quant::fp8_e4m3_saturated(want), cg = quant::fp8_e4m3_saturated(got);
+      ASSERT_EQ(cg, cw) << "y = " << y << ", s = " << s << ": " << got << " against " << want;
+      if (!(std::fabs(want) >= 0x1p-60f) || std::isnan(want)) continue;
+      uint32_t uw, ug;
+      std::memcpy(&uw, &want, 4);
+      std::memcpy(&ug, &got, 4);
+      ASSERT_EQ(ug, uw) << "y = " << y << ", s = " << s << ": " << got << " against " << want;
+    }
+  }
+}
+
 struct QuantRun {
   std::vector<uint8_t> q;
   std::vector<float> scales, rstd;

@@ -45,18 +45,38 @@ RMSNORM_QHD inline uint8_t fp8_e4m3_saturated(float v) {
 }
 
 // v to int8: nearest, ties to even, saturated to [-128, 127]; NaN gives 0.
+// Selects, not branches: the device's per-element code is issue-bound.
 RMSNORM_QHD inline int8_t int8_saturated(float v) {
-  if (v != v) return 0;
-  if (v >= 127.0f) return 127;
-  if (v <= -128.0f) return -128;
-  return static_cast<int8_t>(nearbyintf(v));
+  const float c = v != v ? 0.0f : fminf(fmaxf(v, -128.0f), 127.0f);
+  return static_cast<int8_t>(nearbyintf(c));
 }
 
 // A row's dequantization scale from max|y| (NaN ignored by fmaxf) and an
 // optional upper bound (fp8 only): max(min(absmax, ub) / qmax, min_scale).
-RMSNORM_QHD inline float row_scale(float absmax, const float* ub, bool fp8) {
-  const float a = ub != nullptr ? fminf(absmax, *ub) : absmax;
+RMSNORM_QHD inline float bounded_row_scale(float a, bool fp8) {
   return fmaxf(a / (fp8 ? kFp8Max : kInt8Max), fp8 ? kFp8MinScale : kInt8MinScale);
+}
+RMSNORM_QHD inline float row_scale(float absmax, const float* ub, bool fp8) {
+  return bounded_row_scale(ub != nullptr ? fminf(absmax, *ub) : absmax, fp8);
+}
+
+// y / s for a row's scale s > 0 and inv = 1 / s (correctly rounded), without a
+// divide per element: q0 = y inv is within an ulp of y / s, the FMA gives the
+// exact remainder y - q0 s, and q0 + remainder * inv rounds to y / s
+// (Markstein's correction). Where the remainder underflows (|y / s| far below
+// anything an 8-bit format keeps) the result can be an ulp off, and the sign is
+// y's in any case, so fp8_e4m3_saturated of it equals that of y / s for every
+// finite y (tests/quant_test.cpp checks every 16-bit y against many scales).
+// y = +-inf, NaN, or a quotient past FLT_MAX: the correction gives NaN and q0
+// (+-inf or NaN) is kept, as y / s would give.
+RMSNORM_QHD inline float quotient_by_inverse(float y, float s, float inv) {
+#if defined(__CUDA_ARCH__)
+  const float q0 = __fmul_rn(y, inv);  // not contracted into the FMA below
+#else
+  const float q0 = y * inv;
+#endif
+  const float q1 = fmaf(fmaf(-q0, s, y), inv, q0);
+  return q1 == q1 ? copysignf(q1, y) : q0;
 }
 
 }  // namespace rmsnorm::quant

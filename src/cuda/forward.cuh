@@ -221,8 +221,9 @@ __device__ __forceinline__ Chunk<T> y_chunk(const Chunk<T>& x, const float (&w)[
 // The quantized epilogue of forward_rows_direct_kernel<..., kQuant>: this
 // thread's chunks of y (from x and w' in registers) overwrite x; with
 // per-row scales the row's max|y| is reduced (every thread of the CTA takes
-// part) and lane 0 writes the scale; then q.
-template <int kTpr, int kSlots, bool kPartial, typename T, typename Map>
+// part) and lane 0 writes the scale; then q. kFp8 and kPerRow: the kernel's
+// kind (no branch on it in the per-element code).
+template <int kTpr, int kSlots, bool kPartial, bool kFp8, bool kPerRow, typename T, typename Map>
 __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chunk<T> (&xr)[plan::kChunksPerThread],
                                              const Chunk<T> (&wr)[plan::kChunksPerThread], float ss, int64_t row,
                                              bool valid, const Map& m, RowScratch<AbsMax, kTpr, kSlots>& max_scratch,
@@ -234,19 +235,20 @@ __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chu
   if (valid) {
     const float r = rms_from_sum(ss, p.cols, p.eps);  // no rescaled path in this band: rstd.cuh
     if (p.rstd != nullptr && m.pos == 0) p.rstd[row] = r;
+    // As in store_direct: every chunk (the ones not held are x = 0, w = 1, so y = 0, which leaves max|y| as it
+    // is), a null weight loaded as 1 and no offset then.
+    const float offset = p.w != nullptr ? p.w_offset : 0.0f;
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
-      const int c = m.chunk(it);
-      if (c < p.chunks) {
-        float w[kN];
-        held_weights(wr[it], p.w != nullptr, p.w_offset, w);
-        xr[it] = y_chunk(xr[it], w, r, p.round_xhat);
-        if (qp.per_row) absmax = chunk_absmax(absmax, xr[it], kPartial ? p.cols - c * kN : kN);
-      }
+      float w[kN];
+#pragma unroll
+      for (int j = 0; j < kN; ++j) w[j] = wr[it].get(j) + offset;
+      xr[it] = y_chunk(xr[it], w, r, p.round_xhat);
+      if constexpr (kPerRow) absmax = chunk_absmax(absmax, xr[it], kPartial ? p.cols - m.chunk(it) * kN : kN);
     }
   }
   QuantRow qr;
-  if (qp.per_row) {
+  if constexpr (kPerRow) {
     absmax = row_sum<kTpr, kSlots>(AbsMax{absmax}, max_scratch, parity).v;
     qr = per_row_quant(qp, qk, absmax);
     if (valid && m.pos == 0) qp.row_scales[row] = qr.s;
@@ -260,7 +262,7 @@ __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chu
     const int c = m.chunk(it);
     if (c < p.chunks) {
       const int n = kPartial ? min(kN, p.cols - c * kN) : kN;
-      store_q_chunk<T>(qrow, c, n, true, quantize_chunk(xr[it], qr, qp.fp8));
+      store_q_chunk<T>(qrow, c, n, true, quantize_chunk<kFp8, kFp8 && kPerRow>(xr[it], qr));
     }
   }
 }
@@ -297,11 +299,14 @@ __device__ __forceinline__ void store_direct(T* __restrict__ yr, const Chunk<T> 
 // residual chunks to its x chunks, stores h = T(x + res) and goes on with h as
 // x. A thread reads its x and residual chunks before it writes its h chunks,
 // so h == x and h == res are safe.
-// kQuant: q = quant(y) in place of y (rmsnorm_forward_quant), y computed as
-// above; with per-row scales the row's max|y| is reduced like its sum.
-template <typename T, int kTpr, bool kPartial, bool kAdd, bool kQuant = false>
+// kQ: q = quant(y) in place of y (rmsnorm_forward_quant), y computed as
+// above; with per-row scales the row's max|y| is reduced like its sum. One
+// kernel per kind: with the kinds as run-time branches in one kernel ptxas
+// spilled, and the per-element code is what limits this kernel (issue-bound).
+template <typename T, int kTpr, bool kPartial, bool kAdd, QuantKind kQ = QuantKind::kNone>
 __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr))
-    forward_rows_direct_kernel(const ForwardParamsOf<T, kQuant> p) {
+    forward_rows_direct_kernel(const ForwardParamsOf<T, kQ != QuantKind::kNone> p) {
+  constexpr bool kQuant = kQ != QuantKind::kNone;
   constexpr int kCtaThreads = plan::forward_cta_threads(kTpr);
   constexpr int kSlots = kCtaThreads / kTpr;
   constexpr int kCpt = plan::kChunksPerThread;
@@ -355,7 +360,8 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     for (int it = 0; it < kCpt; ++it) part = add_squares(part, xr[it]);
     const float ss = row_sum<kTpr, kSlots>(part, scratch, parity);
     if constexpr (kQuant) {
-      quantize_row<kTpr, kSlots, kPartial>(p, xr, wr, ss, row, valid, m, max_scratch, parity, qk);
+      quantize_row<kTpr, kSlots, kPartial, quant_fp8(kQ), quant_per_row(kQ)>(p, xr, wr, ss, row, valid, m,
+                                                                             max_scratch, parity, qk);
       continue;
     }
     if (valid) {
@@ -454,8 +460,11 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
 // as x). Y: y's dtype, passed in p.y (RMSNORM_FLAG_Y_DTYPE; the fp32 residual
 // stream's y in the 16-bit dtype of the call's x); stored by element, y_stride
 // in Y's elements.
-template <typename T, bool kQuant = false, typename W = T, typename Y = T>
-__global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(const ForwardParamsOf<T, kQuant> p) {
+// kQ: the quantized kind, as in forward_rows_direct_kernel.
+template <typename T, QuantKind kQ = QuantKind::kNone, typename W = T, typename Y = T>
+__global__ void __launch_bounds__(plan::kLoopedThreads)
+    forward_looped_kernel(const ForwardParamsOf<T, kQ != QuantKind::kNone> p) {
+  constexpr bool kQuant = kQ != QuantKind::kNone;
   constexpr int kCtaThreads = plan::kLoopedThreads;
   constexpr int kN = Chunk<T>::kN;
   static_assert(!kQuant || std::is_same_v<Y, T>, "the quantized forward writes q, not y");
@@ -485,7 +494,7 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(co
     if constexpr (kQuant) {
       const QuantParams& qp = p.quant;
       QuantRow qrule;
-      if (qp.per_row) {
+      if constexpr (quant_per_row(kQ)) {
         float absmax = 0.0f;
         for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) absmax = chunk_absmax(absmax, y_of(c), p.cols - c * kN);
         absmax = row_sum<kCtaThreads, 1>(AbsMax{absmax}, max_scratch, parity).v;
@@ -496,7 +505,7 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_kernel(co
       }
       uint8_t* qrow = qp.q + row * qp.q_stride;
       for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads)
-        store_q_chunk<T>(qrow, c, min(kN, p.cols - c * kN), qp.q_vector, quantize_chunk(y_of(c), qrule, qp.fp8));
+        store_q_chunk<T>(qrow, c, min(kN, p.cols - c * kN), qp.q_vector, quantize_chunk<quant_fp8(kQ), quant_fp8(kQ) && quant_per_row(kQ)>(y_of(c), qrule));
     } else if constexpr (std::is_same_v<Y, T>) {
       T* yr = p.y + row * p.y_stride;
       for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
@@ -598,7 +607,7 @@ rmsnorm_status_t launch_looped_as(const ForwardArgs& a, const plan::Device& dev,
                                            : plan::io_of({{a.x, a.x_stride}}, kEs);
   const plan::Launch l = plan::looped_forward_launch(a.rows, a.cols, kEs, io, dev);
   const ForwardParams<X> p = forward_params<X>(a, l);
-  return launch_planned(forward_looped_kernel<X, false, W, Y>, plan::kLoopedThreads, l, a.pdl && dev.sm90_code, stream,
+  return launch_planned(forward_looped_kernel<X, QuantKind::kNone, W, Y>, plan::kLoopedThreads, l, a.pdl && dev.sm90_code, stream,
                         p);
 }
 
@@ -669,7 +678,7 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
     case Kernel::kForwardClusterElement:
       return launch(forward_kernel<T, plan::kClusterTpr, true, false>, plan::kClusterTpr);
     case Kernel::kForwardLooped:
-      return a.weight_f32 ? launch(forward_looped_kernel<T, false, float>, plan::kLoopedThreads)
+      return a.weight_f32 ? launch(forward_looped_kernel<T, QuantKind::kNone, float>, plan::kLoopedThreads)
                           : launch(forward_looped_kernel<T>, plan::kLoopedThreads);
     default: break;
   }
@@ -710,18 +719,24 @@ rmsnorm_status_t launch_forward_quant(const ForwardArgs& a, const QuantArgs& qa,
   const bool pdl = a.pdl && dev.sm90_code;
   auto launch = [&](auto kernel, int cta_threads) { return launch_planned(kernel, cta_threads, l, pdl, stream, p); };
   if (l.kernel == plan::Kernel::kForwardLooped)
-    return a.weight_f32 ? launch(forward_looped_kernel<T, true, float>, plan::kLoopedThreads)
-                        : launch(forward_looped_kernel<T, true>, plan::kLoopedThreads);
+    return dispatch_quant_kind(qa.fp8, qa.per_row, [&](auto kind) {
+      constexpr QuantKind kQ = decltype(kind)::value;
+      return a.weight_f32 ? launch(forward_looped_kernel<T, kQ, float>, plan::kLoopedThreads)
+                          : launch(forward_looped_kernel<T, kQ>, plan::kLoopedThreads);
+    });
   if (l.kernel != plan::Kernel::kForwardRows)
     return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", std::string("no quantized forward for ") + plan::kernel_name(l.kernel));
-  return dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
-    constexpr int kTpr = decltype(tpr)::value;
-    constexpr int kCta = plan::forward_cta_threads(kTpr);
-    if (add)
-      return a.cols % Chunk<T>::kN != 0 ? launch(forward_rows_direct_kernel<T, kTpr, true, true, true>, kCta)
-                                        : launch(forward_rows_direct_kernel<T, kTpr, false, true, true>, kCta);
-    return a.cols % Chunk<T>::kN != 0 ? launch(forward_rows_direct_kernel<T, kTpr, true, false, true>, kCta)
-                                      : launch(forward_rows_direct_kernel<T, kTpr, false, false, true>, kCta);
+  return dispatch_quant_kind(qa.fp8, qa.per_row, [&](auto kind) -> rmsnorm_status_t {
+    constexpr QuantKind kQ = decltype(kind)::value;
+    return dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
+      constexpr int kTpr = decltype(tpr)::value;
+      constexpr int kCta = plan::forward_cta_threads(kTpr);
+      if (add)
+        return a.cols % Chunk<T>::kN != 0 ? launch(forward_rows_direct_kernel<T, kTpr, true, true, kQ>, kCta)
+                                          : launch(forward_rows_direct_kernel<T, kTpr, false, true, kQ>, kCta);
+      return a.cols % Chunk<T>::kN != 0 ? launch(forward_rows_direct_kernel<T, kTpr, true, false, kQ>, kCta)
+                                        : launch(forward_rows_direct_kernel<T, kTpr, false, false, kQ>, kCta);
+    });
   });
 }
 

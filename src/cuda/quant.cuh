@@ -1,12 +1,15 @@
 // Quantized output of the forward (rmsnorm_forward_quant) on the device: a
 // row's max|y|, its scale, and a chunk of y to fp8 e4m3 or int8 bytes. The
 // rules are src/common/quant.hpp's; the fp8 conversion here is the
-// hardware's (cvt.rn.satfinite.e4m3x2.f32 on sm_89 and later), after the same
-// clamp to [-448, 448] that maps NaN to 448, so that it gives the encoder's
-// bits (Cuda.ForwardQuant compares every q with the host rule).
+// hardware's (cvt.rn.satfinite.e4m3x2.f32 on sm_89 and later), after
+// fminf(v, 448), which maps NaN to 448 as the encoder's clamp does, so that it
+// gives the encoder's bits (Cuda.ForwardQuant compares every q with the host
+// rule).
 #pragma once
 
 #include <cuda_fp8.h>
+
+#include <type_traits>
 
 #include "common/quant.hpp"
 #include "cuda/element.cuh"
@@ -24,6 +27,18 @@ struct QuantParams {
   bool per_row = false;
   bool q_vector = false;  // every q row aligned to a chunk's kN bytes (plan::q_rows_aligned)
 };
+
+// The quantized rows kernel's kind (forward_rows_direct_kernel<..., kQ>).
+enum class QuantKind { kNone, kFp8PerRow, kFp8Static, kInt8PerRow, kInt8Static };
+__host__ __device__ constexpr bool quant_fp8(QuantKind k) { return k == QuantKind::kFp8PerRow || k == QuantKind::kFp8Static; }
+__host__ __device__ constexpr bool quant_per_row(QuantKind k) { return k == QuantKind::kFp8PerRow || k == QuantKind::kInt8PerRow; }
+template <typename Fn>
+auto dispatch_quant_kind(bool fp8, bool per_row, Fn&& fn) {
+  using K = QuantKind;
+  if (fp8)
+    return per_row ? fn(std::integral_constant<K, K::kFp8PerRow>{}) : fn(std::integral_constant<K, K::kFp8Static>{});
+  return per_row ? fn(std::integral_constant<K, K::kInt8PerRow>{}) : fn(std::integral_constant<K, K::kInt8Static>{});
+}
 
 // A running max for row_sum (max|y| over a row): fmaxf, so NaN is ignored and
 // the order does not change the result.
@@ -43,11 +58,11 @@ __device__ __forceinline__ float chunk_absmax(float m, const Chunk<T>& y, int n)
 }
 
 // How a row's y become the values that are rounded: v = y / s (fp8 per row,
-// as vLLM divides) or v = y * mul (mul = 1 / scale: static, and int8 per row).
+// as vLLM divides; quant::quotient_by_inverse from s and mul = 1 / s) or
+// v = y * mul (mul = 1 / scale: static, and int8 per row).
 struct QuantRow {
   float s = 1.0f;
   float mul = 1.0f;
-  bool divide = false;
 };
 
 // The scalars a kernel reads once, right after pdl_enter() and before its
@@ -72,8 +87,7 @@ __device__ __forceinline__ QuantConsts load_quant_consts(const QuantParams& q) {
 // A row's rule from its max|y| (per row).
 __device__ __forceinline__ QuantRow per_row_quant(const QuantParams& q, const QuantConsts& k, float absmax) {
   QuantRow r;
-  r.s = quant::row_scale(absmax, k.has_ub ? &k.ub : nullptr, q.fp8);
-  r.divide = q.fp8;
+  r.s = quant::bounded_row_scale(k.has_ub ? fminf(absmax, k.ub) : absmax, q.fp8);
   r.mul = 1.0f / r.s;
   return r;
 }
@@ -86,8 +100,12 @@ struct QuantBytes {
   uint32_t w[kN / 4];
 };
 
-template <typename T>
-__device__ __forceinline__ QuantBytes<T> quantize_chunk(const Chunk<T>& y, const QuantRow& r, bool fp8) {
+// kFp8: e4m3 (else int8); kDivide: v = y / s (fp8 per row), else v = y * mul.
+// fp8: fminf maps NaN and +inf to 448; the conversion's satfinite takes
+// everything below -448 (-inf included) to -448 and rounds to nearest even.
+template <bool kFp8, bool kDivide, typename T>
+__device__ __forceinline__ QuantBytes<T> quantize_chunk(const Chunk<T>& y, const QuantRow& r) {
+  static_assert(kFp8 || !kDivide, "int8 multiplies by 1 / scale");
   constexpr int kN = Chunk<T>::kN;
   QuantBytes<T> b;
 #pragma unroll
@@ -96,11 +114,11 @@ __device__ __forceinline__ QuantBytes<T> quantize_chunk(const Chunk<T>& y, const
   for (int j = 0; j < kN; j += 2) {
     float v[2];
 #pragma unroll
-    for (int k = 0; k < 2; ++k) v[k] = r.divide ? y.get(j + k) / r.s : y.get(j + k) * r.mul;
+    for (int k = 0; k < 2; ++k)
+      v[k] = kDivide ? quant::quotient_by_inverse(y.get(j + k), r.s, r.mul) : y.get(j + k) * r.mul;
     uint32_t pair;
-    if (fp8) {
-      const float2 c = make_float2(fmaxf(-quant::kFp8Max, fminf(v[0], quant::kFp8Max)),
-                                   fmaxf(-quant::kFp8Max, fminf(v[1], quant::kFp8Max)));
+    if constexpr (kFp8) {
+      const float2 c = make_float2(fminf(v[0], quant::kFp8Max), fminf(v[1], quant::kFp8Max));
       pair = static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(c, __NV_SATFINITE, __NV_E4M3));
     } else {
       pair = (static_cast<uint32_t>(static_cast<uint8_t>(quant::int8_saturated(v[0])))) |
@@ -110,7 +128,6 @@ __device__ __forceinline__ QuantBytes<T> quantize_chunk(const Chunk<T>& y, const
   }
   return b;
 }
-
 // Stores the bytes of chunk `chunk` of a q row: the first n (elements past
 // the row's end are not written). vec: q's rows are aligned to kN bytes, so
 // a whole chunk is one kN-byte store.
