@@ -66,7 +66,8 @@ RMSNORM_QHD inline float row_scale(float absmax, const float* ub, bool fp8) {
 // (Markstein's correction). Where the remainder underflows (|y / s| far below
 // anything an 8-bit format keeps) the result can be an ulp off, and the sign is
 // y's in any case, so fp8_e4m3_saturated of it equals that of y / s for every
-// finite y (tests/quant_test.cpp checks every 16-bit y against many scales).
+// finite y (Quant.QuotientByInverseGivesTheDividedCode, tests/fused_test.cpp,
+// checks every 16-bit y against many scales, the quotient bit for bit).
 // y = +-inf, NaN, or a quotient past FLT_MAX: the correction gives NaN and q0
 // (+-inf or NaN) is kept, as y / s would give.
 RMSNORM_QHD inline float quotient_by_inverse(float y, float s, float inv) {
