@@ -221,15 +221,16 @@ __device__ __forceinline__ Chunk<T> y_chunk(const Chunk<T>& x, const float (&w)[
 // The quantized epilogue of forward_rows_direct_kernel<..., kQuant>: this
 // thread's chunks of y (from x and w' in registers) overwrite x; with
 // per-row scales the row's max|y| is reduced (every thread of the CTA takes
-// part) and lane 0 writes the scale; then q. kFp8 and kPerRow: the kernel's
-// kind (no branch on it in the per-element code).
-template <int kTpr, int kSlots, bool kPartial, bool kFp8, bool kPerRow, typename T, typename Map>
+// part) and lane 0 writes the scale; then q. kQ: the kernel's kind (no branch
+// on it in the per-element code).
+template <int kTpr, int kSlots, bool kPartial, QuantKind kQ, typename T, typename Map>
 __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chunk<T> (&xr)[plan::kChunksPerThread],
                                              const Chunk<T> (&wr)[plan::kChunksPerThread], float ss, int64_t row,
                                              bool valid, const Map& m, RowScratch<AbsMax, kTpr, kSlots>& max_scratch,
                                              int parity, const QuantConsts& qk) {
   constexpr int kCpt = plan::kChunksPerThread;
   constexpr int kN = Chunk<T>::kN;
+  constexpr bool kPerRow = quant_per_row(kQ);
   const QuantParams& qp = p.quant;
   float absmax = 0.0f;
   if (valid) {
@@ -262,7 +263,7 @@ __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chu
     const int c = m.chunk(it);
     if (c < p.chunks) {
       const int n = kPartial ? min(kN, p.cols - c * kN) : kN;
-      store_q_chunk<T>(qrow, c, n, true, quantize_chunk<kFp8, kFp8 && kPerRow>(xr[it], qr));
+      store_q_chunk<T>(qrow, c, n, true, quantize_chunk<kQ>(xr[it], qr));
     }
   }
 }
@@ -360,8 +361,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     for (int it = 0; it < kCpt; ++it) part = add_squares(part, xr[it]);
     const float ss = row_sum<kTpr, kSlots>(part, scratch, parity);
     if constexpr (kQuant) {
-      quantize_row<kTpr, kSlots, kPartial, quant_fp8(kQ), quant_per_row(kQ)>(p, xr, wr, ss, row, valid, m,
-                                                                             max_scratch, parity, qk);
+      quantize_row<kTpr, kSlots, kPartial, kQ>(p, xr, wr, ss, row, valid, m, max_scratch, parity, qk);
       continue;
     }
     if (valid) {
@@ -505,7 +505,7 @@ __global__ void __launch_bounds__(plan::kLoopedThreads)
       }
       uint8_t* qrow = qp.q + row * qp.q_stride;
       for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads)
-        store_q_chunk<T>(qrow, c, min(kN, p.cols - c * kN), qp.q_vector, quantize_chunk<quant_fp8(kQ), quant_fp8(kQ) && quant_per_row(kQ)>(y_of(c), qrule));
+        store_q_chunk<T>(qrow, c, min(kN, p.cols - c * kN), qp.q_vector, quantize_chunk<kQ>(y_of(c), qrule));
     } else if constexpr (std::is_same_v<Y, T>) {
       T* yr = p.y + row * p.y_stride;
       for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {

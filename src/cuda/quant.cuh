@@ -84,7 +84,8 @@ __device__ __forceinline__ QuantConsts load_quant_consts(const QuantParams& q) {
   return k;
 }
 
-// A row's rule from its max|y| (per row).
+// A row's rule from its max|y| (per row): quant::row_scale's rule, the bound
+// applied here (row_scale's pointer to a local put it on the stack).
 __device__ __forceinline__ QuantRow per_row_quant(const QuantParams& q, const QuantConsts& k, float absmax) {
   QuantRow r;
   r.s = quant::bounded_row_scale(k.has_ub ? fminf(absmax, k.ub) : absmax, q.fp8);
@@ -100,12 +101,14 @@ struct QuantBytes {
   uint32_t w[kN / 4];
 };
 
-// kFp8: e4m3 (else int8); kDivide: v = y / s (fp8 per row), else v = y * mul.
-// fp8: fminf maps NaN and +inf to 448; the conversion's satfinite takes
-// everything below -448 (-inf included) to -448 and rounds to nearest even.
-template <bool kFp8, bool kDivide, typename T>
+// kQ: e4m3 or int8; v = y / s for fp8 per row (vLLM divides there), else
+// v = y * mul. fp8: fminf maps NaN and +inf to 448; the conversion's satfinite
+// takes everything below -448 (-inf included) to -448 and rounds to nearest even.
+template <QuantKind kQ, typename T>
 __device__ __forceinline__ QuantBytes<T> quantize_chunk(const Chunk<T>& y, const QuantRow& r) {
-  static_assert(kFp8 || !kDivide, "int8 multiplies by 1 / scale");
+  static_assert(kQ != QuantKind::kNone, "a quantized kind");
+  constexpr bool kFp8 = quant_fp8(kQ);
+  constexpr bool kDivide = kFp8 && quant_per_row(kQ);
   constexpr int kN = Chunk<T>::kN;
   QuantBytes<T> b;
 #pragma unroll
