@@ -332,28 +332,47 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     Chunk<T> xr[kCpt];
     Chunk<T> wr[kCpt];
     const T* xrow = p.x + row * p.x_stride;
-#pragma unroll
-    for (int it = 0; it < kCpt; ++it) {
-      const int c = m.chunk(it);
-      const bool own = valid && c < p.chunks;
-      xr[it] = zero_chunk<T>();
-      wr[it] = one_chunk<T>();
-      if (own) xr[it] = load_row_chunk<kPartial>(xrow, c, p.cols);
-      if (own && p.w != nullptr) wr[it] = load_row_chunk<kPartial>(p.w, c, p.cols);
-    }
-    if constexpr (kAdd) {
-      // One residual chunk at a time: h may alias residual, so each load waits for the h store before it
-      // (a review found this in the PTX). Loading all four first, or w' after the reduction to make room, spilled
-      // 8-64 bytes at 64 registers; which costs less is for a GPU A/B.
-      const T* rrow = p.res + row * p.res_stride;
-      T* hrow = p.h + row * p.h_stride;
+    auto load_w = [&] {
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
-        if (valid && c < p.chunks) {
-          xr[it] = add_chunks(xr[it], load_row_chunk<kPartial>(rrow, c, p.cols));
-          store_row_chunk<kPartial>(hrow, c, p.cols, xr[it]);
-        }
+        wr[it] = one_chunk<T>();
+        if (valid && c < p.chunks && p.w != nullptr) wr[it] = load_row_chunk<kPartial>(p.w, c, p.cols);
+      }
+    };
+    if constexpr (kAdd) {
+      // x and residual first, all in flight at once, then h, then w' (behind the reduction that follows):
+      // x, residual and w' held together spilled at 64 registers. Every residual load comes before every h
+      // store in program order, so h == residual (the in-place stream update) reads each element before it
+      // is overwritten.
+      const T* rrow = p.res + row * p.res_stride;
+      T* hrow = p.h + row * p.h_stride;
+      Chunk<T> rr[kCpt];
+#pragma unroll
+      for (int it = 0; it < kCpt; ++it) {
+        const int c = m.chunk(it);
+        const bool own = valid && c < p.chunks;
+        xr[it] = zero_chunk<T>();
+        rr[it] = zero_chunk<T>();
+        if (own) xr[it] = load_row_chunk<kPartial>(xrow, c, p.cols);
+        if (own) rr[it] = load_row_chunk<kPartial>(rrow, c, p.cols);
+      }
+#pragma unroll
+      for (int it = 0; it < kCpt; ++it) {
+        const int c = m.chunk(it);
+        xr[it] = add_chunks(xr[it], rr[it]);
+        if (valid && c < p.chunks) store_row_chunk<kPartial>(hrow, c, p.cols, xr[it]);
+      }
+      load_w();
+    } else {
+#pragma unroll
+      for (int it = 0; it < kCpt; ++it) {
+        const int c = m.chunk(it);
+        const bool own = valid && c < p.chunks;
+        xr[it] = zero_chunk<T>();
+        wr[it] = one_chunk<T>();
+        if (own) xr[it] = load_row_chunk<kPartial>(xrow, c, p.cols);
+        if (own && p.w != nullptr) wr[it] = load_row_chunk<kPartial>(p.w, c, p.cols);
       }
     }
     float part = 0.0f;
