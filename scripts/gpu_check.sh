@@ -13,7 +13,8 @@
 #   bench      build-gpu/rmsnorm_bench --json $OUT/bench.json
 #   torch      python3 bench/torch_bench.py --json $OUT/torch.json
 #   summarize  python3 bench/summarize.py -> $OUT/summary.md
-#   cli        build-gpu/rmsnorm (the CLI's default run) --json $OUT/cli.json
+#   cli        build-gpu/rmsnorm (the CLI's default run) --json $OUT/cli.json, then the fused and
+#              mixed-dtype ops on the CUDA backend, each checked against the float64 reference
 #   python     scripts/gpu_python.sh: pip install the PyTorch package with CUDA, pytest with the GPU
 #              tests -> $OUT/pytest.xml. Not in the default STEPS (it builds the kernels again, for
 #              the wheel): STEPS="env python" bash scripts/gpu_check.sh
@@ -88,7 +89,7 @@ STEPS="${STEPS:-${ALL_STEPS% python}}"
 # cores, the GPU test matrix on 8 ctest jobs, a sanitizer pass over the
 # CudaSanitizer subset at its 10-100x slowdown); the minima add up to 320 s.
 declare -A CAP=([env]=20 [build]=240 [ctest]=300 [memcheck]=90 [racecheck]=140 [initcheck]=60 [synccheck]=60
-                [bench]=150 [torch]=100 [summarize]=15 [cli]=60 [python]=480)
+                [bench]=150 [torch]=100 [summarize]=15 [cli]=120 [python]=480)
 declare -A MIN=([env]=5 [build]=60 [ctest]=45 [memcheck]=30 [racecheck]=30 [initcheck]=20 [synccheck]=20
                 [bench]=60 [torch]=30 [summarize]=5 [cli]=15 [python]=120)
 for s in $STEPS; do
@@ -267,7 +268,26 @@ run_step summarize '
 # ---- (h) CLI default ---------------------------------------------------------------------------
 run_step cli '
   [ -x "$BUILD_DIR/rmsnorm" ] || { echo "$BUILD_DIR/rmsnorm was not built"; exit 1; }
-  "$BUILD_DIR/rmsnorm" --json "$OUT/cli.json"'
+  "$BUILD_DIR/rmsnorm" --json "$OUT/cli.json"
+  # The fused and mixed-dtype forms on the CUDA backend (ctest runs them on the CPU only: CI has no GPU).
+  # Each checks every element against the float64 reference and exits 1 on a mismatch.
+  fails=0
+  while read -r args; do
+    echo "== rmsnorm --backend cuda --reps 20 $args"
+    eval "\"$BUILD_DIR/rmsnorm\" --backend cuda --reps 20 $args" || { echo "FAILED: $args"; fails=$((fails + 1)); }
+  done <<EOS
+--op add --rows 8192 --cols 4096 --dtype bf16
+--op add --rows 333 --cols 4099 --dtype f16
+--op add --rows 64 --cols 320 --dtype f16 --residual-dtype f32 --weight-dtype f32
+--op quant-fp8 --rows 8192 --cols 4096 --dtype bf16
+--op quant-fp8 --rows 33 --cols 129 --dtype f16
+--op quant-int8 --rows 4096 --cols 16384 --dtype bf16
+--op quant-int8 --rows 17 --cols 1000 --dtype f32
+--rows 37 --cols 1000 --dtype bf16 --y-dtype f32 --weight-dtype f32
+--rows 33 --cols 129 --dtype f32 --y-dtype f16
+--rows 8192 --cols 4096 --dtype bf16 --weight-dtype f32
+EOS
+  [ "$fails" = 0 ]'
 
 # ---- (i) PyTorch package ----------------------------------------------------------------------
 run_step python 'bash scripts/gpu_python.sh'
