@@ -286,6 +286,10 @@ run_step cli '
 --rows 37 --cols 1000 --dtype bf16 --y-dtype f32 --weight-dtype f32
 --rows 33 --cols 129 --dtype f32 --y-dtype f16
 --rows 8192 --cols 4096 --dtype bf16 --weight-dtype f32
+--rows 32768 --cols 512 --dtype f16 --weight-dtype f32
+--rows 1 --cols 4096 --dtype bf16 --weight-dtype f32
+--rows 4096 --cols 16384 --dtype bf16 --weight-dtype f32
+--op add --rows 8192 --cols 4096 --dtype bf16 --weight-dtype f32
 EOS
   [ "$fails" = 0 ]'
 

@@ -397,9 +397,12 @@ static rmsnorm_status_t workspace_size_impl(const rmsnorm_problem_t* problem, in
     return RMSNORM_STATUS_SUCCESS;
   }
 #if defined(RMSNORM_WITH_CUDA)
-  // The mixed-dtype backward (the looped band's launch, whose workspace does not depend on the element size).
-  const bool mixed = c.weight_f32 || c.y_dtype != c.dtype || c.residual_f32;
-  return cuda::backward_workspace_bytes(problem->rows, problem->cols, c.dtype, mode, mixed, c.device, bytes);
+  // The launch backward_entry makes (the fp32 residual stream's runs as the fp32 problem with gy in x's dtype: a
+  // mixed one, the looped band's launch, whose workspace does not depend on the element size).
+  const cuda::BackwardForm form =
+      c.residual_f32 ? cuda::BackwardForm::kMixed
+                     : cuda::backward_form(c.dtype, c.weight_f32 ? DType::kF32 : c.dtype, c.y_dtype);
+  return cuda::backward_workspace_bytes(problem->rows, problem->cols, c.dtype, mode, form, c.device, bytes);
 #else
   return fail(RMSNORM_STATUS_INTERNAL_ERROR, "backend", "unreachable");
 #endif

@@ -159,6 +159,11 @@ Launch add_launch(int64_t rows, const Device& dev) {
   return l;
 }
 
+Launch weight_f32_forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev) {
+  const Launch l = forward_launch(rows, cols, esize, io, dev);
+  return l.row.band == Band::kRows ? l : looped_forward_launch(rows, cols, esize, io, dev);
+}
+
 namespace {
 Launch backward_launch_for(const RowPlan& row, int64_t rows, int64_t cols, int esize, Io io, bool with_gw,
                            const Device& dev);
@@ -171,6 +176,11 @@ Launch backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_g
 Launch mixed_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev) {
   return backward_launch_for(looped_row_plan(row_plan(cols, esize, Direction::kBackward, dev)), rows, cols, esize, io,
                              with_gw, dev);
+}
+
+Launch weight_f32_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev) {
+  const Launch l = backward_launch(rows, cols, esize, io, with_gw, dev);
+  return l.row.band == Band::kRows ? l : mixed_backward_launch(rows, cols, esize, io, with_gw, dev);
 }
 
 Launch looped_forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev) {

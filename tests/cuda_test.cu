@@ -141,7 +141,7 @@ std::string describe(const Case& c) {
   os << dtype_name(c.dtype) << " " << c.rows << "x" << c.cols << " layout "
      << (c.layout == Layout::kAligned ? "aligned" : c.layout == Layout::kOffset ? "offset+1" : "padded")
      << (c.weight ? " weight" : " no-weight") << (c.weight_offset ? " +1" : "") << (c.round_xhat ? " round" : "")
-     << (c.with_rstd ? " rstd" : "") << (c.hetero ? " hetero" : "") << " eps " << c.eps << " gw_mode " << c.gw_mode;
+     << (c.weight_f32 ? " weight-f32" : "") << (c.with_rstd ? " rstd" : "") << (c.hetero ? " hetero" : "") << " eps " << c.eps << " gw_mode " << c.gw_mode;
   return os.str();
 }
 
@@ -179,7 +179,7 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   Inputs in;
   in.x = HostMatrix(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
   fill_random(in.x, rng, [&](int64_t r) { return row_scale(c, r); });
-  in.w = HostMatrix(c.dtype, 1, c.cols, c.cols, offset_of(c));
+  in.w = HostMatrix(c.weight_f32 ? RMSNORM_DTYPE_F32 : c.dtype, 1, c.cols, c.cols, offset_of(c));
   fill_random(in.w, rng);
   in.gy = HostMatrix(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
   fill_random(in.gy, rng);
@@ -832,6 +832,29 @@ TEST_F(Cuda, AddForward) {
   }
   EXPECT_GT(fused, 0);
   EXPECT_GT(unfused, 0);
+  // An fp32 weight (RMSNORM_FLAG_WEIGHT_F32): y and rstd the fp32-weight forward's of h, bit for bit, on the fused
+  // rows kernel and the unfused paths, h over the residual too.
+  fused = unfused = 0;
+  for (int64_t d : {1, 22, 33, 1000, 4096, 4099, 16384, 40000})
+    for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F16})
+      for (Layout lay : {Layout::kAligned, Layout::kOffset, Layout::kPadded})
+        for (int over : {0, 1}) {
+          Case c;
+          c.dtype = dt;
+          c.cols = d;
+          c.layout = lay;
+          c.rows = d > 8192 ? 17 : 300;
+          c.weight_offset = d % 2 == 1;
+          c.hetero = true;
+          c.weight_f32 = true;
+          const plan::Io io = lay != Layout::kOffset && (stride_of(c) * 2) % 16 == 0 ? plan::Io::kVector
+                                                                                      : plan::Io::kElement;
+          (plan::add_fused(plan::weight_f32_forward_launch(c.rows, d, 2, io, pd)) ? fused : unfused)++;
+          check_add_forward(c, over, rng);
+          if (HasFatalFailure()) return;
+        }
+  EXPECT_GT(fused, 0);
+  EXPECT_GT(unfused, 0);
   for (int over : {1, 2}) {
     for (int64_t d : {64, 4096, 40000}) {
       for (Layout lay : {Layout::kAligned, Layout::kOffset}) {
@@ -1195,14 +1218,16 @@ void check_weight_f32(const Case& c, std::mt19937_64& rng) {
   expect_backward_matches_reference(c, in, out);
 }
 
-// RMSNORM_FLAG_WEIGHT_F32 (an fp32 weight with 16-bit x; the looped kernels' fp32-weight forms at every D): y
-// against float64 with the fp32 weight's values, and exactly T(x * rstd * w') of the rstd returned; gx and gw (fp32)
-// against float64; every band's D, aligned and misaligned, with and without the Gemma offset.
+// RMSNORM_FLAG_WEIGHT_F32 (an fp32 weight with 16-bit x: in the rows band the plain call's kernels with the weight
+// read as fp32, above it the looped kernels' fp32-weight forms): y against float64 with the fp32 weight's values,
+// and exactly T(x * rstd * w') of the rstd returned; gx and gw (fp32) against float64; every band's D, aligned,
+// misaligned and padded (D = 22 and 4099: padded rows that stay 16-byte aligned, a partial last chunk), with and
+// without the Gemma offset. In the rows band rstd is the plain call's, bit for bit.
 TEST_F(Cuda, WeightF32) {
   std::mt19937_64 rng(46);
-  for (int64_t d : {1, 33, 1000, 4096, 40000, 300000})
+  for (int64_t d : {1, 22, 33, 1000, 4096, 4099, 40000, 300000})
     for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F16})
-      for (Layout lay : {Layout::kAligned, Layout::kOffset}) {
+      for (Layout lay : {Layout::kAligned, Layout::kOffset, Layout::kPadded}) {
         Case c;
         c.dtype = dt;
         c.cols = d;
@@ -1214,6 +1239,27 @@ TEST_F(Cuda, WeightF32) {
         c.gw_mode = d % 3 == 0 ? RMSNORM_GW_ACCUMULATE_F32 : RMSNORM_GW_STORE_F32;
         check_weight_f32(c, rng);
         if (HasFailure()) return;
+        // In the rows band (16-byte rows or not: the arena's bases are 256-byte aligned): rstd as the plain
+        // forward's (no weight).
+        const plan::Io io = offset_of(c) == 0 && stride_of(c) * 2 % 16 == 0 ? plan::Io::kVector : plan::Io::kElement;
+        if (plan::weight_f32_forward_launch(c.rows, c.cols, 2, io, current_plan_device()).row.band ==
+            plan::Band::kRows) {
+          SCOPED_TRACE(describe(c) + " weight f32 against the plain call's rstd");
+          Inputs in = make_inputs(c, rng);
+          in.w = HostMatrix(RMSNORM_DTYPE_F32, 1, c.cols, c.cols, 0);
+          fill_random(in.w, rng);
+          HostMatrix y32, y16;
+          std::vector<float> r32, r16;
+          gpu_forward(c, in, &y32, &r32);
+          Case plain = c;
+          plain.weight_f32 = false;
+          plain.weight = false;
+          gpu_forward(plain, in, &y16, &r16);
+          ASSERT_FALSE(HasFatalFailure());
+          for (int64_t r = 0; r < c.rows; ++r)
+            ASSERT_EQ(0, std::memcmp(&r32[r], &r16[r], 4))
+                << "rstd at row " << r << ": " << r32[r] << " against " << r16[r];
+        }
       }
 }
 
@@ -1335,12 +1381,16 @@ TEST_F(Cuda, BackwardBatchInvariance) {
 // Forward and backward share one row geometry and one summation order
 // (plan.hpp), so the backward's recomputed rstd is the forward's bit for bit:
 // backward without rstd gives the same gx and gw as backward with the
-// forward's rstd, in every band and dtype, aligned or not.
+// forward's rstd, in every band and dtype, aligned or not, and with an fp32
+// weight (RMSNORM_FLAG_WEIGHT_F32: the rows band's kernels read it as fp32,
+// the looped band's fp32-weight forms above; forward and backward alike).
 TEST_F(Cuda, RecomputedRstdIsTheForwardsBitwise) {
   std::mt19937_64 rng(15);
   for (int64_t d : {1, 33, 384, 1000, 4096, 12288, 16384, 40000, 140000, 300000}) {
     for (int32_t dt : kDtypes) {
-      for (Layout lay : {Layout::kAligned, Layout::kOffset}) {
+      for (Layout lay : {Layout::kAligned, Layout::kOffset})
+      for (bool wf32 : {false, true}) {
+        if (wf32 && dt == RMSNORM_DTYPE_F32) continue;
         Case c;
         c.dtype = dt;
         c.cols = d;
@@ -1348,6 +1398,7 @@ TEST_F(Cuda, RecomputedRstdIsTheForwardsBitwise) {
         c.rows = d > 100000 ? 3 : 37;
         c.with_rstd = true;
         c.gw_mode = RMSNORM_GW_STORE_F32;
+        c.weight_f32 = wf32;
         SCOPED_TRACE(describe(c));
         const Inputs in = make_inputs(c, rng);
         HostMatrix y;
@@ -2210,14 +2261,18 @@ TEST_F(CudaSanitizer, AddKernels) {
   }
 }
 
-// The fp32-weight kernels (the looped forward and backward with the fp32 loader) under the sanitizers, over the
-// rows, cluster and looped bands' D, misaligned too; and the fused add + quantized forward (the rows kernel, and
+// The fp32-weight kernels (the rows band's with the weight read as fp32: direct, element path, persistent
+// backward 16-byte and shifted; the looped forward and backward with the fp32 loader) under the sanitizers, over
+// the rows, cluster and looped bands' D, misaligned too; and the fused add + quantized forward (the rows kernel, and
 // add_kernel before the looped quantized forward), in place over the residual.
 TEST_F(CudaSanitizer, WeightF32AndAddQuantKernels) {
   std::mt19937_64 rng(18);
   struct WCase { int64_t d; int32_t dtype; int64_t rows; Layout layout; };
   const WCase wcases[] = {{33, RMSNORM_DTYPE_BF16, 40, Layout::kOffset},
                           {4096, RMSNORM_DTYPE_F16, 20, Layout::kAligned},
+                          {1000, RMSNORM_DTYPE_BF16, 3000, Layout::kAligned},
+                          {1000, RMSNORM_DTYPE_F16, 3000, Layout::kOffset},
+                          {22, RMSNORM_DTYPE_BF16, 700, Layout::kPadded},
                           {20000, RMSNORM_DTYPE_BF16, 5, Layout::kOffset},
                           {300000, RMSNORM_DTYPE_BF16, 2, Layout::kAligned}};
   for (const WCase& w : wcases) {
@@ -2230,6 +2285,17 @@ TEST_F(CudaSanitizer, WeightF32AndAddQuantKernels) {
     c.weight_f32 = true;
     c.gw_mode = w.d == 4096 ? RMSNORM_GW_ACCUMULATE_F32 : RMSNORM_GW_STORE_F32;
     check_weight_f32(c, rng);
+    if (HasFatalFailure()) return;
+  }
+  // The fused add forward with an fp32 weight (the rows kernel), in place over the residual.
+  for (int64_t d : {4096, 22}) {
+    Case c;
+    c.cols = d;
+    c.rows = 300;
+    c.layout = d == 22 ? Layout::kPadded : Layout::kAligned;
+    c.hetero = true;
+    c.weight_f32 = true;
+    check_add_forward(c, 1, rng);
     if (HasFatalFailure()) return;
   }
   struct ACase { int64_t d; int32_t dtype; int64_t rows; Layout layout; int over; };

@@ -18,6 +18,7 @@
 // itself. No atomics: bitwise deterministic.
 #pragma once
 
+#include "cuda/cuda_backend.hpp"
 #include "cuda/gw_out.cuh"
 #include "cuda/launch.hpp"
 #include "cuda/row_map.cuh"
@@ -427,7 +428,9 @@ __device__ __forceinline__ void emit_cta_gw(const BackwardParams<T>& p, const Ro
 // kPartial: D is not a multiple of the chunk width (the last chunk by
 // element); without it the kernel holds no element path (a decode call runs
 // from a cold instruction cache: forward_rows_direct_kernel).
-template <typename T, int kTpr, bool kPartial>
+// W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x) float, passed in p.w and held as
+// HeldWeight chunks (chunk_io.cuh).
+template <typename T, int kTpr, bool kPartial, typename W = T>
 __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackwardCtasPerSm)
     backward_rows_direct_kernel(const BackwardParams<T> p) {
   constexpr int kCtaThreads = plan::backward_cta_threads(kTpr);
@@ -443,7 +446,9 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
   const RowMap<kTpr, false> m;
   const int64_t row = m.unit * kSlots + m.slot;  // the plan: one group per CTA
   const bool valid = row < p.rows;
-  Chunk<T> xr[kCpt], gyr[kCpt], wr[kCpt];
+  Chunk<T> xr[kCpt], gyr[kCpt];
+  HeldWeight<T, W> wr[kCpt];
+  const W* const wp = reinterpret_cast<const W*>(p.w);
   const T* xrow = p.x + row * p.x_stride;
   const T* gyrow = p.gy + row * p.gy_stride;
 #pragma unroll
@@ -453,7 +458,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
       xr[it] = load_row_chunk<kPartial>(xrow, c, p.cols);
       gyr[it] = load_row_chunk<kPartial>(gyrow, c, p.cols);
     }
-    if (p.w != nullptr && c < p.chunks) wr[it] = load_row_chunk<kPartial>(p.w, c, p.cols);
+    if (wp != nullptr && c < p.chunks) wr[it] = load_row_weight<kPartial, T, W>(wp, c, p.cols);
   }
   const float given_r = p.rstd != nullptr && valid ? p.rstd[row] : 0.0f;
   auto w_of = [&](int it, float (&w)[kN]) { held_weights(wr[it], p.w != nullptr, p.w_offset, w); };
@@ -502,7 +507,8 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
 // Each thread keeps the fp32 gw sums of its own columns in registers; at the
 // end the row slots' sums are added in slot order through shared memory.
 // kGh: g_h may be added (plus_g_h); the rows band always passes true.
-template <typename T, int kTpr, bool kClustered, bool kVec, bool kGh>
+// W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x, the rows band) float, passed in p.w.
+template <typename T, int kTpr, bool kClustered, bool kVec, bool kGh, typename W = T>
 __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackwardCtasPerSm)
     backward_kernel(const BackwardParams<T> p) {
   constexpr int kCtaThreads = plan::backward_cta_threads(kTpr);
@@ -513,6 +519,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
   static_assert(!kClustered || (kTpr == plan::kClusterTpr && kSlots == 1), "plan: cluster CTAs hold one row slot");
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(kClustered || kGh, "the rows band has one instantiation, g_h tested at run time");
+  static_assert(std::is_same_v<W, T> || !kClustered, "an fp32 weight: the rows band");
   static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
   static_assert(plan::stage_bytes(kCtaThreads, 2) == 2 * sizeof(uint4) * kCpt * kCtaThreads, "plan: stage size");
   static_assert(plan::backward_combine_smem(kTpr, sizeof(T)) ==
@@ -561,7 +568,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
     for (int s = 0; s + 1 < stages; ++s) stage_rows(m.unit + s * m.units, s);
   // w' of this thread's columns, fp32, loaded once (see forward_kernel); the
   // cluster band's element I/O reloads it (its registers hold x and gy).
-  ThreadWeights<T, kVec || kShifted> wv;
+  ThreadWeights<T, kVec || kShifted, W> wv;
   wv.load(p.w, p.chunks, p.cols, kVec, p.w_offset, m);
   int parity = 0, st = 0;
   for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
@@ -877,17 +884,22 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
   constexpr int kEs = static_cast<int>(sizeof(T));
   const DType wdt = weight_dtype_of(a);
   const DType gdt = y_dtype_of(a);
-  // A weight or gy of another dtype: the looped kernel's mixed forms at every D (plan.hpp); those operands go by
-  // element, so they do not decide the I/O path.
-  const bool mixed = wdt != a.dtype || gdt != a.dtype;
+  // gy of another dtype (and the fp32 residual stream's 16-bit weight): the looped kernel's mixed forms at every D;
+  // those operands go by element, so they do not decide the I/O path. An fp32 weight with 16-bit x alone: the
+  // plain plan in the rows band, its weight read as fp32 (16-byte vectors on the 16-byte path), else looped
+  // (plan::weight_f32_backward_launch).
+  const BackwardForm form = backward_form(a.dtype, wdt, gdt);
+  const bool mixed = form == BackwardForm::kMixed;
   const plan::Io io = plan::io_of({{a.x, a.x_stride},
                                    {gdt == a.dtype ? a.gy : nullptr, a.gy_stride},
                                    {a.gx, a.gx_stride},
                                    {a.g_h, a.g_h_stride},
-                                   {wdt == a.dtype ? a.weight : nullptr, 0}},
+                                   {mixed ? nullptr : a.weight, 0}},
                                   kEs);
-  const plan::Launch l = mixed ? plan::mixed_backward_launch(a.rows, a.cols, kEs, io, a.gw_mode != GwMode::kNone, dev)
-                               : plan::backward_launch(a.rows, a.cols, kEs, io, a.gw_mode != GwMode::kNone, dev);
+  const bool with_gw = a.gw_mode != GwMode::kNone;
+  const plan::Launch l = mixed                                ? plan::mixed_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)
+                         : form == BackwardForm::kWeightF32 ? plan::weight_f32_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)
+                                                            : plan::backward_launch(a.rows, a.cols, kEs, io, with_gw, dev);
   const BackwardParams<T> p = backward_params<T>(a, l);
   const bool pdl = a.pdl && dev.sm90_code;
   // gw's own dtype (the finalize's stores in the non-F32 modes): the weight's.
@@ -914,11 +926,19 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
       st = dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
         constexpr int kTpr = decltype(tpr)::value;
         constexpr int kCta = plan::backward_cta_threads(kTpr);
-        if (l.kernel == Kernel::kBackwardRowsDirect)
-          return a.cols % Chunk<T>::kN != 0 ? launch(backward_rows_direct_kernel<T, kTpr, true>, kCta)
-                                            : launch(backward_rows_direct_kernel<T, kTpr, false>, kCta);
-        return l.kernel == Kernel::kBackwardRows ? launch(backward_kernel<T, kTpr, false, true, true>, kCta)
-                                                 : launch(backward_kernel<T, kTpr, false, false, true>, kCta);
+        // W: the weight's dtype (fp32 with 16-bit x: RMSNORM_FLAG_WEIGHT_F32).
+        auto rows_kernels = [&](auto wtag) -> rmsnorm_status_t {
+          using W = decltype(wtag);
+          if (l.kernel == Kernel::kBackwardRowsDirect)
+            return a.cols % Chunk<T>::kN != 0 ? launch(backward_rows_direct_kernel<T, kTpr, true, W>, kCta)
+                                              : launch(backward_rows_direct_kernel<T, kTpr, false, W>, kCta);
+          return l.kernel == Kernel::kBackwardRows ? launch(backward_kernel<T, kTpr, false, true, true, W>, kCta)
+                                                   : launch(backward_kernel<T, kTpr, false, false, true, W>, kCta);
+        };
+        if constexpr (!std::is_same_v<T, float>) {
+          if (form == BackwardForm::kWeightF32) return rows_kernels(float{});
+        }
+        return rows_kernels(T{});
       });
       break;
     case Kernel::kBackwardCluster:
@@ -930,7 +950,7 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
               : launch(backward_kernel<T, plan::kClusterTpr, true, false, false>, plan::kClusterTpr);
       break;
     case Kernel::kBackwardLooped:
-      if (mixed)
+      if (form != BackwardForm::kPlain)
         st = launch_looped_mixed<T>(wdt, gdt, gh, launch);
       else
         st = gh ? launch(backward_looped_kernel<T, true>, plan::kLoopedThreads)

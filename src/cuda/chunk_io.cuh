@@ -4,6 +4,8 @@
 // (stores never leave the chunk's own).
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/element.cuh"
 
 namespace rmsnorm::cuda {
@@ -165,6 +167,45 @@ __device__ __forceinline__ Floats<kN> load_floats(const G* __restrict__ row, int
 #pragma unroll
   for (int j = 0; j < kN; ++j) f.v[j] = base + j < cols ? to_float(row[base + j]) : 0.0f;
   return f;
+}
+
+// The weight's chunk as the direct rows kernels hold it: a Chunk<T> for a
+// weight of x's dtype; kN floats for an fp32 weight with 16-bit x, loaded as
+// kN / 4 16-byte vectors (the weight 16-byte aligned: plan::io_of), the
+// partial last chunk by element (0 past cols).
+template <typename T, typename W>
+using HeldWeight = std::conditional_t<std::is_same_v<W, T>, Chunk<T>, Floats<Chunk<T>::kN>>;
+template <typename T, typename W>
+__device__ __forceinline__ HeldWeight<T, W> one_weight() {
+  if constexpr (std::is_same_v<W, T>) {
+    return one_chunk<T>();
+  } else {
+    HeldWeight<T, W> f;
+#pragma unroll
+    for (int j = 0; j < Chunk<T>::kN; ++j) f.v[j] = 1.0f;
+    return f;
+  }
+}
+template <bool kPartial, typename T, typename W>
+__device__ __forceinline__ HeldWeight<T, W> load_row_weight(const W* __restrict__ w, int chunk, int cols) {
+  if constexpr (std::is_same_v<W, T>) {
+    return load_row_chunk<kPartial>(w, chunk, cols);
+  } else {
+    static_assert(std::is_same_v<W, float> && Chunk<T>::kN % 4 == 0, "an fp32 weight with 16-bit x");
+    constexpr int kN = Chunk<T>::kN;
+    if (kPartial && (chunk + 1) * kN > cols) return load_floats<float, kN>(w, chunk, cols);
+    HeldWeight<T, W> f;
+    const float4* v = reinterpret_cast<const float4*>(w + chunk * kN);
+#pragma unroll
+    for (int k = 0; k < kN / 4; ++k) {
+      const float4 q = v[k];
+      f.v[4 * k] = q.x;
+      f.v[4 * k + 1] = q.y;
+      f.v[4 * k + 2] = q.z;
+      f.v[4 * k + 3] = q.w;
+    }
+    return f;
+  }
 }
 
 }  // namespace rmsnorm::cuda

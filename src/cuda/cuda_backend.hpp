@@ -23,9 +23,19 @@ enum class MemorySpace { kHost, kDevice, kBoth };
 MemorySpace memory_space(const void* p, int* owner);
 
 // Workspace bytes of the fused backward on `device` (0 for GwMode::kNone).
-// mixed: a weight or gy of another dtype than x's (RMSNORM_FLAG_WEIGHT_F32,
-// RMSNORM_FLAG_Y_DTYPE, RMSNORM_FLAG_RESIDUAL_F32): the looped band's launch.
-rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, GwMode mode, bool mixed, int device,
+// Which launch the backward makes (launch_backward):
+enum class BackwardForm {
+  kPlain,      // every operand in x's dtype: plan::backward_launch
+  kWeightF32,  // only the weight differs (RMSNORM_FLAG_WEIGHT_F32): plan::weight_f32_backward_launch
+  kMixed,      // gy of another dtype (RMSNORM_FLAG_Y_DTYPE, RMSNORM_FLAG_RESIDUAL_F32): the looped band's launch
+};
+inline BackwardForm backward_form(DType x, DType weight, DType gy) {
+  if (gy != x) return BackwardForm::kMixed;
+  if (weight == x) return BackwardForm::kPlain;
+  return x != DType::kF32 && weight == DType::kF32 ? BackwardForm::kWeightF32 : BackwardForm::kMixed;
+}
+rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, GwMode mode, BackwardForm form,
+                                          int device,
                                           size_t* bytes);
 
 rmsnorm_status_t forward(const ForwardArgs& a, int device, void* stream);

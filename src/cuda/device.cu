@@ -203,15 +203,19 @@ rmsnorm_status_t device_properties(int device, plan::Device* out) {
 
 static rmsnorm_status_t check_device(int device, plan::Device* dev) { return device_properties(device, dev); }
 
-rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, GwMode mode, bool mixed, int device,
+rmsnorm_status_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, GwMode mode, BackwardForm form,
+                                          int device,
                                           size_t* bytes) {
   plan::Device dev;
   const rmsnorm_status_t st = check_device(device, &dev);
   if (st != RMSNORM_STATUS_SUCCESS) return st;
   const int esize = static_cast<int>(dtype_size(dtype));
   // The workspace does not depend on the I/O path (plan::backward_launch).
-  *bytes = (mixed ? plan::mixed_backward_launch(rows, cols, esize, plan::Io::kVector, mode != GwMode::kNone, dev)
-                       : plan::backward_launch(rows, cols, esize, plan::Io::kVector, mode != GwMode::kNone, dev))
+  const bool with_gw = mode != GwMode::kNone;
+  const plan::Io io = plan::Io::kVector;
+  *bytes = (form == BackwardForm::kMixed       ? plan::mixed_backward_launch(rows, cols, esize, io, with_gw, dev)
+            : form == BackwardForm::kWeightF32 ? plan::weight_f32_backward_launch(rows, cols, esize, io, with_gw, dev)
+                                               : plan::backward_launch(rows, cols, esize, io, with_gw, dev))
                .workspace;
   return RMSNORM_STATUS_SUCCESS;
 }

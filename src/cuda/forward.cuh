@@ -100,11 +100,11 @@ __device__ __forceinline__ void store_normalized(T* __restrict__ yr, int chunk, 
 
 // y of columns [first, first + kN) (past `cols`: unused), x and w' loaded as
 // windows at any alignment.
-template <typename T>
+template <typename T, typename W = T>
 __device__ __forceinline__ Chunk<T> normalized_window(const T* __restrict__ xr, const T* __restrict__ w, int first,
                                                      int cols, float w_offset, bool round_xhat, float r) {
   float wf[Chunk<T>::kN];
-  weights_at(w, first, cols, false, w_offset, wf);
+  weights_at_any<W>(w, first, cols, w_offset, wf);
   const Chunk<T> x = load_window(xr, first, cols);
   return round_xhat ? normalize_chunk<T, true>(x, wf, r) : normalize_chunk<T, false>(x, wf, r);
 }
@@ -118,14 +118,15 @@ __device__ __forceinline__ Chunk<T> normalized_window(const T* __restrict__ xr, 
 // as well spilled at 64 registers. Every y is x r w' computed element by
 // element as on every path: the split changes no bit. One 16-byte store per
 // block, where a chunk 2 bytes off alignment took five.
-template <typename T>
+// W: the weight's dtype (T, or float with RMSNORM_FLAG_WEIGHT_F32), passed as T*.
+template <typename T, typename W = T>
 __device__ __forceinline__ void store_normalized_blocks(const T* __restrict__ xr, T* __restrict__ yr,
                                                         const T* __restrict__ w, int chunk, int chunks, int cols,
                                                         float w_offset, bool round_xhat, float r) {
   constexpr int kN = Chunk<T>::kN;
   const int head = plan::store_head_cols(static_cast<int>(reinterpret_cast<uintptr_t>(yr) & 15), sizeof(T));
   const int blocks = static_cast<int>(plan::store_blocks(cols, head, sizeof(T)));
-  auto y_at = [&](int first) { return normalized_window(xr, w, first, cols, w_offset, round_xhat, r); };
+  auto y_at = [&](int first) { return normalized_window<T, W>(xr, w, first, cols, w_offset, round_xhat, r); };
   auto store_elems = [&](int first, int n, const Chunk<T>& y) {
 #pragma unroll
     for (int j = 0; j < kN; ++j)
@@ -270,9 +271,9 @@ __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chu
 
 // The direct kernel's y: every chunk computed (branch-free), the chunks this
 // thread holds stored; x_hat rounded or not as one branch around the whole.
-template <typename T, bool kRoundXhat, bool kPartial, typename Map>
+template <typename T, bool kRoundXhat, bool kPartial, typename WC, typename Map>
 __device__ __forceinline__ void store_direct(T* __restrict__ yr, const Chunk<T> (&xr)[plan::kChunksPerThread],
-                                             const Chunk<T> (&wr)[plan::kChunksPerThread], float offset, float r,
+                                             const WC (&wr)[plan::kChunksPerThread], float offset, float r,
                                              const Map& m, int chunks, int cols) {
 #pragma unroll
   for (int it = 0; it < plan::kChunksPerThread; ++it) {
@@ -304,10 +305,14 @@ __device__ __forceinline__ void store_direct(T* __restrict__ yr, const Chunk<T> 
 // above; with per-row scales the row's max|y| is reduced like its sum. One
 // kernel per kind: with the kinds as run-time branches in one kernel ptxas
 // spilled, and the per-element code is what limits this kernel (issue-bound).
-template <typename T, int kTpr, bool kPartial, bool kAdd, QuantKind kQ = QuantKind::kNone>
+// W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x, not quantized) float, passed in p.w and
+// held as HeldWeight chunks.
+template <typename T, int kTpr, bool kPartial, bool kAdd, QuantKind kQ = QuantKind::kNone, typename W = T>
 __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr))
     forward_rows_direct_kernel(const ForwardParamsOf<T, kQ != QuantKind::kNone> p) {
   constexpr bool kQuant = kQ != QuantKind::kNone;
+  static_assert(std::is_same_v<W, T> || !kQuant, "an fp32 weight: the plain and the add forward");
+  const W* const wp = reinterpret_cast<const W*>(p.w);
   constexpr int kCtaThreads = plan::forward_cta_threads(kTpr);
   constexpr int kSlots = kCtaThreads / kTpr;
   constexpr int kCpt = plan::kChunksPerThread;
@@ -330,14 +335,14 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     // that every chunk goes through the same straight-line code: the extra terms add +0 to the sum of
     // squares, which leaves its bits as they are, and their y is never stored.
     Chunk<T> xr[kCpt];
-    Chunk<T> wr[kCpt];
+    HeldWeight<T, W> wr[kCpt];
     const T* xrow = p.x + row * p.x_stride;
     auto load_w = [&] {
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
-        wr[it] = one_chunk<T>();
-        if (valid && c < p.chunks && p.w != nullptr) wr[it] = load_row_chunk<kPartial>(p.w, c, p.cols);
+        wr[it] = one_weight<T, W>();
+        if (valid && c < p.chunks && wp != nullptr) wr[it] = load_row_weight<kPartial, T, W>(wp, c, p.cols);
       }
     };
     if constexpr (kAdd) {
@@ -370,9 +375,9 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
         const int c = m.chunk(it);
         const bool own = valid && c < p.chunks;
         xr[it] = zero_chunk<T>();
-        wr[it] = one_chunk<T>();
+        wr[it] = one_weight<T, W>();
         if (own) xr[it] = load_row_chunk<kPartial>(xrow, c, p.cols);
-        if (own && p.w != nullptr) wr[it] = load_row_chunk<kPartial>(p.w, c, p.cols);
+        if (own && wp != nullptr) wr[it] = load_row_weight<kPartial, T, W>(wp, c, p.cols);
       }
     }
     float part = 0.0f;
@@ -380,7 +385,8 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     for (int it = 0; it < kCpt; ++it) part = add_squares(part, xr[it]);
     const float ss = row_sum<kTpr, kSlots>(part, scratch, parity);
     if constexpr (kQuant) {
-      quantize_row<kTpr, kSlots, kPartial, kQ>(p, xr, wr, ss, row, valid, m, max_scratch, parity, qk);
+      if constexpr (std::is_same_v<W, T>)
+        quantize_row<kTpr, kSlots, kPartial, kQ>(p, xr, wr, ss, row, valid, m, max_scratch, parity, qk);
       continue;
     }
     if (valid) {
@@ -405,7 +411,8 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
 // cp.async pipeline, p.stages rows deep, dynamic shared memory
 // plan::stage_bytes(cta_threads, 1) per stage). Otherwise element I/O
 // straight into registers, no lookahead.
-template <typename T, int kTpr, bool kClustered, bool kVec>
+// W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32, the rows band's element path) float, passed in p.w.
+template <typename T, int kTpr, bool kClustered, bool kVec, typename W = T>
 __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr))
     forward_kernel(const ForwardParams<T> p) {
   constexpr int kCtaThreads = plan::forward_cta_threads(kTpr);
@@ -414,6 +421,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   static_assert(kSlots * kTpr == kCtaThreads, "plan: rows_per_cta * threads_per_row == cta_threads");
   static_assert(!kClustered || (kTpr == plan::kClusterTpr && kSlots == 1), "plan: cluster CTAs hold one row slot");
   static_assert(kClustered || !kVec, "plan: the rows band's 16-byte path is forward_rows_direct_kernel");
+  static_assert(std::is_same_v<W, T> || (!kClustered && !kVec), "an fp32 weight: the rows band's element path");
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(Chunk<T>::kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
   static_assert(plan::stage_bytes(kCtaThreads, 1) == sizeof(uint4) * kCpt * kCtaThreads, "plan: stage size");
@@ -459,8 +467,8 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
               wv.get(it, w);
               store_normalized(yr, c, p.cols, false, p.round_xhat, xr[it], w, r);
             } else {
-              store_normalized_blocks(p.x + row * p.x_stride, yr, p.w, c, p.chunks, p.cols, p.w_offset,
-                                      p.round_xhat, r);
+              store_normalized_blocks<T, W>(p.x + row * p.x_stride, yr, p.w, c, p.chunks, p.cols, p.w_offset,
+                                            p.round_xhat, r);
             }
           }
         }
@@ -667,8 +675,9 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
                                          {a.weight, 0}},
                                         kEs)
                           : plan::io_of({{a.x, a.x_stride}, {a.y, a.y_stride}, {a.weight, 0}}, kEs);
-  // An fp32 weight with 16-bit x: the looped kernel's fp32-weight form at every D (plan.hpp).
-  const plan::Launch l = a.weight_f32 ? plan::looped_forward_launch(a.rows, a.cols, kEs, io, dev)
+  // An fp32 weight with 16-bit x: the rows band's kernels with the weight read as fp32, else the looped
+  // kernel's fp32-weight form (plan::weight_f32_forward_launch).
+  const plan::Launch l = a.weight_f32 ? plan::weight_f32_forward_launch(a.rows, a.cols, kEs, io, dev)
                                       : plan::forward_launch(a.rows, a.cols, kEs, io, dev);
   const bool pdl = a.pdl && dev.sm90_code;
   if (add && !plan::add_fused(l)) {
@@ -685,13 +694,21 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
       return dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
         constexpr int kTpr = decltype(tpr)::value;
         constexpr int kCta = plan::forward_cta_threads(kTpr);
-        if (l.kernel != Kernel::kForwardRows) return launch(forward_kernel<T, kTpr, false, false>, kCta);
-        const bool partial = a.cols % Chunk<T>::kN != 0;
-        if (add)
-          return partial ? launch(forward_rows_direct_kernel<T, kTpr, true, true>, kCta)
-                         : launch(forward_rows_direct_kernel<T, kTpr, false, true>, kCta);
-        return partial ? launch(forward_rows_direct_kernel<T, kTpr, true, false>, kCta)
-                       : launch(forward_rows_direct_kernel<T, kTpr, false, false>, kCta);
+        // W: the weight's dtype (fp32 with 16-bit x: RMSNORM_FLAG_WEIGHT_F32).
+        auto rows_kernels = [&](auto wtag) -> rmsnorm_status_t {
+          using W = decltype(wtag);
+          if (l.kernel != Kernel::kForwardRows) return launch(forward_kernel<T, kTpr, false, false, W>, kCta);
+          const bool partial = a.cols % Chunk<T>::kN != 0;
+          if (add)
+            return partial ? launch(forward_rows_direct_kernel<T, kTpr, true, true, QuantKind::kNone, W>, kCta)
+                           : launch(forward_rows_direct_kernel<T, kTpr, false, true, QuantKind::kNone, W>, kCta);
+          return partial ? launch(forward_rows_direct_kernel<T, kTpr, true, false, QuantKind::kNone, W>, kCta)
+                         : launch(forward_rows_direct_kernel<T, kTpr, false, false, QuantKind::kNone, W>, kCta);
+        };
+        if constexpr (!std::is_same_v<T, float>) {
+          if (a.weight_f32) return rows_kernels(float{});
+        }
+        return rows_kernels(T{});
       });
     case Kernel::kForwardCluster: return launch(forward_kernel<T, plan::kClusterTpr, true, true>, plan::kClusterTpr);
     case Kernel::kForwardClusterElement:

@@ -31,11 +31,11 @@ __device__ __forceinline__ void weights_of(const T* __restrict__ w, int chunk, i
 
 // w' from a weight chunk already held in registers (the direct rows kernels);
 // has_weight false: 1.
-template <typename T>
-__device__ __forceinline__ void held_weights(const Chunk<T>& w, bool has_weight, float offset,
-                                             float (&out)[Chunk<T>::kN]) {
+// WC: a Chunk<T>, or the HeldWeight floats of an fp32 weight (chunk_io.cuh).
+template <typename WC, int kN>
+__device__ __forceinline__ void held_weights(const WC& w, bool has_weight, float offset, float (&out)[kN]) {
 #pragma unroll
-  for (int j = 0; j < Chunk<T>::kN; ++j) out[j] = has_weight ? w.get(j) + offset : 1.0f;
+  for (int j = 0; j < kN; ++j) out[j] = has_weight ? w.get(j) + offset : 1.0f;
 }
 
 // The same for a weight of another dtype W than x's (RMSNORM_FLAG_WEIGHT_F32's
@@ -61,12 +61,28 @@ __device__ __forceinline__ void weights_any(const T* __restrict__ w, int chunk, 
     weights_elems(reinterpret_cast<const W*>(w), chunk, cols, offset, out);
 }
 
+// weights_at for a weight of T or of W passed in the same pointer (the rows
+// band's element path with RMSNORM_FLAG_WEIGHT_F32): W's by element.
+template <typename W, typename T>
+__device__ __forceinline__ void weights_at_any(const T* __restrict__ w, int first, int cols, float offset,
+                                               float (&out)[Chunk<T>::kN]) {
+  if constexpr (std::is_same_v<W, T>) {
+    weights_at(w, first, cols, false, offset, out);
+  } else {
+    const W* wp = reinterpret_cast<const W*>(w);
+#pragma unroll
+    for (int j = 0; j < Chunk<T>::kN; ++j)
+      out[j] = wp == nullptr ? 1.0f : (first + j < cols ? to_float(wp[first + j]) : 0.0f) + offset;
+  }
+}
+
 // w' of the kChunksPerThread chunks a thread owns (the same columns in every
 // row). kFloat: loaded once per kernel and held as fp32, no per-row
 // conversion (the 16-byte-I/O kernels). Otherwise reloaded (an L1 hit) and
 // converted at each use: the element-I/O kernels need the registers for
 // their loads (held packed, the misaligned forward was 1.5x slower).
-template <typename T, bool kFloat>
+// W: the weight's dtype (T, or float with RMSNORM_FLAG_WEIGHT_F32), passed as T*.
+template <typename T, bool kFloat, typename W = T>
 struct ThreadWeights {
   static constexpr int kN = Chunk<T>::kN;
   static constexpr int kCpt = plan::kChunksPerThread;
@@ -88,7 +104,7 @@ struct ThreadWeights {
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
       if constexpr (kFloat) {
-        if (m.chunk(it) < chunks) weights_of(wp, m.chunk(it), ncols, vec, off, f[it]);
+        if (m.chunk(it) < chunks) weights_any<W>(wp, m.chunk(it), ncols, vec, off, f[it]);
       } else {
         chunk[it] = m.chunk(it);
       }
@@ -99,7 +115,7 @@ struct ThreadWeights {
 #pragma unroll
       for (int j = 0; j < kN; ++j) out[j] = f[it][j];
     } else {
-      weights_of(w, chunk[it], cols, vector_io, offset, out);
+      weights_any<W>(w, chunk[it], cols, vector_io, offset, out);
     }
   }
 };
