@@ -84,8 +84,9 @@ def test_other_mixed_dtypes_are_errors():
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_fp32_weight(dtype):
-    """On CUDA (the forward in the rows kernel where the plan takes it, else and in the backward the looped kernels' fp32-weight forms): y exactly T(x * rstd * w) of the rstd returned, gradients
-    against float64 within the dtype's rounding."""
+    """On CUDA (in the rows band the plain call's kernels with the weight read as fp32, above it the looped
+    kernels' fp32-weight forms): y exactly T(x * rstd * w) of the rstd returned, gradients against float64 within
+    the dtype's rounding."""
     gen = torch.Generator().manual_seed(74)
     for d in (64, 4096, 20000):
         x = row_scaled(randn(33, d, dtype=dtype, gen=gen), gen).cuda()
