@@ -458,7 +458,13 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
       xr[it] = load_row_chunk<kPartial>(xrow, c, p.cols);
       gyr[it] = load_row_chunk<kPartial>(gyrow, c, p.cols);
     }
-    if (wp != nullptr && c < p.chunks) wr[it] = load_row_weight<kPartial, T, W>(wp, c, p.cols);
+    // x's dtype through p.w itself: with the W* copy ptxas rematerialized the pointer from the parameter bank in
+    // the partial chunk's element path.
+    if constexpr (std::is_same_v<W, T>) {
+      if (p.w != nullptr && c < p.chunks) wr[it] = load_row_chunk<kPartial>(p.w, c, p.cols);
+    } else {
+      if (wp != nullptr && c < p.chunks) wr[it] = load_row_weight<kPartial, T, W>(wp, c, p.cols);
+    }
   }
   const float given_r = p.rstd != nullptr && valid ? p.rstd[row] : 0.0f;
   auto w_of = [&](int it, float (&w)[kN]) { held_weights(wr[it], p.w != nullptr, p.w_offset, w); };
