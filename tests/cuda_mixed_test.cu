@@ -60,6 +60,7 @@ struct MixedCase {
   bool weight_offset = false;
   bool round_xhat = false;
   bool padded = false;  // base + 1 element, row stride cols + 3
+  bool weight_misaligned = false;  // the weight at base + 1 element (its dtype's alignment only)
   int64_t rows = 0, cols = 0;
   int32_t gw_mode = RMSNORM_GW_STORE;
 };
@@ -68,7 +69,7 @@ std::string describe(const MixedCase& c) {
   return std::string(dtype_name(c.x_dtype)) + " x, " + dtype_name(c.y_dtype) + " y" +
          (c.residual_f32 ? ", fp32 residual stream" : "") + (c.weight_f32 ? ", fp32 weight" : "") +
          (c.weight ? "" : ", no weight") + (c.weight_offset ? ", offset" : "") + (c.round_xhat ? ", round_xhat" : "") +
-         (c.padded ? ", base + 1, padded" : "") + ", " + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
+         (c.padded ? ", base + 1, padded" : "") + (c.weight_misaligned ? ", weight at base + 1" : "") + ", " + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
          ", gw mode " + std::to_string(c.gw_mode);
 }
 
@@ -117,7 +118,8 @@ float w_prime(const MixedCase& c, const HostMatrix& w, int64_t k) {
 void check_mixed(const MixedCase& c, std::mt19937_64& rng) {
   SCOPED_TRACE(describe(c));
   const int32_t nd = norm_dtype(c), wd = weight_dtype(c), gw_dt = c.gw_mode == RMSNORM_GW_STORE_F32 ? RMSNORM_DTYPE_F32 : wd;
-  HostMatrix x = matrix(c, c.x_dtype), res = matrix(c, RMSNORM_DTYPE_F32), w(wd, 1, c.cols), gy = matrix(c, c.y_dtype),
+  HostMatrix x = matrix(c, c.x_dtype), res = matrix(c, RMSNORM_DTYPE_F32),
+             w(wd, 1, c.cols, c.cols, c.weight_misaligned ? 1 : 0), gy = matrix(c, c.y_dtype),
              gh = matrix(c, RMSNORM_DTYPE_F32);
   fill_random(x, rng, harness::hetero_row_scale);
   fill_random(res, rng, harness::hetero_row_scale);
@@ -264,6 +266,26 @@ TEST_F(CudaMixed, ResidualF32) {
         check_mixed(sweep_case(xd, xd, true, d, padded, i++), rng);
         if (HasFatalFailure() || HasFailure()) return;
       }
+}
+
+// A weight aligned to its dtype only, with every other operand's rows 16-byte aligned: the 16-byte paths must not
+// read it by vectors (every mixed form, forward and backward; the fp32 weight alone in the rows band too).
+TEST_F(CudaMixed, MisalignedWeight) {
+  std::mt19937_64 rng(104);
+  for (int64_t d : {1000, 4096, 40000})
+    for (int form = 0; form < 4; ++form) {
+      MixedCase c;
+      c.x_dtype = form == 1 ? RMSNORM_DTYPE_F32 : RMSNORM_DTYPE_BF16;
+      c.y_dtype = form == 0 ? RMSNORM_DTYPE_F32 : form == 1 ? RMSNORM_DTYPE_BF16 : c.x_dtype;
+      c.residual_f32 = form == 2;
+      c.weight_f32 = form >= 2;
+      c.cols = d;
+      c.rows = 5;
+      c.weight_misaligned = true;
+      c.gw_mode = RMSNORM_GW_STORE_F32;
+      check_mixed(c, rng);
+      if (HasFatalFailure() || HasFailure()) return;
+    }
 }
 
 // On CUDA the mixed forms take the looped kernels, whose workspace differs from the plain backward's: the C++

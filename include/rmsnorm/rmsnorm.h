@@ -133,10 +133,13 @@ typedef enum rmsnorm_dtype {
  * float(w) (+ 1), and gw in fp32 in every gw mode (RMSNORM_GW_STORE and
  * RMSNORM_GW_ACCUMULATE write the weight's dtype, which is now fp32). With
  * RMSNORM_DTYPE_F32 it changes nothing. The weight must be 4-byte aligned.
- * CPU backend: every operation. CUDA backend: every operation, through the
- * looped band's kernels at every D (one row per 1024-thread CTA; slower than
- * the plain path at D below the looped band), so rstd is summed in that
- * kernel's order. */
+ * CPU backend: every operation. CUDA backend: every operation. In the rows
+ * band (D <= 16384 on the H200) the forward, the residual add and the
+ * backward run the plain call's kernels with the weight read as fp32 (as
+ * fast as the plain call; rstd is the plain call's bit for bit); above it,
+ * and for the quantized forwards at every D, the looped band's kernels (one
+ * row per 1024-thread CTA). Forward and backward take the same band, so the
+ * backward's recomputed rstd is the forward's. */
 /* RMSNORM_FLAG_RESIDUAL_F32: an fp32 residual stream with f16 / bf16 x, for
  * rmsnorm_add_forward and rmsnorm_add_backward. Forward: residual and h are
  * float; h = float(x) + residual (one fp32 add), and y = T(rms_norm(h) * w')
@@ -262,11 +265,11 @@ RMSNORM_API rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* proble
  * y is always T(x * rstd * w') (or T(T(x * rstd) * w') with ROUND_XHAT) of
  * the rstd this call computes. CUDA: where rmsnorm_forward would run its
  * rows-band 16-byte kernel (D <= 16384 at 16-bit, 8192 at fp32; every row of
- * x and the weight 16-byte aligned) and q's rows are aligned to 8 bytes
- * (16-bit) or 4 (fp32), that kernel quantizes in registers: rstd and y are
- * bit for bit rmsnorm_forward's. Elsewhere one CTA per row sums in its own
- * order, so rstd may differ from rmsnorm_forward's in the last bits (within
- * the same tolerance). */
+ * x and the weight 16-byte aligned; not with RMSNORM_FLAG_WEIGHT_F32) and q's
+ * rows are aligned to 8 bytes (16-bit) or 4 (fp32), that kernel quantizes in
+ * registers: rstd and y are bit for bit rmsnorm_forward's. Elsewhere one CTA
+ * per row sums in its own order, so rstd may differ from rmsnorm_forward's in
+ * the last bits (within the same tolerance). */
 typedef enum rmsnorm_quant_kind { RMSNORM_QUANT_FP8_E4M3 = 0, RMSNORM_QUANT_INT8 = 1 } rmsnorm_quant_kind_t;
 typedef enum rmsnorm_quant_scale { RMSNORM_QUANT_STATIC = 0, RMSNORM_QUANT_PER_ROW = 1 } rmsnorm_quant_scale_t;
 typedef struct rmsnorm_quant {

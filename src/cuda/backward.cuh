@@ -891,8 +891,9 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
   const DType wdt = weight_dtype_of(a);
   const DType gdt = y_dtype_of(a);
   // gy of another dtype (and the fp32 residual stream's 16-bit weight): the looped kernel's mixed forms at every D;
-  // those operands go by element, so they do not decide the I/O path. An fp32 weight with 16-bit x alone: the
-  // plain plan in the rows band, its weight read as fp32 (16-byte vectors on the 16-byte path), else looped
+  // operands of another dtype than x's go by element, so they do not decide the I/O path, but a weight of x's
+  // dtype is read by 16-byte vectors on the 16-byte path. An fp32 weight with 16-bit x alone: the plain plan in the
+  // rows band, its weight read as fp32 (16-byte vectors on the 16-byte path), else looped
   // (plan::weight_f32_backward_launch).
   const BackwardForm form = backward_form(a.dtype, wdt, gdt);
   const bool mixed = form == BackwardForm::kMixed;
@@ -900,7 +901,7 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
                                    {gdt == a.dtype ? a.gy : nullptr, a.gy_stride},
                                    {a.gx, a.gx_stride},
                                    {a.g_h, a.g_h_stride},
-                                   {mixed ? nullptr : a.weight, 0}},
+                                   {wdt == a.dtype || form == BackwardForm::kWeightF32 ? a.weight : nullptr, 0}},
                                   kEs);
   const bool with_gw = a.gw_mode != GwMode::kNone;
   const plan::Launch l = mixed                                ? plan::mixed_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)
