@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The rmsnorm PyTorch package against the RMSNorm a PyTorch user would pick instead, side by side in one run.
 
-Implementations (all on the same tensors, w of x's dtype, eps 1e-5):
+Implementations (all on the same tensors, w of x's dtype, or with --weight-dtype f32 an fp32 w with 16-bit x (the
+master weights of mixed precision; rmsnorm then runs RMSNORM_FLAG_WEIGHT_F32), eps 1e-5):
   rmsnorm           rmsnorm.rms_norm (the package's C++ operators), eager
   rmsnorm+compile   the same inside torch.compile(fullgraph=True)
   F.rms_norm        torch.nn.functional.rms_norm, eager
@@ -275,11 +276,14 @@ class Bench:
         gen = torch.Generator(device=self.dev).manual_seed(rows * 131 + cols)
         x = torch.randn(rows, cols, dtype=dtype, device=self.dev, generator=gen)
         gy = torch.randn(rows, cols, dtype=dtype, device=self.dev, generator=gen)
-        w = (1.0 + 0.25 * torch.randn(cols, device=self.dev, generator=gen)).to(dtype)
+        wdtype = torch.float32 if self.args.weight_dtype == "f32" else dtype
+        w = (1.0 + 0.25 * torch.randn(cols, device=self.dev, generator=gen)).to(wdtype)
+        wsize = w.element_size()
         xl = x.detach().requires_grad_(True)
         wl = w.detach().requires_grad_(True)
-        nbytes = {"forward": (2 * rows * cols + cols) * esize, "backward": (3 * rows * cols + 2 * cols) * esize,
-                  "fwd+bwd": (5 * rows * cols + 3 * cols) * esize}
+        nbytes = {"forward": 2 * rows * cols * esize + cols * wsize,
+                  "backward": 3 * rows * cols * esize + 2 * cols * wsize,
+                  "fwd+bwd": 5 * rows * cols * esize + 3 * cols * wsize}
         host_calls = {}  # (impl, direction) -> (call, its case): timed together after the loop
         for impl in impls:
             try:
@@ -448,6 +452,8 @@ def main():
                     help='only shapes whose "ROWSxCOLS dtype" contains one of these comma-separated strings')
     ap.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated subset of {','.join(IMPLS)}")
     ap.add_argument("--directions", default=",".join(DIRECTIONS), help=f"comma-separated subset of {','.join(DIRECTIONS)}")
+    ap.add_argument("--weight-dtype", choices=["same", "f32"], default="same",
+                    help="the weight's dtype: x's (default), or f32 (with 16-bit x only: the f32 shapes are left out)")
     ap.add_argument("--profile", action="store_true", help="one call per case between cudaProfilerStart/Stop, for ncu; no timing")
     ap.add_argument("--json", default="", help="write the results here (e.g. bench/results/..._torch_ops.json)")
     ap.add_argument("--png", default="", help="draw GB/s against D here")
@@ -455,7 +461,8 @@ def main():
     args = ap.parse_args()
     if args.quick and "--reps" not in sys.argv:
         args.reps = 20
-    meta = {"tool": "torch_ops_bench", "date_utc": utc_now(), "commit": git_commit(args.commit)}
+    meta = {"tool": "torch_ops_bench", "date_utc": utc_now(), "commit": git_commit(args.commit),
+            "weight_dtype": args.weight_dtype}
 
     try:
         import torch
@@ -487,6 +494,8 @@ def main():
     shapes = QUICK_SHAPES if args.quick else SHAPES
     wanted = args.shapes.split(",")
     shapes = [s for s in shapes if any(w in f"{s[0]}x{s[1]} {s[2]}" for w in wanted)]
+    if args.weight_dtype == "f32":
+        shapes = [s for s in shapes if s[2] != "f32"]
     print(f"\n{'shape':<13} {'dtype':<5} {'dir':<8} {'impl':<17} {'kernel us':>9} {'call us':>9} {'GB/s':>8} "
           f"{'%copy':>7}")
     directions = [d for d in args.directions.split(",") if d]
