@@ -165,13 +165,14 @@ class Bench:
         from torch.profiler import ProfilerActivity, profile
 
         reps = self.args.reps
+        head_start = self.head_start_cycles(call)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(reps):
                 self.flush()
-                # The marker before, and a head start (about 200 us at 1.98 GHz) longer than the host's time
-                # for one call, autograd's backward included, so that the call's kernels queue without gaps.
-                torch.cuda._sleep(400000)
+                # The marker before, and a head start longer than the host's time for one call (autograd's
+                # backward included), so that the call's kernels queue without gaps.
+                torch.cuda._sleep(head_start)
                 call()
                 torch.cuda._sleep(1)  # the marker after
             torch.cuda.synchronize()
@@ -181,6 +182,22 @@ class Bench:
         if len(spans) != reps:
             raise RuntimeError(f"profiler: {len(spans)} call spans found for {reps} calls")
         return spans
+
+    def head_start_cycles(self, call):
+        """GPU cycles for kernel_times' head start: three times the host's time for one call (the slowest of three,
+        measured without the profiler, which adds to it), counted at 1.98 GHz (the H200's boost clock; a slower
+        clock only lengthens it), at least 400000 (about 200 us) and at most 20 times that. At one row an autograd
+        forward and backward can take the host more than 200 us, and a shorter head start lets the span include
+        the host's gaps."""
+        torch = self.torch
+        worst = 0.0
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            call()
+            worst = max(worst, time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        return min(max(400000, int(3.0 * worst * 1.98e9)), 20 * 400000)
 
     def event_times(self, call):
         torch = self.torch
