@@ -40,14 +40,14 @@ __device__ __forceinline__ void held_weights(const WC& w, bool has_weight, float
 
 // The same for a weight of another dtype W than x's (RMSNORM_FLAG_WEIGHT_F32's
 // fp32 weight with 16-bit x; the fp32 residual stream's 16-bit weight with
-// the float h), chunk `chunk` of kN columns of x: element loads (the weight's
-// rows need only W's alignment).
+// the float h), columns [first, first + kN): element loads (the weight's rows
+// need only W's alignment).
 template <typename W, int kN>
-__device__ __forceinline__ void weights_elems(const W* __restrict__ w, int chunk, int cols, float offset,
+__device__ __forceinline__ void weights_elems(const W* __restrict__ w, int first, int cols, float offset,
                                               float (&out)[kN]) {
-  const int base = chunk * kN;
 #pragma unroll
-  for (int j = 0; j < kN; ++j) out[j] = w == nullptr ? 1.0f : (base + j < cols ? to_float(w[base + j]) : 0.0f) + offset;
+  for (int j = 0; j < kN; ++j)
+    out[j] = w == nullptr ? 1.0f : (first + j < cols ? to_float(w[first + j]) : 0.0f) + offset;
 }
 
 // w' of chunk `chunk` in the looped kernels: from a weight of T, or of W
@@ -58,7 +58,7 @@ __device__ __forceinline__ void weights_any(const T* __restrict__ w, int chunk, 
   if constexpr (std::is_same_v<W, T>)
     weights_of(w, chunk, cols, vector_io, offset, out);
   else
-    weights_elems(reinterpret_cast<const W*>(w), chunk, cols, offset, out);
+    weights_elems(reinterpret_cast<const W*>(w), chunk * Chunk<T>::kN, cols, offset, out);
 }
 
 // weights_at for a weight of T or of W passed in the same pointer (the rows
@@ -69,10 +69,7 @@ __device__ __forceinline__ void weights_at_any(const T* __restrict__ w, int firs
   if constexpr (std::is_same_v<W, T>) {
     weights_at(w, first, cols, false, offset, out);
   } else {
-    const W* wp = reinterpret_cast<const W*>(w);
-#pragma unroll
-    for (int j = 0; j < Chunk<T>::kN; ++j)
-      out[j] = wp == nullptr ? 1.0f : (first + j < cols ? to_float(wp[first + j]) : 0.0f) + offset;
+    weights_elems(reinterpret_cast<const W*>(w), first, cols, offset, out);
   }
 }
 
