@@ -40,16 +40,15 @@ struct TwoPassParams {
   float w_offset;
 };
 
-template <typename T, int kTpr>
+template <typename T, int kTpr, int kCpt>
 __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr))
     two_pass_rows_kernel(const TwoPassParams<T> p) {
   constexpr int kCta = plan::backward_cta_threads(kTpr);
   constexpr int kSlots = kCta / kTpr;
-  constexpr int kCpt = plan::kChunksPerThread;
   constexpr int kN = Chunk<T>::kN;
   __shared__ RowScratch<float2, kTpr, kSlots> scratch;
   const RowMap<kTpr, false> m;
-  ThreadWeights<T, true> wv;
+  ThreadWeights<T, kCpt, true> wv;
   wv.load(p.w, p.chunks, p.cols, true, p.w_offset, m);
   int parity = 0;
   for (int64_t g = m.unit; g * kSlots < p.rows; g += m.units, parity ^= 1) {
@@ -156,9 +155,9 @@ rmsnorm_status_t run(const BackwardArgs& a, void* temp, cudaStream_t stream) {
   // One row group per CTA (the hardware balances the SMs).
   const int64_t groups = (a.rows + row.rows_per_cta - 1) / row.rows_per_cta;
   // No rows: only the column sum runs, and stores the empty sum (zeros).
-  const rmsnorm_status_t st = groups == 0 ? RMSNORM_STATUS_SUCCESS : dispatch_tpr(row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
+  const rmsnorm_status_t st = groups == 0 ? RMSNORM_STATUS_SUCCESS : dispatch_rows(row.threads_per_row, row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
     constexpr int kTpr = decltype(tpr)::value;
-    return launch_kernel(two_pass_rows_kernel<T, kTpr>, groups, plan::backward_cta_threads(kTpr), 1, 0, false,
+    return launch_kernel(two_pass_rows_kernel<T, kTpr, decltype(cpt)::value>, groups, plan::backward_cta_threads(kTpr), 1, 0, false,
                          stream, p);
   });
   if (st != RMSNORM_STATUS_SUCCESS) return st;

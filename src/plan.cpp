@@ -80,12 +80,13 @@ RowPlan row_plan(int64_t cols, int esize, Direction direction, const Device& dev
   p.esize = esize;
   p.vec = vec_elems(esize);
   p.chunks = chunks_of(cols, esize);
-  const int64_t rows_capacity = int64_t{kMaxRowsTpr} * kChunksPerThread;
-  const int64_t cta_capacity = int64_t{kClusterTpr} * kChunksPerThread;
+  const int64_t rows_capacity = int64_t{kMaxRowsTpr} * kMaxChunksPerThread;
+  const int64_t cta_capacity = int64_t{kClusterTpr} * kMaxChunksPerThread;
   if (p.chunks <= rows_capacity) {
     p.band = Band::kRows;
-    p.threads_per_row = next_pow2_at_least((p.chunks + kChunksPerThread - 1) / kChunksPerThread);
-    p.chunks_per_thread = kChunksPerThread;
+    const int cpt = rows_chunks_per_thread(p.chunks);
+    p.threads_per_row = next_pow2_at_least((p.chunks + cpt - 1) / cpt);
+    p.chunks_per_thread = cpt;
     p.cluster = 1;
     p.cta_threads = direction == Direction::kBackward ? backward_cta_threads(p.threads_per_row)
                                                       : forward_cta_threads(p.threads_per_row);
@@ -97,7 +98,7 @@ RowPlan row_plan(int64_t cols, int esize, Direction direction, const Device& dev
   if (cluster <= max_cluster) {
     p.band = Band::kCluster;
     p.threads_per_row = kClusterTpr;
-    p.chunks_per_thread = kChunksPerThread;
+    p.chunks_per_thread = kMaxChunksPerThread;
     p.cluster = cluster;
     p.cta_threads = kClusterTpr;
     p.rows_per_cta = 1;
@@ -123,7 +124,8 @@ Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device
   // as many CTAs as fit at once, kForwardThreadsPerSm threads per SM; except
   // where forward_one_group_per_cta says the hardware's own CTA scheduling wins.
   const int64_t resident =
-      std::max<int64_t>(1, int64_t{dev.sm_count} * forward_ctas_per_sm(l.row.threads_per_row) / l.row.cluster);
+      std::max<int64_t>(1, int64_t{dev.sm_count} *
+                                   forward_ctas_per_sm(l.row.threads_per_row, l.row.chunks_per_thread) / l.row.cluster);
   int64_t cap = forward_one_group_per_cta(l.row, groups, resident) ? kMaxGrid : resident;
   // Clusters must be co-scheduled inside one GPC: a persistent grid of more
   // clusters than run at once would leave the rest for a second wave.
@@ -137,8 +139,8 @@ Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device
   }
   // Only the cluster band's 16-byte path stages x through shared memory.
   if (l.kernel == Kernel::kForwardCluster) {
-    const size_t per_stage = stage_bytes(l.row.cta_threads, 1);
-    l.stages = stages_that_fit(per_stage, 0, forward_ctas_per_sm(l.row.threads_per_row), dev);
+    const size_t per_stage = stage_bytes(l.row.cta_threads, 1, l.row.chunks_per_thread);
+    l.stages = stages_that_fit(per_stage, 0, forward_ctas_per_sm(l.row.threads_per_row, l.row.chunks_per_thread), dev);
     l.smem = per_stage * static_cast<size_t>(l.stages);
   }
   return l;
@@ -231,14 +233,17 @@ Launch backward_launch_for(const RowPlan& row, int64_t rows, int64_t cols, int e
   // The rows band adds its row slots' gw sums through shared memory at the
   // end (the stages' memory, reused).
   const size_t combine =
-      with_gw && l.row.band == Band::kRows ? backward_combine_smem(l.row.threads_per_row, esize) : 0;
+      with_gw && l.row.band == Band::kRows
+          ? backward_combine_smem(l.row.threads_per_row, esize, l.row.chunks_per_thread)
+          : 0;
   if (l.kernel == Kernel::kBackwardRowsDirect) {
     l.smem = combine;
   } else if (l.row.band != Band::kLooped) {
     // The cluster band's element path stages nothing.
     const bool staged = io == Io::kVector || l.row.band == Band::kRows;
-    const size_t per_stage = io == Io::kVector ? stage_bytes(l.row.cta_threads, 2)
-                                               : shifted_stage_bytes(l.row.cta_threads, l.row.rows_per_cta, 2);
+    const int cpt = l.row.chunks_per_thread;
+    const size_t per_stage = io == Io::kVector ? stage_bytes(l.row.cta_threads, 2, cpt)
+                                               : shifted_stage_bytes(l.row.cta_threads, l.row.rows_per_cta, 2, cpt);
     if (staged) {
       l.stages = stages_that_fit(per_stage, combine, kBackwardCtasPerSm, dev);
       l.smem = std::max(per_stage * static_cast<size_t>(l.stages), combine);

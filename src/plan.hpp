@@ -18,7 +18,8 @@
 //                                               kBackwardRows (kBackwardRows-
 //                                               Direct, no stages, where no
 //                                               CTA has a second row group)
-//             tpr = smallest power of two >= ceil(ceil(D / vec) / 4);
+//             cpt = 2 up to 512 chunks (D <= 4096 at 16-bit, <= 2048 at fp32), else 4;
+//             tpr = smallest power of two >= ceil(ceil(D / vec) / cpt) (cpt 2: 1..256, cpt 4: 256, 512);
 //             CTA = max(tpr, 256) fwd / max(tpr, 512) bwd threads   (each row's aligned blocks staged, gx in
 //                                                                    aligned blocks where tpr <= 32)
 //   kCluster  16385..131072    8193..65536      kForwardCluster /              kForwardClusterElement /
@@ -36,9 +37,10 @@
 // (vec elements; the last chunk may be partial). A row is owned by
 // `threads_per_row` threads of one CTA, or of each CTA of a cluster of
 // `cluster` CTAs. Thread g (0 <= g < G = threads_per_row * cluster, CTA rank
-// major) owns chunks g, g + G, g + 2G, ..., at most kChunksPerThread (4) of
-// them, held in registers, so x (and gy) is read from DRAM once. The band is
-// chosen from the chunk count alone, identical for forward and backward.
+// major) owns chunks g, g + G, g + 2G, ..., at most chunks_per_thread of
+// them (cpt: 2 in the rows band up to 512 chunks, else 4), held in registers,
+// so x (and gy) is read from DRAM once. The band and cpt are chosen from the
+// chunk count alone, identical for forward and backward.
 //
 // Reduction of a row: each thread adds its elements in order (one running
 // sum), an xor butterfly over the lanes of each warp of the row, the row's
@@ -105,19 +107,31 @@ inline constexpr int kChunkBytes = 16;
 inline constexpr int64_t kMaxCols = (int64_t{1} << 31) - 64;
 inline constexpr int kWarp = 32;
 inline constexpr int kMaxThreadsPerSm = 2048;  // sm_80 and sm_90
-// docs/performance.md, "Chunks per thread".
-inline constexpr int kChunksPerThread = 4;
+// Chunks per thread (docs/performance.md, "Chunks per thread"): the
+// cluster band and the rows band's longer rows hold kMaxChunksPerThread;
+// rows of at most kFewChunksPerThread * kFewChunksMaxTpr chunks (D <= 4096 at
+// 16-bit, <= 2048 at fp32) hold kFewChunksPerThread, twice the threads per
+// row: a shorter dependent chain per thread and, in the forward, 1536
+// threads per SM instead of 1024. A function of D alone, so the summation
+// order stays batch-invariant and the same in both directions.
+inline constexpr int kMaxChunksPerThread = 4;
+inline constexpr int kFewChunksPerThread = 2;
+inline constexpr int kFewChunksMaxTpr = 256;
+RMSNORM_HD constexpr int rows_chunks_per_thread(int64_t chunks) {
+  return chunks <= int64_t{kFewChunksPerThread} * kFewChunksMaxTpr ? kFewChunksPerThread : kMaxChunksPerThread;
+}
 inline constexpr int kMaxRowsTpr = 512;  // kRows: threads per row (one CTA)
 inline constexpr int kClusterTpr = 512;  // kCluster: threads per CTA (one row slot)
 inline constexpr int kMaxPortableCluster = 8;
 inline constexpr int kMaxCluster = 16;  // non-portable; used where the device can co-schedule it
 inline constexpr int kLoopedThreads = 1024;
 inline constexpr int kLoopedCtasPerSm = 2;  // backward: two partial rows per SM
-// Forward: CTAs of >= 256 threads, 1024 threads per SM, so 64 registers per
-// thread hold the current and the prefetched chunks without spilling
-// (docs/performance.md, "Forward CTA size").
+// Forward: CTAs of >= 256 threads, 1024 threads per SM with 4 chunks per
+// thread (64 registers hold a thread's x and w' chunks without spilling),
+// 1536 with 2 (40 registers) (docs/performance.md, "Forward CTA size").
 inline constexpr int kForwardMinCtaThreads = 256;
 inline constexpr int kForwardThreadsPerSm = 1024;
+inline constexpr int kForwardFewThreadsPerSm = 1536;
 // Backward: one 512-thread CTA per SM (128 registers per thread: x, gy and
 // the prefetched x and gy; the fp32 gw sums live in registers). The
 // workspace holds one fp32 partial row per CTA (or cluster), so it is at
@@ -132,7 +146,12 @@ RMSNORM_HD constexpr int64_t chunks_of(int64_t cols, int esize) {
 RMSNORM_HD constexpr int forward_cta_threads(int tpr) {
   return tpr > kForwardMinCtaThreads ? tpr : kForwardMinCtaThreads;
 }
-RMSNORM_HD constexpr int forward_ctas_per_sm(int tpr) { return kForwardThreadsPerSm / forward_cta_threads(tpr); }
+RMSNORM_HD constexpr int forward_threads_per_sm(int cpt) {
+  return cpt == kFewChunksPerThread ? kForwardFewThreadsPerSm : kForwardThreadsPerSm;
+}
+RMSNORM_HD constexpr int forward_ctas_per_sm(int tpr, int cpt) {
+  return forward_threads_per_sm(cpt) / forward_cta_threads(tpr);
+}
 RMSNORM_HD constexpr int backward_cta_threads(int tpr) { return tpr > kBackwardCtaThreads ? tpr : kBackwardCtaThreads; }
 RMSNORM_HD constexpr int warps_per_row(int tpr) { return tpr > kWarp ? tpr / kWarp : 1; }
 // Thread t of a CTA works on row slot t / tpr, as lane t % tpr of that row.
@@ -163,21 +182,21 @@ RMSNORM_HD constexpr int64_t store_blocks(int64_t cols, int head, int esize) {
 // included): as many as fit, at most kMaxStages (docs/performance.md,
 // "Pipeline depth").
 inline constexpr int kMaxStages = 3;
-// Shared memory of one stage: every thread's chunks of each operand
+// Shared memory of one stage: every thread's cpt chunks of each operand
 // (forward x; backward x and gy), uint4 [operand][chunk it][thread].
-RMSNORM_HD constexpr size_t stage_bytes(int cta_threads, int operands) {
-  return static_cast<size_t>(cta_threads) * kChunksPerThread * kChunkBytes * operands;
+RMSNORM_HD constexpr size_t stage_bytes(int cta_threads, int operands, int cpt) {
+  return static_cast<size_t>(cta_threads) * cpt * kChunkBytes * operands;
 }
 // Rows-band backward with element I/O (misaligned operands): each row's
 // aligned 16-byte blocks are staged instead (block v = bytes [16 v, 16 v + 16)
 // from the row's first byte rounded down to 16; v = 0..chunks): thread t of a
 // slot copies blocks it * tpr + t into the same slots as the aligned layout,
-// the slot's block v = kChunksPerThread * tpr (when a row fills every chunk)
-// into one extra entry per slot; a chunk is then its own block and the next
-// (a neighbour's, after a barrier) shifted by the row's misalignment.
-// uint4 [operand][kChunksPerThread][thread] then [operand's extra][slots].
-RMSNORM_HD constexpr size_t shifted_stage_bytes(int cta_threads, int slots, int operands) {
-  return static_cast<size_t>(cta_threads * kChunksPerThread + slots) * kChunkBytes * operands;
+// the slot's block v = cpt * tpr (when a row fills every chunk) into one
+// extra entry per slot; a chunk is then its own block and the next (a
+// neighbour's, after a barrier) shifted by the row's misalignment.
+// uint4 [operand][cpt][thread] then [operand's extra][slots].
+RMSNORM_HD constexpr size_t shifted_stage_bytes(int cta_threads, int slots, int operands, int cpt) {
+  return static_cast<size_t>(cta_threads * cpt + slots) * kChunkBytes * operands;
 }
 
 // The backward's end-of-kernel sum of the gw partials of a CTA's row slots:
@@ -194,11 +213,11 @@ RMSNORM_HD constexpr int combine_index(int it, int j, int thread, int cta_thread
   return (it * vec_elems(esize) + j) * combine_stride(cta_threads, esize) + thread;
 }
 // Its size in bytes; none with one slot (the thread's sums are the CTA's).
-RMSNORM_HD constexpr size_t backward_combine_smem(int tpr, int esize) {
+RMSNORM_HD constexpr size_t backward_combine_smem(int tpr, int esize, int cpt) {
   return backward_cta_threads(tpr) / tpr == 1
              ? 0
-             : sizeof(float) * static_cast<size_t>(combine_stride(backward_cta_threads(tpr), esize)) *
-                   kChunksPerThread * vec_elems(esize);
+             : sizeof(float) * static_cast<size_t>(combine_stride(backward_cta_threads(tpr), esize)) * cpt *
+                   vec_elems(esize);
 }
 
 struct Device {
@@ -228,7 +247,7 @@ struct RowPlan {
   int vec = 8;                // elements per chunk
   int64_t chunks = 0;         // per row
   int threads_per_row = 1;    // per CTA
-  int chunks_per_thread = 0;  // kChunksPerThread (kRows, kCluster); per pass step for kLooped
+  int chunks_per_thread = 0;  // rows_chunks_per_thread (kRows), kMaxChunksPerThread (kCluster); per pass step (kLooped)
   int cluster = 1;            // CTAs per row
   int cta_threads = 128;      // threads per CTA
   int rows_per_cta = 1;       // row slots per CTA

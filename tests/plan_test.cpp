@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "plan.hpp"
@@ -50,7 +51,11 @@ std::string check_row_plan(const RowPlan& p, int64_t d, int esize, const Device&
     os << "tpr does not tile warps; ";
   switch (p.band) {
     case Band::kRows: {
-      if (p.chunks_per_thread != kChunksPerThread) os << "rows cpt; ";
+      // 2 chunks per thread up to 512 chunks (D <= 4096 at 16-bit, <= 2048 at fp32), 4 above.
+      if (p.chunks_per_thread != (p.chunks <= 512 ? 2 : 4)) os << "rows cpt; ";
+      if (p.chunks_per_thread == 2 ? p.threads_per_row > 256
+                                   : p.threads_per_row != 256 && p.threads_per_row != 512)
+        os << "rows (tpr, cpt) without a kernel (dispatch_rows); ";
       if (p.cluster != 1) os << "rows cluster; ";
       if (p.threads_per_row > kMaxRowsTpr) os << "rows tpr above the maximum; ";
       // Covers the row, and the next smaller power of two would not (no idle half).
@@ -63,7 +68,7 @@ std::string check_row_plan(const RowPlan& p, int64_t d, int esize, const Device&
     case Band::kCluster: {
       if (d <= (esize == 2 ? 16384 : 8192)) os << "cluster band inside the rows band; ";
       if (p.cta_threads != kClusterTpr || p.threads_per_row != kClusterTpr || p.rows_per_cta != 1) os << "cluster block; ";
-      if (p.chunks_per_thread != kChunksPerThread) os << "cluster cpt; ";
+      if (p.chunks_per_thread != 4) os << "cluster cpt; ";
       if (!is_pow2(p.cluster) || p.cluster < 2 || p.cluster > (dev.cc_major >= 9 ? dev.max_cluster : 1))
         os << "cluster size; ";
       const int64_t per_cta = int64_t{kClusterTpr} * p.chunks_per_thread;
@@ -73,7 +78,7 @@ std::string check_row_plan(const RowPlan& p, int64_t d, int esize, const Device&
     }
     case Band::kLooped: {
       const int max_cluster = dev.cc_major >= 9 ? dev.max_cluster : 1;
-      const int64_t per_cta = int64_t{kClusterTpr} * kChunksPerThread;
+      const int64_t per_cta = int64_t{kClusterTpr} * kMaxChunksPerThread;
       if (per_cta * std::max(max_cluster, 1) >= p.chunks) os << "looped although a cluster covers D; ";
       if (p.cta_threads != kLoopedThreads) os << "looped block; ";
       break;
@@ -259,9 +264,9 @@ TEST(Plan, PipelineStagesFitTheDevice) {
           EXPECT_EQ(f.smem, 0u) << d;  // the row in registers, no stages
           EXPECT_EQ(f.stages, 1) << d;
         } else if (f.row.band != Band::kLooped) {
-          EXPECT_EQ(f.smem, stage_bytes(f.row.cta_threads, 1) * static_cast<size_t>(f.stages));
+          EXPECT_EQ(f.smem, stage_bytes(f.row.cta_threads, 1, f.row.chunks_per_thread) * static_cast<size_t>(f.stages));
           EXPECT_LE(f.smem, dev.max_smem_optin);
-          EXPECT_LE((f.smem + 1024) * static_cast<size_t>(forward_ctas_per_sm(f.row.threads_per_row)),
+          EXPECT_LE((f.smem + 1024) * static_cast<size_t>(forward_ctas_per_sm(f.row.threads_per_row, f.row.chunks_per_thread)),
                     f.stages > 1 ? dev.smem_per_sm : SIZE_MAX);
         }
         const Launch b = backward_launch(1 << 20, d, esize, Io::kVector, true, dev);
@@ -418,7 +423,7 @@ TEST(Plan, WeightF32IsThePlainPlanInTheRowsBandElseLooped) {
 TEST(Plan, ForwardGridPersistentOrOneGroupPerCta) {
   const Device dev = hopper();
   auto resident = [&](const Launch& f) {
-    return int64_t{dev.sm_count} * forward_ctas_per_sm(f.row.threads_per_row) / f.row.cluster;
+    return int64_t{dev.sm_count} * forward_ctas_per_sm(f.row.threads_per_row, f.row.chunks_per_thread) / f.row.cluster;
   };
   for (int64_t rows : {int64_t{1048576}, int64_t{131072}}) {
     const Launch f = forward_launch(rows, 128, 2, Io::kElement, dev);
@@ -429,19 +434,19 @@ TEST(Plan, ForwardGridPersistentOrOneGroupPerCta) {
     else
       EXPECT_EQ(f.grid, resident(f)) << rows;
   }
-  // D = 128 at 16-bit: 4 threads per row, so kForwardMinCtaThreads / 4 rows per CTA.
-  EXPECT_EQ(forward_launch(1048576, 128, 2, Io::kElement, dev).grid, 1048576 / (kForwardMinCtaThreads / 4));
-  EXPECT_EQ(forward_launch(131072, 128, 2, Io::kElement, dev).grid, 132 * forward_ctas_per_sm(4));
-  // D = 4096: 128 threads per row, under 8 rows per CTA: tiles of consecutive
+  // D = 128 at 16-bit: 16 chunks, 2 per thread, 8 threads per row, so kForwardMinCtaThreads / 8 rows per CTA.
+  EXPECT_EQ(forward_launch(1048576, 128, 2, Io::kElement, dev).grid, 1048576 / (kForwardMinCtaThreads / 8));
+  EXPECT_EQ(forward_launch(131072, 128, 2, Io::kElement, dev).grid, 132 * forward_ctas_per_sm(8, kFewChunksPerThread));
+  // D = 2048: 128 threads per row, under 8 rows per CTA: tiles of consecutive
   // groups where there are enough of them, else persistent.
-  const Launch big = forward_launch(int64_t{1} << 24, 4096, 2, Io::kElement, dev);
+  const Launch big = forward_launch(int64_t{1} << 24, 2048, 2, Io::kElement, dev);
   EXPECT_EQ(big.row.rows_per_cta, kForwardMinCtaThreads / 128);
   EXPECT_LT(big.row.rows_per_cta, kOneGroupMinRowsPerCta);
   EXPECT_EQ(big.groups_per_cta, kForwardTileGroups);
   EXPECT_EQ(big.grid, (int64_t{1} << 23) / kForwardTileGroups);
   // One group short of kForwardTileMinWaves tiles per resident CTA (2 rows per group).
   const Launch few =
-      forward_launch(2 * (kForwardTileMinWaves * kForwardTileGroups * resident(big) - 1), 4096, 2, Io::kElement, dev);
+      forward_launch(2 * (kForwardTileMinWaves * kForwardTileGroups * resident(big) - 1), 2048, 2, Io::kElement, dev);
   EXPECT_EQ(few.groups_per_cta, 0);
   EXPECT_EQ(few.grid, resident(few));
 }
@@ -480,7 +485,7 @@ TEST(Plan, ClusterGridsFitTheCoScheduledClusters) {
     dev.backward_active_clusters[k] = 5 - k;
   }
   for (int cs = 2; cs <= 16; cs *= 2) {
-    const int64_t d = int64_t{cs} * kClusterTpr * kChunksPerThread * 8;  // 16-bit row needing `cs` CTAs
+    const int64_t d = int64_t{cs} * kClusterTpr * kMaxChunksPerThread * 8;  // 16-bit row needing `cs` CTAs
     const Launch f = forward_launch(1 << 20, d, 2, Io::kVector, dev);
     const Launch b = backward_launch(1 << 20, d, 2, Io::kVector, true, dev);
     ASSERT_EQ(f.row.cluster, cs);
@@ -489,7 +494,7 @@ TEST(Plan, ClusterGridsFitTheCoScheduledClusters) {
     EXPECT_EQ(b.partials, dev.backward_active_clusters[cluster_index(cs)]);
     const Device unknown = hopper(16);
     EXPECT_EQ(forward_launch(1 << 20, d, 2, Io::kVector, unknown).grid,
-              int64_t{unknown.sm_count} * forward_ctas_per_sm(kClusterTpr) / cs * cs);
+              int64_t{unknown.sm_count} * forward_ctas_per_sm(kClusterTpr, kMaxChunksPerThread) / cs * cs);
   }
 }
 
@@ -522,14 +527,14 @@ TEST(Plan, BackwardWorkspaceIsBoundedIndependentlyOfRows) {
           ASSERT_EQ(l.workspace, l.direct_gw ? 0 : static_cast<size_t>(l.partials * d) * 4);
           ASSERT_GE(l.stages, 1);
           ASSERT_LE(l.stages, kMaxStages);
-          const size_t combine = l.row.band == Band::kRows ? backward_combine_smem(l.row.threads_per_row, esize) : 0;
+          const size_t combine = l.row.band == Band::kRows ? backward_combine_smem(l.row.threads_per_row, esize, l.row.chunks_per_thread) : 0;
           if (l.kernel == Kernel::kBackwardRowsDirect) {
             // No stages: only the gw slot sum.
             ASSERT_EQ(l.stages, 1);
             ASSERT_EQ(l.smem, combine);
           } else if (l.row.band != Band::kLooped) {
             // The stages fit, and so does the gw slot sum (it reuses them).
-            ASSERT_GE(l.smem, stage_bytes(l.row.cta_threads, 2) * static_cast<size_t>(l.stages));
+            ASSERT_GE(l.smem, stage_bytes(l.row.cta_threads, 2, l.row.chunks_per_thread) * static_cast<size_t>(l.stages));
             ASSERT_GE(l.smem, combine);
           }
           // Element I/O: the same geometry, grid and workspace (the workspace query knows no
@@ -545,7 +550,7 @@ TEST(Plan, BackwardWorkspaceIsBoundedIndependentlyOfRows) {
           if (l.row.band == Band::kRows) {
             ASSERT_GE(e.stages, 1);
             ASSERT_LE(e.stages, kMaxStages);
-            ASSERT_EQ(e.smem, std::max(shifted_stage_bytes(l.row.cta_threads, l.row.rows_per_cta, 2) *
+            ASSERT_EQ(e.smem, std::max(shifted_stage_bytes(l.row.cta_threads, l.row.rows_per_cta, 2, l.row.chunks_per_thread) *
                                            static_cast<size_t>(e.stages),
                                        combine));
           } else {
@@ -598,13 +603,18 @@ TEST(Plan, FinalizeLanes) {
 TEST(Plan, SlotSumTableReadsWithoutBankConflicts) {
   for (int esize : {2, 4}) {
     const int vec = vec_elems(esize);
-    for (int tpr = 1; tpr <= kMaxRowsTpr; tpr *= 2) {
+    // The rows band's (tpr, cpt) pairs (dispatch_rows).
+    std::vector<std::pair<int, int>> shapes;
+    for (int tpr = 1; tpr <= 256; tpr *= 2) shapes.emplace_back(tpr, kFewChunksPerThread);
+    shapes.emplace_back(256, kMaxChunksPerThread);
+    shapes.emplace_back(512, kMaxChunksPerThread);
+    for (const auto& [tpr, cpt] : shapes) {
       const int block = backward_cta_threads(tpr), slots = block / tpr;
       if (slots == 1) {
-        EXPECT_EQ(backward_combine_smem(tpr, esize), 0u);
+        EXPECT_EQ(backward_combine_smem(tpr, esize, cpt), 0u);
         continue;
       }
-      const int elems = kChunksPerThread * tpr * vec;  // the final loop's e range
+      const int elems = cpt * tpr * vec;  // the final loop's e range
       int max_ways = 0;
       for (int e0 = 0; e0 < elems; e0 += kWarp) {
         for (int s = 0; s < slots; ++s) {
@@ -613,19 +623,19 @@ TEST(Plan, SlotSumTableReadsWithoutBankConflicts) {
             const int e = e0 + lane;
             const int it = e / (tpr * vec), l = (e / vec) % tpr, j = e % vec;
             const int addr = combine_index(it, j, s * tpr + l, block, esize);
-            ASSERT_LT(static_cast<size_t>(addr) * sizeof(float), backward_combine_smem(tpr, esize));
+            ASSERT_LT(static_cast<size_t>(addr) * sizeof(float), backward_combine_smem(tpr, esize, cpt));
             banks[addr % kWarp].insert(addr);
           }
           for (const auto& b : banks) max_ways = std::max(max_ways, static_cast<int>(b.second.size()));
         }
       }
       if (tpr * vec >= kWarp)
-        EXPECT_EQ(max_ways, 1) << "tpr " << tpr << " esize " << esize;
+        EXPECT_EQ(max_ways, 1) << "tpr " << tpr << " cpt " << cpt << " esize " << esize;
       else
-        EXPECT_LE(max_ways, 4) << "tpr " << tpr << " esize " << esize;
+        EXPECT_LE(max_ways, 4) << "tpr " << tpr << " cpt " << cpt << " esize " << esize;
       // Every thread's writes stay inside the table too.
-      EXPECT_LT(static_cast<size_t>(combine_index(kChunksPerThread - 1, vec - 1, block - 1, block, esize)) * sizeof(float),
-                backward_combine_smem(tpr, esize));
+      EXPECT_LT(static_cast<size_t>(combine_index(cpt - 1, vec - 1, block - 1, block, esize)) * sizeof(float),
+                backward_combine_smem(tpr, esize, cpt));
     }
   }
 }
@@ -685,9 +695,13 @@ TEST(Plan, DispatchTableMatchesThePlanner) {
           ASSERT_EQ(b.direction, Direction::kBackward);
           const int64_t chunks = (d + vec - 1) / vec;
           if (band == Band::kRows) {
-            // tpr = smallest power of two >= ceil(chunks / 4); CTAs of max(tpr, 256) / max(tpr, 512).
+            // cpt = 2 up to 512 chunks, else 4; tpr = smallest power of two >= ceil(chunks / cpt);
+            // CTAs of max(tpr, 256) / max(tpr, 512).
+            const int cpt = chunks <= 512 ? 2 : 4;
             int tpr = 1;
-            while (int64_t{tpr} * 4 < chunks) tpr *= 2;
+            while (int64_t{tpr} * cpt < chunks) tpr *= 2;
+            ASSERT_EQ(f.row.chunks_per_thread, cpt) << "D " << d;
+            ASSERT_EQ(b.row.chunks_per_thread, cpt) << "D " << d;
             ASSERT_EQ(f.row.threads_per_row, tpr) << "D " << d;
             ASSERT_EQ(b.row.threads_per_row, tpr) << "D " << d;
             ASSERT_EQ(f.row.cta_threads, std::max(tpr, 256));
@@ -740,7 +754,7 @@ TEST(Plan, BackwardRowsDirectWhileEveryCtaHasOneGroup) {
         // No stages: only the slot-sum table, where the CTA has more than one slot.
         if (b.kernel == Kernel::kBackwardRowsDirect) {
           ASSERT_EQ(b.stages, 1);
-          ASSERT_EQ(b.smem, backward_combine_smem(b.row.threads_per_row, esize));
+          ASSERT_EQ(b.smem, backward_combine_smem(b.row.threads_per_row, esize, b.row.chunks_per_thread));
         }
         // The element path keeps its staged kernel.
         ASSERT_EQ(backward_launch(rows, d, esize, Io::kElement, true, dev).kernel, Kernel::kBackwardRowsShifted);

@@ -141,11 +141,11 @@ __device__ __forceinline__ Chunk<T> grad_chunk(const Chunk<T>& x, const Gy& gy, 
 
 // gw sums of one thread's own columns (a CTA or cluster with one row slot):
 // its partial for those columns, or gw itself when there is one partial.
-template <typename T, int kTpr, bool kClustered>
+template <typename T, int kTpr, bool kClustered, int kCpt>
 __device__ __forceinline__ void emit_thread_gw(const BackwardParams<T>& p, const RowMap<kTpr, kClustered>& m,
-                                               const float (&acc)[plan::kChunksPerThread][Chunk<T>::kN]) {
+                                               const float (&acc)[kCpt][Chunk<T>::kN]) {
 #pragma unroll
-  for (int it = 0; it < plan::kChunksPerThread; ++it) {
+  for (int it = 0; it < kCpt; ++it) {
     const int c = m.chunk(it);
     if (c < p.chunks) emit_gw_chunk<T>(p.gw, m.unit, p.cols, c, acc[it]);
   }
@@ -161,7 +161,7 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
                                                            ClusterExchange<float2>& exchange) {
   constexpr int kTpr = plan::kClusterTpr;
   constexpr int kCtaThreads = kTpr;
-  constexpr int kCpt = plan::kChunksPerThread;
+  constexpr int kCpt = plan::kMaxChunksPerThread;
   constexpr int kN = Chunk<T>::kN;
   constexpr int kStage = 2 * kCpt * kCtaThreads;  // uint4 per stage: x, then gy
   const RowMap<kTpr, true> m;
@@ -174,8 +174,9 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
     for (int j = 0; j < kN; ++j) acc[it][j] = 0.0f;
   auto stage_row = [&](int64_t g, int s) {
     uint4* buf = stage + s * kStage;
-    stage_group<T, kTpr, true, kCtaThreads>(p.x, p.x_stride, rows, p.chunks, p.cols, m, g, 1, buf);
-    stage_group<T, kTpr, true, kCtaThreads>(p.gy, p.gy_stride, rows, p.chunks, p.cols, m, g, 1, buf + kCpt * kCtaThreads);
+    stage_group<T, kTpr, true, kCtaThreads, kCpt>(p.x, p.x_stride, rows, p.chunks, p.cols, m, g, 1, buf);
+    stage_group<T, kTpr, true, kCtaThreads, kCpt>(p.gy, p.gy_stride, rows, p.chunks, p.cols, m, g, 1,
+                                                  buf + kCpt * kCtaThreads);
     cp_async_commit();
   };
   auto x_of = [&](int s, int it) { return as_chunk<T>(stage[s * kStage + it * kCtaThreads + threadIdx.x]); };
@@ -185,7 +186,7 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
   if (m.unit < rows) {  // uniform over the cluster
     for (int s = 0; s < stages; ++s) stage_row(m.unit + s * m.units, s);
   }
-  ThreadWeights<T, true> wv;
+  ThreadWeights<T, kCpt, true> wv;
   wv.load(p.w, p.chunks, p.cols, true, p.w_offset, m);
   auto partial = [&](int s) {
     float2 sums = make_float2(0.0f, 0.0f);
@@ -252,11 +253,10 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
 // are discarded by the shift, so it does not matter that in place (gx == gy)
 // another row may be writing them. Block kCpt * kTpr (a row of kCpt * kTpr
 // chunks, misaligned) goes to extra[slot].
-template <typename T, int kTpr, int kCtaThreads>
+template <typename T, int kTpr, int kCtaThreads, int kCpt>
 __device__ __forceinline__ void stage_group_shifted(const T* __restrict__ base, int64_t stride, int64_t rows,
                                                     int chunks, int cols, const RowMap<kTpr, false>& m, int64_t g,
                                                     int slots, uint4* buf, uint4* extra) {
-  constexpr int kCpt = plan::kChunksPerThread;
   const int64_t row = g * slots + m.slot;
   if (row >= rows) return;
   const char* r = reinterpret_cast<const char*>(base + row * stride);
@@ -277,10 +277,9 @@ __device__ __forceinline__ void stage_group_shifted(const T* __restrict__ base, 
 // Chunk `it` of this thread from staged blocks: its own block and the next
 // (the next lane's, the slot's lane 0 one step on, or the extra block),
 // funnel-shifted by the row's misalignment `shift` (bytes, 0..15).
-template <typename T, int kTpr, int kCtaThreads>
+template <typename T, int kTpr, int kCtaThreads, int kCpt>
 __device__ __forceinline__ Chunk<T> shifted_chunk(const uint4* buf, const uint4* extra, int it, int slot, int pos,
                                                  int shift) {
-  constexpr int kCpt = plan::kChunksPerThread;
   const uint4 lo = buf[it * kCtaThreads + threadIdx.x];
   const uint4 hi = pos + 1 < kTpr       ? buf[it * kCtaThreads + threadIdx.x + 1]
                    : it + 1 < kCpt ? buf[(it + 1) * kCtaThreads + slot * kTpr]
@@ -366,11 +365,10 @@ __device__ __forceinline__ Chunk<T> shfl_up_chunk(const Chunk<T>& v) {
 // the slots are added in slot order through the table of plan::combine_index
 // in `sums` (the stages' shared memory, written by consecutive threads, read
 // without bank conflicts), then each column is written once.
-template <typename T, int kTpr, bool kClustered, int kSlots>
+template <typename T, int kTpr, bool kClustered, int kSlots, int kCpt>
 __device__ __forceinline__ void emit_cta_gw(const BackwardParams<T>& p, const RowMap<kTpr, kClustered>& m,
-                                            const float (&acc)[plan::kChunksPerThread][Chunk<T>::kN], float* sums) {
+                                            const float (&acc)[kCpt][Chunk<T>::kN], float* sums) {
   constexpr int kCtaThreads = kTpr * kSlots;
-  constexpr int kCpt = plan::kChunksPerThread;
   constexpr int kN = Chunk<T>::kN;
   if constexpr (kSlots == 1) {
     // One slot: this thread's sums are the CTA's (cluster's) partial for its columns.
@@ -384,7 +382,7 @@ __device__ __forceinline__ void emit_cta_gw(const BackwardParams<T>& p, const Ro
       for (int j = 0; j < kN; ++j) sums[plan::combine_index(it, j, threadIdx.x, kCtaThreads, kEs)] = acc[it][j];
     __syncthreads();
     if constexpr (kCpt * kTpr >= kCtaThreads) {
-      // At least one chunk per thread (kTpr >= 128): a thread adds one
+      // At least one chunk per thread (kCpt * kTpr >= the CTA's threads): a thread adds one
       // chunk's kN columns and writes them together (16-byte stores).
       for (int e = threadIdx.x; e < kCpt * kTpr; e += kCtaThreads) {
         const int it = e / kTpr, l = e % kTpr;
@@ -429,14 +427,14 @@ __device__ __forceinline__ void emit_cta_gw(const BackwardParams<T>& p, const Ro
 // element); without it the kernel holds no element path (a decode call runs
 // from a cold instruction cache: forward_rows_direct_kernel).
 // W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x) float, passed in p.w and held as
-// HeldWeight chunks (chunk_io.cuh).
-template <typename T, int kTpr, bool kPartial, typename W = T>
+// HeldWeight chunks (chunk_io.cuh). kCpt: the plan's chunks per thread.
+template <typename T, int kTpr, int kCpt, bool kPartial, typename W = T>
 __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackwardCtasPerSm)
     backward_rows_direct_kernel(const BackwardParams<T> p) {
   constexpr int kCtaThreads = plan::backward_cta_threads(kTpr);
   constexpr int kSlots = kCtaThreads / kTpr;
-  constexpr int kCpt = plan::kChunksPerThread;
   constexpr int kN = Chunk<T>::kN;
+  static_assert(kCpt == plan::kFewChunksPerThread || kCpt == plan::kMaxChunksPerThread, "plan: chunks per thread");
   static_assert(kSlots * kTpr == kCtaThreads, "plan: rows_per_cta * threads_per_row == cta_threads");
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
@@ -514,28 +512,31 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
 // end the row slots' sums are added in slot order through shared memory.
 // kGh: g_h may be added (plus_g_h); the rows band always passes true.
 // W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x, the rows band) float, passed in p.w.
-template <typename T, int kTpr, bool kClustered, bool kVec, bool kGh, typename W = T>
+// kCpt: the plan's chunks per thread (kMaxChunksPerThread in the cluster band).
+template <typename T, int kTpr, int kCpt, bool kClustered, bool kVec, bool kGh, typename W = T>
 __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackwardCtasPerSm)
     backward_kernel(const BackwardParams<T> p) {
   constexpr int kCtaThreads = plan::backward_cta_threads(kTpr);
   constexpr int kSlots = kCtaThreads / kTpr;
-  constexpr int kCpt = plan::kChunksPerThread;
   constexpr int kN = Chunk<T>::kN;
+  static_assert(kCpt == plan::kFewChunksPerThread || kCpt == plan::kMaxChunksPerThread, "plan: chunks per thread");
+  static_assert(!kClustered || kCpt == plan::kMaxChunksPerThread, "plan: the cluster band's chunks per thread");
   static_assert(kSlots * kTpr == kCtaThreads, "plan: rows_per_cta * threads_per_row == cta_threads");
   static_assert(!kClustered || (kTpr == plan::kClusterTpr && kSlots == 1), "plan: cluster CTAs hold one row slot");
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(kClustered || kGh, "the rows band has one instantiation, g_h tested at run time");
   static_assert(std::is_same_v<W, T> || !kClustered, "an fp32 weight: the rows band");
   static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
-  static_assert(plan::stage_bytes(kCtaThreads, 2) == 2 * sizeof(uint4) * kCpt * kCtaThreads, "plan: stage size");
-  static_assert(plan::backward_combine_smem(kTpr, sizeof(T)) ==
+  static_assert(plan::stage_bytes(kCtaThreads, 2, kCpt) == 2 * sizeof(uint4) * kCpt * kCtaThreads, "plan: stage size");
+  static_assert(plan::backward_combine_smem(kTpr, sizeof(T), kCpt) ==
                     (kSlots == 1 ? 0 : sizeof(float) * plan::combine_stride(kCtaThreads, sizeof(T)) * kCpt * kN),
                 "plan: gw slot sum");
   __shared__ RowScratch<float2, kTpr, kSlots> scratch;
   __shared__ float2 exchange[2];
   extern __shared__ uint4 stage[];  // cp.async stages; at the end, the gw slot sum
   constexpr bool kShifted = !kVec && !kClustered;  // element I/O through staged aligned blocks
-  static_assert(plan::shifted_stage_bytes(kCtaThreads, kSlots, 2) == 2 * sizeof(uint4) * (kCpt * kCtaThreads + kSlots),
+  static_assert(plan::shifted_stage_bytes(kCtaThreads, kSlots, 2, kCpt) ==
+                    2 * sizeof(uint4) * (kCpt * kCtaThreads + kSlots),
                 "plan: shifted stage size");
   constexpr int kStage = kShifted ? 2 * (kCpt * kCtaThreads + kSlots) : 2 * kCpt * kCtaThreads;  // uint4 per stage
   constexpr int kOperand = kShifted ? kCpt * kCtaThreads + kSlots : kCpt * kCtaThreads;         // gy's offset in a stage
@@ -559,14 +560,15 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
   auto stage_rows = [&](int64_t g, int s) {
     uint4* buf = stage + s * kStage;
     if constexpr (kShifted) {
-      stage_group_shifted<T, kTpr, kCtaThreads>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, g, kSlots, buf,
-                                           buf + kCpt * kCtaThreads);
-      stage_group_shifted<T, kTpr, kCtaThreads>(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, m, g, kSlots,
-                                           buf + kOperand, buf + kOperand + kCpt * kCtaThreads);
+      stage_group_shifted<T, kTpr, kCtaThreads, kCpt>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, g, kSlots, buf,
+                                                      buf + kCpt * kCtaThreads);
+      stage_group_shifted<T, kTpr, kCtaThreads, kCpt>(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, m, g, kSlots,
+                                                      buf + kOperand, buf + kOperand + kCpt * kCtaThreads);
     } else {
-      stage_group<T, kTpr, kClustered, kCtaThreads>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, g, kSlots, buf);
-      stage_group<T, kTpr, kClustered, kCtaThreads>(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, m, g, kSlots,
-                                               buf + kOperand);
+      stage_group<T, kTpr, kClustered, kCtaThreads, kCpt>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, g, kSlots,
+                                                          buf);
+      stage_group<T, kTpr, kClustered, kCtaThreads, kCpt>(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, m, g, kSlots,
+                                                          buf + kOperand);
     }
     cp_async_commit();
   };
@@ -574,7 +576,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
     for (int s = 0; s + 1 < stages; ++s) stage_rows(m.unit + s * m.units, s);
   // w' of this thread's columns, fp32, loaded once (see forward_kernel); the
   // cluster band's element I/O reloads it (its registers hold x and gy).
-  ThreadWeights<T, kVec || kShifted, W> wv;
+  ThreadWeights<T, kCpt, kVec || kShifted, W> wv;
   wv.load(p.w, p.chunks, p.cols, kVec, p.w_offset, m);
   int parity = 0, st = 0;
   for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
@@ -617,7 +619,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
       if constexpr (kVec)
         return as_chunk<T>(cur[it * kCtaThreads + threadIdx.x]);
       else if constexpr (kShifted)
-        return shifted_chunk<T, kTpr, kCtaThreads>(cur, cur + kCpt * kCtaThreads, it, m.slot, m.pos, x_shift);
+        return shifted_chunk<T, kTpr, kCtaThreads, kCpt>(cur, cur + kCpt * kCtaThreads, it, m.slot, m.pos, x_shift);
       else
         return xr[it];
     };
@@ -625,7 +627,8 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
       if constexpr (kVec)
         return as_chunk<T>(cur[kOperand + it * kCtaThreads + threadIdx.x]);
       else if constexpr (kShifted)
-        return shifted_chunk<T, kTpr, kCtaThreads>(cur + kOperand, cur + kOperand + kCpt * kCtaThreads, it, m.slot, m.pos,
+        return shifted_chunk<T, kTpr, kCtaThreads, kCpt>(cur + kOperand, cur + kOperand + kCpt * kCtaThreads, it, m.slot,
+                                                         m.pos,
                                               gy_shift);
       else
         return gyr[it];
@@ -930,17 +933,19 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
     case Kernel::kBackwardRows:
     case Kernel::kBackwardRowsShifted:
     case Kernel::kBackwardRowsDirect:
-      st = dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
+      st = dispatch_rows(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
         constexpr int kTpr = decltype(tpr)::value;
+        constexpr int kCpt = decltype(cpt)::value;
         constexpr int kCta = plan::backward_cta_threads(kTpr);
         // W: the weight's dtype (fp32 with 16-bit x: RMSNORM_FLAG_WEIGHT_F32).
         auto rows_kernels = [&](auto wtag) -> rmsnorm_status_t {
           using W = decltype(wtag);
           if (l.kernel == Kernel::kBackwardRowsDirect)
-            return a.cols % Chunk<T>::kN != 0 ? launch(backward_rows_direct_kernel<T, kTpr, true, W>, kCta)
-                                              : launch(backward_rows_direct_kernel<T, kTpr, false, W>, kCta);
-          return l.kernel == Kernel::kBackwardRows ? launch(backward_kernel<T, kTpr, false, true, true, W>, kCta)
-                                                   : launch(backward_kernel<T, kTpr, false, false, true, W>, kCta);
+            return a.cols % Chunk<T>::kN != 0 ? launch(backward_rows_direct_kernel<T, kTpr, kCpt, true, W>, kCta)
+                                              : launch(backward_rows_direct_kernel<T, kTpr, kCpt, false, W>, kCta);
+          return l.kernel == Kernel::kBackwardRows
+                     ? launch(backward_kernel<T, kTpr, kCpt, false, true, true, W>, kCta)
+                     : launch(backward_kernel<T, kTpr, kCpt, false, false, true, W>, kCta);
         };
         if constexpr (!std::is_same_v<T, float>) {
           if (form == BackwardForm::kWeightF32) return rows_kernels(float{});
@@ -949,12 +954,12 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
       });
       break;
     case Kernel::kBackwardCluster:
-      st = gh ? launch(backward_kernel<T, plan::kClusterTpr, true, true, true>, plan::kClusterTpr)
-              : launch(backward_kernel<T, plan::kClusterTpr, true, true, false>, plan::kClusterTpr);
+      st = gh ? launch(backward_kernel<T, plan::kClusterTpr, plan::kMaxChunksPerThread, true, true, true>, plan::kClusterTpr)
+              : launch(backward_kernel<T, plan::kClusterTpr, plan::kMaxChunksPerThread, true, true, false>, plan::kClusterTpr);
       break;
     case Kernel::kBackwardClusterElement:
-      st = gh ? launch(backward_kernel<T, plan::kClusterTpr, true, false, true>, plan::kClusterTpr)
-              : launch(backward_kernel<T, plan::kClusterTpr, true, false, false>, plan::kClusterTpr);
+      st = gh ? launch(backward_kernel<T, plan::kClusterTpr, plan::kMaxChunksPerThread, true, false, true>, plan::kClusterTpr)
+              : launch(backward_kernel<T, plan::kClusterTpr, plan::kMaxChunksPerThread, true, false, false>, plan::kClusterTpr);
       break;
     case Kernel::kBackwardLooped:
       if (form != BackwardForm::kPlain)

@@ -187,7 +187,7 @@ rmsnorm_status_t device_properties(int device, plan::Device* out) {
     // the cluster kernels on this device.
     for (int cs = 2; cs <= d.max_cluster; cs *= 2) {
       const int k = plan::cluster_index(cs);
-      const int64_t cols = int64_t{cs} * plan::kClusterTpr * plan::kChunksPerThread * 8;  // a 16-bit row of that band
+      const int64_t cols = int64_t{cs} * plan::kClusterTpr * plan::kMaxChunksPerThread * 8;  // a 16-bit row of that band
       d.forward_active_clusters[k] =
           active_clusters(forward_cluster_kernel_handle(), cs, plan::forward_launch(1, cols, 2, plan::Io::kVector, d).smem);
       d.backward_active_clusters[k] = active_clusters(

@@ -150,13 +150,13 @@ __device__ __forceinline__ void forward_cluster_pipelined(const ForwardParams<T>
                                                           ClusterExchange<float>& exchange) {
   constexpr int kTpr = plan::kClusterTpr;
   constexpr int kCtaThreads = kTpr;
-  constexpr int kCpt = plan::kChunksPerThread;
+  constexpr int kCpt = plan::kMaxChunksPerThread;
   constexpr int kStage = kCpt * kCtaThreads;  // uint4 per stage
   const RowMap<kTpr, true> m;
   const int64_t rows = p.rows;  // one row per group
   const int stages = p.stages;
   auto stage_row = [&](int64_t g, int s) {
-    stage_group<T, kTpr, true, kCtaThreads>(p.x, p.x_stride, rows, p.chunks, p.cols, m, g, 1, stage + s * kStage);
+    stage_group<T, kTpr, true, kCtaThreads, kCpt>(p.x, p.x_stride, rows, p.chunks, p.cols, m, g, 1, stage + s * kStage);
     cp_async_commit();
   };
   auto x_of = [&](int s, int it) { return as_chunk<T>(stage[s * kStage + it * kCtaThreads + threadIdx.x]); };
@@ -172,7 +172,7 @@ __device__ __forceinline__ void forward_cluster_pipelined(const ForwardParams<T>
   if (m.unit >= rows) return;  // uniform over the cluster
   // Rows k = 0, 1, ... of this cluster are unit + k * units; row k lives in stage k % stages.
   for (int s = 0; s < stages; ++s) stage_row(m.unit + s * m.units, s);
-  ThreadWeights<T, true> wv;
+  ThreadWeights<T, kCpt, true> wv;
   wv.load(p.w, p.chunks, p.cols, true, p.w_offset, m);
   cp_async_wait(stages - 1);  // row 0
   int parity = 0, st = 0;
@@ -224,12 +224,11 @@ __device__ __forceinline__ Chunk<T> y_chunk(const Chunk<T>& x, const float (&w)[
 // per-row scales the row's max|y| is reduced (every thread of the CTA takes
 // part) and lane 0 writes the scale; then q. kQ: the kernel's kind (no branch
 // on it in the per-element code).
-template <int kTpr, int kSlots, bool kPartial, QuantKind kQ, typename T, typename Map>
-__device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chunk<T> (&xr)[plan::kChunksPerThread],
-                                             const Chunk<T> (&wr)[plan::kChunksPerThread], float ss, int64_t row,
-                                             bool valid, const Map& m, RowScratch<AbsMax, kTpr, kSlots>& max_scratch,
-                                             int parity, const QuantConsts& qk) {
-  constexpr int kCpt = plan::kChunksPerThread;
+template <int kTpr, int kSlots, bool kPartial, QuantKind kQ, typename T, typename Map, int kCpt>
+__device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chunk<T> (&xr)[kCpt],
+                                             const Chunk<T> (&wr)[kCpt], float ss, int64_t row, bool valid,
+                                             const Map& m, RowScratch<AbsMax, kTpr, kSlots>& max_scratch, int parity,
+                                             const QuantConsts& qk) {
   constexpr int kN = Chunk<T>::kN;
   constexpr bool kPerRow = quant_per_row(kQ);
   const QuantParams& qp = p.quant;
@@ -271,12 +270,11 @@ __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chu
 
 // The direct kernel's y: every chunk computed (branch-free), the chunks this
 // thread holds stored; x_hat rounded or not as one branch around the whole.
-template <typename T, bool kRoundXhat, bool kPartial, typename WC, typename Map>
-__device__ __forceinline__ void store_direct(T* __restrict__ yr, const Chunk<T> (&xr)[plan::kChunksPerThread],
-                                             const WC (&wr)[plan::kChunksPerThread], float offset, float r,
-                                             const Map& m, int chunks, int cols) {
+template <typename T, bool kRoundXhat, bool kPartial, typename WC, typename Map, int kCpt>
+__device__ __forceinline__ void store_direct(T* __restrict__ yr, const Chunk<T> (&xr)[kCpt], const WC (&wr)[kCpt],
+                                             float offset, float r, const Map& m, int chunks, int cols) {
 #pragma unroll
-  for (int it = 0; it < plan::kChunksPerThread; ++it) {
+  for (int it = 0; it < kCpt; ++it) {
     float w[Chunk<T>::kN];
 #pragma unroll
     for (int j = 0; j < Chunk<T>::kN; ++j) w[j] = wr[it].get(j) + offset;
@@ -306,19 +304,19 @@ __device__ __forceinline__ void store_direct(T* __restrict__ yr, const Chunk<T> 
 // kernel per kind: with the kinds as run-time branches in one kernel ptxas
 // spilled, and the per-element code is what limits this kernel (issue-bound).
 // W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x, not quantized) float, passed in p.w and
-// held as HeldWeight chunks.
-template <typename T, int kTpr, bool kPartial, bool kAdd, QuantKind kQ = QuantKind::kNone, typename W = T>
-__global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr))
+// held as HeldWeight chunks. kCpt: the plan's chunks per thread.
+template <typename T, int kTpr, int kCpt, bool kPartial, bool kAdd, QuantKind kQ = QuantKind::kNone, typename W = T>
+__global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr, kCpt))
     forward_rows_direct_kernel(const ForwardParamsOf<T, kQ != QuantKind::kNone> p) {
   constexpr bool kQuant = kQ != QuantKind::kNone;
   static_assert(std::is_same_v<W, T> || !kQuant, "an fp32 weight: the plain and the add forward");
   const W* const wp = reinterpret_cast<const W*>(p.w);
   constexpr int kCtaThreads = plan::forward_cta_threads(kTpr);
   constexpr int kSlots = kCtaThreads / kTpr;
-  constexpr int kCpt = plan::kChunksPerThread;
   constexpr int kN = Chunk<T>::kN;
   static_assert(kSlots * kTpr == kCtaThreads, "plan: rows_per_cta * threads_per_row == cta_threads");
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
+  static_assert(kCpt == plan::kFewChunksPerThread || kCpt == plan::kMaxChunksPerThread, "plan: chunks per thread");
   static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
   __shared__ RowScratch<float, kTpr, kSlots> scratch;
   __shared__ RowScratch<AbsMax, kTpr, kQuant ? kSlots : 1> max_scratch;
@@ -409,22 +407,24 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
 // kClustered == true: one row per cluster, kTpr threads per CTA. kVec: every
 // operand row is 16-byte aligned: forward_cluster_pipelined (x through the
 // cp.async pipeline, p.stages rows deep, dynamic shared memory
-// plan::stage_bytes(cta_threads, 1) per stage). Otherwise element I/O
+// plan::stage_bytes(cta_threads, 1, kCpt) per stage). Otherwise element I/O
 // straight into registers, no lookahead.
 // W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32, the rows band's element path) float, passed in p.w.
-template <typename T, int kTpr, bool kClustered, bool kVec, typename W = T>
-__global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr))
+// kCpt: the plan's chunks per thread (kMaxChunksPerThread in the cluster band).
+template <typename T, int kTpr, int kCpt, bool kClustered, bool kVec, typename W = T>
+__global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr, kCpt))
     forward_kernel(const ForwardParams<T> p) {
   constexpr int kCtaThreads = plan::forward_cta_threads(kTpr);
   constexpr int kSlots = kCtaThreads / kTpr;
-  constexpr int kCpt = plan::kChunksPerThread;
   static_assert(kSlots * kTpr == kCtaThreads, "plan: rows_per_cta * threads_per_row == cta_threads");
   static_assert(!kClustered || (kTpr == plan::kClusterTpr && kSlots == 1), "plan: cluster CTAs hold one row slot");
+  static_assert(!kClustered || kCpt == plan::kMaxChunksPerThread, "plan: the cluster band's chunks per thread");
+  static_assert(kCpt == plan::kFewChunksPerThread || kCpt == plan::kMaxChunksPerThread, "plan: chunks per thread");
   static_assert(kClustered || !kVec, "plan: the rows band's 16-byte path is forward_rows_direct_kernel");
   static_assert(std::is_same_v<W, T> || (!kClustered && !kVec), "an fp32 weight: the rows band's element path");
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(Chunk<T>::kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
-  static_assert(plan::stage_bytes(kCtaThreads, 1) == sizeof(uint4) * kCpt * kCtaThreads, "plan: stage size");
+  static_assert(plan::stage_bytes(kCtaThreads, 1, kCpt) == sizeof(uint4) * kCpt * kCtaThreads, "plan: stage size");
   __shared__ RowScratch<float, kTpr, kSlots> scratch;
   pdl_enter();
   if constexpr (kVec) {
@@ -442,7 +442,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     const int64_t step = tiled ? 1 : m.units;
     const int64_t gend = tiled ? (g0 + p.groups_per_cta < groups ? g0 + p.groups_per_cta : groups) : groups;
     // w' reloaded at each use (an L1 hit): the loads need the registers.
-    ThreadWeights<T, false> wv;
+    ThreadWeights<T, kCpt, false> wv;
     wv.load(p.w, p.chunks, p.cols, false, p.w_offset, m);
     int parity = 0;
     for (int64_t g = g0; g < gend; g += step, parity ^= 1) {
@@ -691,28 +691,30 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
   switch (l.kernel) {
     case Kernel::kForwardRows:
     case Kernel::kForwardRowsElement:
-      return dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
+      return dispatch_rows(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
         constexpr int kTpr = decltype(tpr)::value;
+        constexpr int kCpt = decltype(cpt)::value;
         constexpr int kCta = plan::forward_cta_threads(kTpr);
         // W: the weight's dtype (fp32 with 16-bit x: RMSNORM_FLAG_WEIGHT_F32).
         auto rows_kernels = [&](auto wtag) -> rmsnorm_status_t {
           using W = decltype(wtag);
-          if (l.kernel != Kernel::kForwardRows) return launch(forward_kernel<T, kTpr, false, false, W>, kCta);
+          if (l.kernel != Kernel::kForwardRows) return launch(forward_kernel<T, kTpr, kCpt, false, false, W>, kCta);
           const bool partial = a.cols % Chunk<T>::kN != 0;
           if (add)
-            return partial ? launch(forward_rows_direct_kernel<T, kTpr, true, true, QuantKind::kNone, W>, kCta)
-                           : launch(forward_rows_direct_kernel<T, kTpr, false, true, QuantKind::kNone, W>, kCta);
-          return partial ? launch(forward_rows_direct_kernel<T, kTpr, true, false, QuantKind::kNone, W>, kCta)
-                         : launch(forward_rows_direct_kernel<T, kTpr, false, false, QuantKind::kNone, W>, kCta);
+            return partial ? launch(forward_rows_direct_kernel<T, kTpr, kCpt, true, true, QuantKind::kNone, W>, kCta)
+                           : launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, true, QuantKind::kNone, W>, kCta);
+          return partial ? launch(forward_rows_direct_kernel<T, kTpr, kCpt, true, false, QuantKind::kNone, W>, kCta)
+                         : launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, false, QuantKind::kNone, W>, kCta);
         };
         if constexpr (!std::is_same_v<T, float>) {
           if (a.weight_f32) return rows_kernels(float{});
         }
         return rows_kernels(T{});
       });
-    case Kernel::kForwardCluster: return launch(forward_kernel<T, plan::kClusterTpr, true, true>, plan::kClusterTpr);
+    case Kernel::kForwardCluster:
+      return launch(forward_kernel<T, plan::kClusterTpr, plan::kMaxChunksPerThread, true, true>, plan::kClusterTpr);
     case Kernel::kForwardClusterElement:
-      return launch(forward_kernel<T, plan::kClusterTpr, true, false>, plan::kClusterTpr);
+      return launch(forward_kernel<T, plan::kClusterTpr, plan::kMaxChunksPerThread, true, false>, plan::kClusterTpr);
     case Kernel::kForwardLooped:
       return a.weight_f32 ? launch(forward_looped_kernel<T, QuantKind::kNone, float>, plan::kLoopedThreads)
                           : launch(forward_looped_kernel<T>, plan::kLoopedThreads);
@@ -764,14 +766,15 @@ rmsnorm_status_t launch_forward_quant(const ForwardArgs& a, const QuantArgs& qa,
     return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", std::string("no quantized forward for ") + plan::kernel_name(l.kernel));
   return dispatch_quant_kind(qa.fp8, qa.per_row, [&](auto kind) -> rmsnorm_status_t {
     constexpr QuantKind kQ = decltype(kind)::value;
-    return dispatch_tpr(l.row.threads_per_row, [&](auto tpr) -> rmsnorm_status_t {
+    return dispatch_rows(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
       constexpr int kTpr = decltype(tpr)::value;
+      constexpr int kCpt = decltype(cpt)::value;
       constexpr int kCta = plan::forward_cta_threads(kTpr);
       if (add)
-        return a.cols % Chunk<T>::kN != 0 ? launch(forward_rows_direct_kernel<T, kTpr, true, true, kQ>, kCta)
-                                          : launch(forward_rows_direct_kernel<T, kTpr, false, true, kQ>, kCta);
-      return a.cols % Chunk<T>::kN != 0 ? launch(forward_rows_direct_kernel<T, kTpr, true, false, kQ>, kCta)
-                                        : launch(forward_rows_direct_kernel<T, kTpr, false, false, kQ>, kCta);
+        return a.cols % Chunk<T>::kN != 0 ? launch(forward_rows_direct_kernel<T, kTpr, kCpt, true, true, kQ>, kCta)
+                                          : launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, true, kQ>, kCta);
+      return a.cols % Chunk<T>::kN != 0 ? launch(forward_rows_direct_kernel<T, kTpr, kCpt, true, false, kQ>, kCta)
+                                        : launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, false, kQ>, kCta);
     });
   });
 }

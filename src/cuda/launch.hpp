@@ -69,22 +69,34 @@ rmsnorm_status_t dispatch_dtype(DType dtype, Fn&& fn) {
   return RMSNORM_STATUS_INVALID_DTYPE;
 }
 
-// Calls fn(std::integral_constant<int, tpr>) for the plan's threads per row.
+// Calls fn(std::integral_constant<int, tpr>, std::integral_constant<int, cpt>)
+// for the rows band's threads per row and chunks per thread (plan.hpp: cpt 2
+// with tpr 1..256, cpt 4 with tpr 256 and 512; the planner's tests check that
+// every D lands on one of these).
 template <typename Fn>
-rmsnorm_status_t dispatch_tpr(int tpr, Fn&& fn) {
-  switch (tpr) {
-    case 1: return fn(std::integral_constant<int, 1>{});
-    case 2: return fn(std::integral_constant<int, 2>{});
-    case 4: return fn(std::integral_constant<int, 4>{});
-    case 8: return fn(std::integral_constant<int, 8>{});
-    case 16: return fn(std::integral_constant<int, 16>{});
-    case 32: return fn(std::integral_constant<int, 32>{});
-    case 64: return fn(std::integral_constant<int, 64>{});
-    case 128: return fn(std::integral_constant<int, 128>{});
-    case 256: return fn(std::integral_constant<int, 256>{});
-    case 512: return fn(std::integral_constant<int, 512>{});
+rmsnorm_status_t dispatch_rows(int tpr, int cpt, Fn&& fn) {
+  using Few = std::integral_constant<int, plan::kFewChunksPerThread>;
+  using Max = std::integral_constant<int, plan::kMaxChunksPerThread>;
+  if (cpt == Few::value) {
+    switch (tpr) {
+      case 1: return fn(std::integral_constant<int, 1>{}, Few{});
+      case 2: return fn(std::integral_constant<int, 2>{}, Few{});
+      case 4: return fn(std::integral_constant<int, 4>{}, Few{});
+      case 8: return fn(std::integral_constant<int, 8>{}, Few{});
+      case 16: return fn(std::integral_constant<int, 16>{}, Few{});
+      case 32: return fn(std::integral_constant<int, 32>{}, Few{});
+      case 64: return fn(std::integral_constant<int, 64>{}, Few{});
+      case 128: return fn(std::integral_constant<int, 128>{}, Few{});
+      case 256: return fn(std::integral_constant<int, 256>{}, Few{});
+    }
+  } else if (cpt == Max::value) {
+    switch (tpr) {
+      case 256: return fn(std::integral_constant<int, 256>{}, Max{});
+      case 512: return fn(std::integral_constant<int, 512>{}, Max{});
+    }
   }
-  return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "threads_per_row " + std::to_string(tpr) + " has no kernel");
+  return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan",
+              "threads_per_row " + std::to_string(tpr) + " with " + std::to_string(cpt) + " chunks has no kernel");
 }
 
 // Every kernel launch of the library: with a cluster dimension when cs > 1,

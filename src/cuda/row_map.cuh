@@ -39,24 +39,24 @@ struct RowMap {
 };
 
 // Loads this thread's chunks of row group g (nothing past the rows).
-template <typename T, int kTpr, bool kClustered>
+template <typename T, int kTpr, bool kClustered, int kCpt>
 __device__ __forceinline__ void load_group(const T* __restrict__ base, int64_t stride, int64_t rows, int chunks,
                                            int cols, bool vector_io, const RowMap<kTpr, kClustered>& m, int64_t g,
-                                           int slots, Chunk<T> (&out)[plan::kChunksPerThread]) {
+                                           int slots, Chunk<T> (&out)[kCpt]) {
   const int64_t row = g * slots + m.slot;
   if (row >= rows) return;
   const T* r = base + row * stride;
 #pragma unroll
-  for (int it = 0; it < plan::kChunksPerThread; ++it) {
+  for (int it = 0; it < kCpt; ++it) {
     const int c = m.chunk(it);
     if (c < chunks) out[it] = load_chunk(r, c, cols, vector_io);
   }
 }
 
-// Starts the cp.async copies of this thread's chunks of row group g into
+// Starts the cp.async copies of this thread's kCpt chunks of row group g into
 // buf[it * kCtaThreads + threadIdx.x]; the caller commits them as one group (an
 // empty group past the rows, so that every thread counts groups alike).
-template <typename T, int kTpr, bool kClustered, int kCtaThreads>
+template <typename T, int kTpr, bool kClustered, int kCtaThreads, int kCpt>
 __device__ __forceinline__ void stage_group(const T* __restrict__ base, int64_t stride, int64_t rows, int chunks,
                                             int cols, const RowMap<kTpr, kClustered>& m, int64_t g, int slots,
                                             uint4* buf) {
@@ -64,7 +64,7 @@ __device__ __forceinline__ void stage_group(const T* __restrict__ base, int64_t 
   if (row < rows) {
     const T* r = base + row * stride;
 #pragma unroll
-    for (int it = 0; it < plan::kChunksPerThread; ++it) {
+    for (int it = 0; it < kCpt; ++it) {
       const int c = m.chunk(it);
       if (c < chunks) {
         constexpr int kN = Chunk<T>::kN;

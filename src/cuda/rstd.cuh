@@ -33,12 +33,11 @@ __device__ __forceinline__ float add_squares(float ss, const Chunk<T>& x) {
 
 // The same over a thread's chunks of one row held in registers (chunk it is
 // the row's chunk m.chunk(it)); 0 for a row past the end.
-template <typename T, typename Map>
-__device__ __forceinline__ float thread_squares(const Chunk<T> (&x)[plan::kChunksPerThread], const Map& m, int chunks,
-                                                bool valid) {
+template <typename T, typename Map, int kCpt>
+__device__ __forceinline__ float thread_squares(const Chunk<T> (&x)[kCpt], const Map& m, int chunks, bool valid) {
   float ss = 0.0f;
 #pragma unroll
-  for (int it = 0; it < plan::kChunksPerThread; ++it)
+  for (int it = 0; it < kCpt; ++it)
     if (valid && m.chunk(it) < chunks) ss = add_squares(ss, x[it]);
   return ss;
 }

@@ -73,16 +73,15 @@ __device__ __forceinline__ void weights_at_any(const T* __restrict__ w, int firs
   }
 }
 
-// w' of the kChunksPerThread chunks a thread owns (the same columns in every
+// w' of the kCpt chunks a thread owns (the same columns in every
 // row). kFloat: loaded once per kernel and held as fp32, no per-row
 // conversion (the 16-byte-I/O kernels). Otherwise reloaded (an L1 hit) and
 // converted at each use: the element-I/O kernels need the registers for
 // their loads (held packed, the misaligned forward was 1.5x slower).
 // W: the weight's dtype (T, or float with RMSNORM_FLAG_WEIGHT_F32), passed as T*.
-template <typename T, bool kFloat, typename W = T>
+template <typename T, int kCpt, bool kFloat, typename W = T>
 struct ThreadWeights {
   static constexpr int kN = Chunk<T>::kN;
-  static constexpr int kCpt = plan::kChunksPerThread;
   float f[kFloat ? kCpt : 1][kN];
   const T* w = nullptr;
   int cols = 0;
