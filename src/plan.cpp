@@ -163,7 +163,7 @@ Launch add_launch(int64_t rows, const Device& dev) {
 
 Launch weight_f32_forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev) {
   const Launch l = forward_launch(rows, cols, esize, io, dev);
-  return l.row.band == Band::kRows ? l : looped_forward_launch(rows, cols, esize, io, dev);
+  return l.row.band != Band::kLooped ? l : looped_forward_launch(rows, cols, esize, io, dev);
 }
 
 namespace {
@@ -182,7 +182,7 @@ Launch mixed_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool 
 
 Launch weight_f32_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev) {
   const Launch l = backward_launch(rows, cols, esize, io, with_gw, dev);
-  return l.row.band == Band::kRows ? l : mixed_backward_launch(rows, cols, esize, io, with_gw, dev);
+  return l.row.band != Band::kLooped ? l : mixed_backward_launch(rows, cols, esize, io, with_gw, dev);
 }
 
 Launch looped_forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev) {

@@ -358,17 +358,16 @@ Launch quant_launch(int64_t rows, int64_t cols, int esize, Io io, bool q_aligned
 // The looped band's geometry at any D: one row per CTA of kLoopedThreads (the
 // forward: one CTA per row up to kMaxGrid; the backward: kLoopedCtasPerSm CTAs
 // per SM, a gw partial each). The quantized forward's fallback, the mixed
-// forms (another y or gy dtype, the fp32 residual stream) at every D, and an
-// fp32 weight with 16-bit x (RMSNORM_FLAG_WEIGHT_F32) above the rows band.
+// forms (another y or gy dtype, the fp32 residual stream) at every D.
 Launch looped_forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev);
 Launch mixed_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev);
 // An fp32 weight with 16-bit x (RMSNORM_FLAG_WEIGHT_F32; x, y and gy in x's
-// dtype; with or without the residual): in the rows band the plain call's
-// plan (the same kernels with the weight read as fp32: rstd summed as in the
-// plain call, and the backward's recomputed rstd the forward's), above it the
-// looped kernels (forward and backward alike, so again the same sums). io
-// includes the weight (16-byte aligned: its chunks are read as kN / 4
-// 16-byte vectors on the 16-byte path).
+// dtype; with or without the residual): the plain call's plan, whose kernels
+// read the weight as fp32 (rstd summed as in the plain call; the backward's
+// recomputed rstd is the forward's). Its looped band's kernels are the mixed
+// forms' (looped_forward_launch / mixed_backward_launch). io includes the
+// weight (16-byte aligned: the rows band's direct kernels read its chunks as
+// kN / 4 16-byte vectors).
 Launch weight_f32_forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev);
 Launch weight_f32_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev);
 // with_gw: a gw mode other than none. The workspace does not depend on io

@@ -1218,11 +1218,11 @@ void check_weight_f32(const Case& c, std::mt19937_64& rng) {
   expect_backward_matches_reference(c, in, out);
 }
 
-// RMSNORM_FLAG_WEIGHT_F32 (an fp32 weight with 16-bit x: in the rows band the plain call's kernels with the weight
-// read as fp32, above it the looped kernels' fp32-weight forms): y against float64 with the fp32 weight's values,
-// and exactly T(x * rstd * w') of the rstd returned; gx and gw (fp32) against float64; every band's D, aligned,
-// misaligned and padded (D = 22 and 4099: padded rows that stay 16-byte aligned, a partial last chunk), with and
-// without the Gemma offset. In the rows band rstd is the plain call's, bit for bit.
+// RMSNORM_FLAG_WEIGHT_F32 (an fp32 weight with 16-bit x: in the rows and cluster bands the plain call's kernels with
+// the weight read as fp32, in the looped band the looped kernels' fp32-weight forms): y against float64 with the
+// fp32 weight's values, and exactly T(x * rstd * w') of the rstd returned; gx and gw (fp32) against float64; every
+// band's D, aligned, misaligned and padded (D = 22 and 4099: padded rows that stay 16-byte aligned, a partial last
+// chunk), with and without the Gemma offset. Below the looped band rstd is the plain call's, bit for bit.
 TEST_F(Cuda, WeightF32) {
   std::mt19937_64 rng(46);
   for (int64_t d : {1, 22, 33, 1000, 4096, 4099, 40000, 300000})
@@ -1239,11 +1239,11 @@ TEST_F(Cuda, WeightF32) {
         c.gw_mode = d % 3 == 0 ? RMSNORM_GW_ACCUMULATE_F32 : RMSNORM_GW_STORE_F32;
         check_weight_f32(c, rng);
         if (HasFailure()) return;
-        // In the rows band (16-byte rows or not: the arena's bases are 256-byte aligned): rstd as the plain
+        // Below the looped band (16-byte rows or not: the arena's bases are 256-byte aligned): rstd as the plain
         // forward's (no weight).
         const plan::Io io = offset_of(c) == 0 && stride_of(c) * 2 % 16 == 0 ? plan::Io::kVector : plan::Io::kElement;
-        if (plan::weight_f32_forward_launch(c.rows, c.cols, 2, io, current_plan_device()).row.band ==
-            plan::Band::kRows) {
+        if (plan::weight_f32_forward_launch(c.rows, c.cols, 2, io, current_plan_device()).row.band !=
+            plan::Band::kLooped) {
           SCOPED_TRACE(describe(c) + " weight f32 against the plain call's rstd");
           Inputs in = make_inputs(c, rng);
           in.w = HostMatrix(RMSNORM_DTYPE_F32, 1, c.cols, c.cols, 0);
@@ -1382,8 +1382,9 @@ TEST_F(Cuda, BackwardBatchInvariance) {
 // (plan.hpp), so the backward's recomputed rstd is the forward's bit for bit:
 // backward without rstd gives the same gx and gw as backward with the
 // forward's rstd, in every band and dtype, aligned or not, and with an fp32
-// weight (RMSNORM_FLAG_WEIGHT_F32: the rows band's kernels read it as fp32,
-// the looped band's fp32-weight forms above; forward and backward alike).
+// weight (RMSNORM_FLAG_WEIGHT_F32: the rows and cluster bands' kernels read
+// it as fp32, the looped band's fp32-weight forms above; forward and backward
+// alike).
 TEST_F(Cuda, RecomputedRstdIsTheForwardsBitwise) {
   std::mt19937_64 rng(15);
   for (int64_t d : {1, 33, 384, 1000, 4096, 12288, 16384, 40000, 140000, 300000}) {
@@ -2261,9 +2262,9 @@ TEST_F(CudaSanitizer, AddKernels) {
   }
 }
 
-// The fp32-weight kernels (the rows band's with the weight read as fp32: direct, element path, persistent
-// backward 16-byte and shifted; the looped forward and backward with the fp32 loader) under the sanitizers, over
-// the rows, cluster and looped bands' D, misaligned too; and the fused add + quantized forward (the rows kernel, and
+// The fp32-weight kernels (the rows and cluster bands' with the weight read as fp32: direct, element path,
+// persistent backward 16-byte and shifted, cluster 16-byte and element; the looped forward and backward with the
+// fp32 loader) under the sanitizers, over the rows, cluster and looped bands' D, misaligned too; and the fused add + quantized forward (the rows kernel, and
 // add_kernel before the looped quantized forward), in place over the residual.
 TEST_F(CudaSanitizer, WeightF32AndAddQuantKernels) {
   std::mt19937_64 rng(18);
@@ -2274,6 +2275,7 @@ TEST_F(CudaSanitizer, WeightF32AndAddQuantKernels) {
                           {1000, RMSNORM_DTYPE_F16, 3000, Layout::kOffset},
                           {22, RMSNORM_DTYPE_BF16, 700, Layout::kPadded},
                           {20000, RMSNORM_DTYPE_BF16, 5, Layout::kOffset},
+                          {40000, RMSNORM_DTYPE_F16, 5, Layout::kAligned},
                           {300000, RMSNORM_DTYPE_BF16, 2, Layout::kAligned}};
   for (const WCase& w : wcases) {
     Case c;

@@ -367,25 +367,27 @@ TEST(Plan, MixedWeightLaunchesAreTheLoopedKernels) {
   }
 }
 
-// An fp32 weight (16-bit x), for every D: in the rows band the plain call's plans, forward and backward (the same
-// geometry, so rstd is summed as in the plain call and the backward's recomputed rstd is the forward's), above it
-// the looped kernels, forward and backward alike; the backward's workspace as the workspace query computes it
-// (backward_workspace_bytes: the 16-byte plan's).
-TEST(Plan, WeightF32IsThePlainPlanInTheRowsBandElseLooped) {
+// An fp32 weight (16-bit x), for every D: the plain call's plans, forward and backward, in the rows and cluster
+// bands (the same geometry, so rstd is summed as in the plain call and the backward's recomputed rstd is the
+// forward's), the looped kernels in the looped band, forward and backward alike; the backward's workspace as the
+// workspace query computes it (backward_workspace_bytes: the 16-byte plan's).
+TEST(Plan, WeightF32IsThePlainPlanBelowTheLoopedBand) {
   for (const Device& dev : {hopper(), ampere()}) {
     for (int64_t d = 1; d <= kMaxD; d += d < 4096 ? 1 : 61) {
       for (Io io : {Io::kVector, Io::kElement}) {
         for (int64_t rows : {int64_t{1}, int64_t{1000}, (int64_t{1} << 25) + 1}) {
           const Launch f = forward_launch(rows, d, 2, io, dev);
           const Launch w = weight_f32_forward_launch(rows, d, 2, io, dev);
-          const bool rows_band = f.row.band == Band::kRows;
-          if (rows_band) {
+          const bool plain_band = f.row.band != Band::kLooped;
+          if (plain_band) {
             ASSERT_EQ(w.kernel, f.kernel) << d;
             ASSERT_EQ(w.grid, f.grid) << d;
             ASSERT_EQ(w.groups_per_cta, f.groups_per_cta) << d;
             ASSERT_EQ(w.row.threads_per_row, f.row.threads_per_row) << d;
             ASSERT_EQ(w.row.cta_threads, f.row.cta_threads) << d;
             ASSERT_EQ(w.smem, f.smem) << d;
+            ASSERT_EQ(w.row.cluster, f.row.cluster) << d;
+            ASSERT_EQ(w.stages, f.stages) << d;
           } else {
             const Launch l = looped_forward_launch(rows, d, 2, io, dev);
             ASSERT_EQ(w.kernel, Kernel::kForwardLooped) << d;
@@ -396,18 +398,19 @@ TEST(Plan, WeightF32IsThePlainPlanInTheRowsBandElseLooped) {
             const Launch b = backward_launch(rows, d, 2, io, with_gw, dev);
             const Launch wb = weight_f32_backward_launch(rows, d, 2, io, with_gw, dev);
             // The band is D's alone, the same for both directions.
-            ASSERT_EQ(b.row.band == Band::kRows, rows_band) << d;
-            const Launch& want = rows_band ? b : mixed_backward_launch(rows, d, 2, io, with_gw, dev);
+            ASSERT_EQ(b.row.band != Band::kLooped, plain_band) << d;
+            const Launch& want = plain_band ? b : mixed_backward_launch(rows, d, 2, io, with_gw, dev);
             ASSERT_EQ(wb.kernel, want.kernel) << d;
             ASSERT_EQ(wb.grid, want.grid) << d;
             ASSERT_EQ(wb.row.threads_per_row, want.row.threads_per_row) << d;
             ASSERT_EQ(wb.row.cta_threads, want.row.cta_threads) << d;
             ASSERT_EQ(wb.stages, want.stages) << d;
+            ASSERT_EQ(wb.row.cluster, want.row.cluster) << d;
             ASSERT_EQ(wb.smem, want.smem) << d;
             ASSERT_EQ(wb.workspace, want.workspace) << d;
             ASSERT_EQ(wb.finalize, want.finalize) << d;
             ASSERT_EQ(wb.workspace, weight_f32_backward_launch(rows, d, 2, Io::kVector, with_gw, dev).workspace) << d;
-            if (!rows_band) {
+            if (!plain_band) {
               ASSERT_EQ(wb.kernel, Kernel::kBackwardLooped) << d;
             }
           }

@@ -133,13 +133,13 @@ typedef enum rmsnorm_dtype {
  * float(w) (+ 1), and gw in fp32 in every gw mode (RMSNORM_GW_STORE and
  * RMSNORM_GW_ACCUMULATE write the weight's dtype, which is now fp32). With
  * RMSNORM_DTYPE_F32 it changes nothing. The weight must be 4-byte aligned.
- * CPU backend: every operation. CUDA backend: every operation. In the rows
- * band (D <= 16384 on the H200) the forward, the residual add and the
- * backward run the plain call's kernels with the weight read as fp32 (as
- * fast as the plain call; rstd is the plain call's bit for bit); above it,
- * and for the quantized forwards at every D, the looped band's kernels (one
- * row per 1024-thread CTA). Forward and backward take the same band, so the
- * backward's recomputed rstd is the forward's. */
+ * CPU backend: every operation. CUDA backend: every operation. Below the
+ * looped band (D <= 262144 on the H200) the forward, the residual add and
+ * the backward run the plain call's kernels with the weight read as fp32
+ * (rstd is the plain call's bit for bit); in the looped band, and for the
+ * quantized forwards at every D, the looped band's kernels. Forward and
+ * backward take the same band, so the backward's recomputed rstd is the
+ * forward's. */
 /* RMSNORM_FLAG_RESIDUAL_F32: an fp32 residual stream with f16 / bf16 x, for
  * rmsnorm_add_forward and rmsnorm_add_backward. Forward: residual and h are
  * float; h = float(x) + residual (one fp32 add), and y = T(rms_norm(h) * w')

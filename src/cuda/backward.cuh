@@ -155,7 +155,8 @@ __device__ __forceinline__ void emit_thread_gw(const BackwardParams<T>& p, const
 // As forward_cluster_pipelined: row k's (sum x^2, sum x w' gy) is pushed to
 // every CTA (ClusterExchange); row k + 1's sums are computed; then the wait
 // for row k's values, row k + 1's push, and row k's gx and gw terms.
-template <typename T, bool kGh>
+// W: the weight's dtype (T, or float with RMSNORM_FLAG_WEIGHT_F32), passed as T*.
+template <typename T, bool kGh, typename W = T>
 __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<T>& p, uint4* stage,
                                                            RowScratch<float2, plan::kClusterTpr, 1>& scratch,
                                                            ClusterExchange<float2>& exchange) {
@@ -186,7 +187,7 @@ __device__ __forceinline__ void backward_cluster_pipelined(const BackwardParams<
   if (m.unit < rows) {  // uniform over the cluster
     for (int s = 0; s < stages; ++s) stage_row(m.unit + s * m.units, s);
   }
-  ThreadWeights<T, kCpt, true> wv;
+  ThreadWeights<T, kCpt, true, W> wv;
   wv.load(p.w, p.chunks, p.cols, true, p.w_offset, m);
   auto partial = [&](int s) {
     float2 sums = make_float2(0.0f, 0.0f);
@@ -511,7 +512,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
 // Each thread keeps the fp32 gw sums of its own columns in registers; at the
 // end the row slots' sums are added in slot order through shared memory.
 // kGh: g_h may be added (plus_g_h); the rows band always passes true.
-// W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x, the rows band) float, passed in p.w.
+// W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x) float, passed in p.w.
 // kCpt: the plan's chunks per thread (kMaxChunksPerThread in the cluster band).
 template <typename T, int kTpr, int kCpt, bool kClustered, bool kVec, bool kGh, typename W = T>
 __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackwardCtasPerSm)
@@ -525,7 +526,6 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
   static_assert(!kClustered || (kTpr == plan::kClusterTpr && kSlots == 1), "plan: cluster CTAs hold one row slot");
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(kClustered || kGh, "the rows band has one instantiation, g_h tested at run time");
-  static_assert(std::is_same_v<W, T> || !kClustered, "an fp32 weight: the rows band");
   static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
   static_assert(plan::stage_bytes(kCtaThreads, 2, kCpt) == 2 * sizeof(uint4) * kCpt * kCtaThreads, "plan: stage size");
   static_assert(plan::backward_combine_smem(kTpr, sizeof(T), kCpt) ==
@@ -544,7 +544,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
   pdl_enter();
   if constexpr (kClustered && kVec) {
     __shared__ ClusterExchange<float2> pushed;
-    backward_cluster_pipelined<T, kGh>(p, stage, scratch, pushed);
+    backward_cluster_pipelined<T, kGh, W>(p, stage, scratch, pushed);
     return;
   }
   const RowMap<kTpr, kClustered> m;
@@ -954,13 +954,26 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
       });
       break;
     case Kernel::kBackwardCluster:
-      st = gh ? launch(backward_kernel<T, plan::kClusterTpr, plan::kMaxChunksPerThread, true, true, true>, plan::kClusterTpr)
-              : launch(backward_kernel<T, plan::kClusterTpr, plan::kMaxChunksPerThread, true, true, false>, plan::kClusterTpr);
+    case Kernel::kBackwardClusterElement: {
+      // W: the weight's dtype (fp32 with 16-bit x: RMSNORM_FLAG_WEIGHT_F32).
+      auto cluster_kernels = [&](auto wtag) -> rmsnorm_status_t {
+        using W = decltype(wtag);
+        constexpr int kC = plan::kClusterTpr;
+        if (l.kernel == Kernel::kBackwardCluster)
+          return gh ? launch(backward_kernel<T, kC, plan::kMaxChunksPerThread, true, true, true, W>, kC)
+                    : launch(backward_kernel<T, kC, plan::kMaxChunksPerThread, true, true, false, W>, kC);
+        return gh ? launch(backward_kernel<T, kC, plan::kMaxChunksPerThread, true, false, true, W>, kC)
+                  : launch(backward_kernel<T, kC, plan::kMaxChunksPerThread, true, false, false, W>, kC);
+      };
+      st = RMSNORM_STATUS_SUCCESS;
+      if constexpr (!std::is_same_v<T, float>) {
+        if (form == BackwardForm::kWeightF32) st = cluster_kernels(float{});
+        else st = cluster_kernels(T{});
+      } else {
+        st = cluster_kernels(T{});
+      }
       break;
-    case Kernel::kBackwardClusterElement:
-      st = gh ? launch(backward_kernel<T, plan::kClusterTpr, plan::kMaxChunksPerThread, true, false, true>, plan::kClusterTpr)
-              : launch(backward_kernel<T, plan::kClusterTpr, plan::kMaxChunksPerThread, true, false, false>, plan::kClusterTpr);
-      break;
+    }
     case Kernel::kBackwardLooped:
       if (form != BackwardForm::kPlain)
         st = launch_looped_mixed<T>(wdt, gdt, gh, launch);

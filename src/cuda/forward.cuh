@@ -144,7 +144,8 @@ __device__ __forceinline__ void store_normalized_blocks(const T* __restrict__ xr
 }
 
 // ---- kCluster with 16-byte I/O: the cluster exchange overlapped with the next row -------------
-template <typename T>
+// W: the weight's dtype (T, or float with RMSNORM_FLAG_WEIGHT_F32), passed as T*.
+template <typename T, typename W = T>
 __device__ __forceinline__ void forward_cluster_pipelined(const ForwardParams<T>& p, uint4* stage,
                                                           RowScratch<float, plan::kClusterTpr, 1>& scratch,
                                                           ClusterExchange<float>& exchange) {
@@ -172,7 +173,7 @@ __device__ __forceinline__ void forward_cluster_pipelined(const ForwardParams<T>
   if (m.unit >= rows) return;  // uniform over the cluster
   // Rows k = 0, 1, ... of this cluster are unit + k * units; row k lives in stage k % stages.
   for (int s = 0; s < stages; ++s) stage_row(m.unit + s * m.units, s);
-  ThreadWeights<T, kCpt, true> wv;
+  ThreadWeights<T, kCpt, true, W> wv;
   wv.load(p.w, p.chunks, p.cols, true, p.w_offset, m);
   cp_async_wait(stages - 1);  // row 0
   int parity = 0, st = 0;
@@ -409,7 +410,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
 // cp.async pipeline, p.stages rows deep, dynamic shared memory
 // plan::stage_bytes(cta_threads, 1, kCpt) per stage). Otherwise element I/O
 // straight into registers, no lookahead.
-// W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32, the rows band's element path) float, passed in p.w.
+// W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32) float, passed in p.w.
 // kCpt: the plan's chunks per thread (kMaxChunksPerThread in the cluster band).
 template <typename T, int kTpr, int kCpt, bool kClustered, bool kVec, typename W = T>
 __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr, kCpt))
@@ -421,7 +422,6 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   static_assert(!kClustered || kCpt == plan::kMaxChunksPerThread, "plan: the cluster band's chunks per thread");
   static_assert(kCpt == plan::kFewChunksPerThread || kCpt == plan::kMaxChunksPerThread, "plan: chunks per thread");
   static_assert(kClustered || !kVec, "plan: the rows band's 16-byte path is forward_rows_direct_kernel");
-  static_assert(std::is_same_v<W, T> || (!kClustered && !kVec), "an fp32 weight: the rows band's element path");
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(Chunk<T>::kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
   static_assert(plan::stage_bytes(kCtaThreads, 1, kCpt) == sizeof(uint4) * kCpt * kCtaThreads, "plan: stage size");
@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   if constexpr (kVec) {
     extern __shared__ uint4 stage[];  // [stages][kCpt][kCtaThreads]
     __shared__ ClusterExchange<float> pushed;
-    forward_cluster_pipelined<T>(p, stage, scratch, pushed);
+    forward_cluster_pipelined<T, W>(p, stage, scratch, pushed);
     return;
   } else {
     __shared__ float exchange[2];
@@ -442,7 +442,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     const int64_t step = tiled ? 1 : m.units;
     const int64_t gend = tiled ? (g0 + p.groups_per_cta < groups ? g0 + p.groups_per_cta : groups) : groups;
     // w' reloaded at each use (an L1 hit): the loads need the registers.
-    ThreadWeights<T, kCpt, false> wv;
+    ThreadWeights<T, kCpt, false, W> wv;
     wv.load(p.w, p.chunks, p.cols, false, p.w_offset, m);
     int parity = 0;
     for (int64_t g = g0; g < gend; g += step, parity ^= 1) {
@@ -712,9 +712,19 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
         return rows_kernels(T{});
       });
     case Kernel::kForwardCluster:
-      return launch(forward_kernel<T, plan::kClusterTpr, plan::kMaxChunksPerThread, true, true>, plan::kClusterTpr);
-    case Kernel::kForwardClusterElement:
-      return launch(forward_kernel<T, plan::kClusterTpr, plan::kMaxChunksPerThread, true, false>, plan::kClusterTpr);
+    case Kernel::kForwardClusterElement: {
+      // W: the weight's dtype (fp32 with 16-bit x: RMSNORM_FLAG_WEIGHT_F32).
+      auto cluster_kernels = [&](auto wtag) -> rmsnorm_status_t {
+        using W = decltype(wtag);
+        return l.kernel == Kernel::kForwardCluster
+                   ? launch(forward_kernel<T, plan::kClusterTpr, plan::kMaxChunksPerThread, true, true, W>, plan::kClusterTpr)
+                   : launch(forward_kernel<T, plan::kClusterTpr, plan::kMaxChunksPerThread, true, false, W>, plan::kClusterTpr);
+      };
+      if constexpr (!std::is_same_v<T, float>) {
+        if (a.weight_f32) return cluster_kernels(float{});
+      }
+      return cluster_kernels(T{});
+    }
     case Kernel::kForwardLooped:
       return a.weight_f32 ? launch(forward_looped_kernel<T, QuantKind::kNone, float>, plan::kLoopedThreads)
                           : launch(forward_looped_kernel<T>, plan::kLoopedThreads);
