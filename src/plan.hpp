@@ -18,8 +18,8 @@
 //                                               kBackwardRows (kBackwardRows-
 //                                               Direct, no stages, where no
 //                                               CTA has a second row group)
-//             cpt = 2 up to 512 chunks (D <= 4096 at 16-bit, <= 2048 at fp32), else 4;
-//             tpr = smallest power of two >= ceil(ceil(D / vec) / cpt) (cpt 2: 1..256, cpt 4: 256, 512);
+//             cpt = 2 for 257..512 chunks (D 2049..4096 at 16-bit, 1025..2048 at fp32), else 4;
+//             tpr = smallest power of two >= ceil(ceil(D / vec) / cpt) (cpt 4: 1..64, 256, 512; cpt 2: 256);
 //             CTA = max(tpr, 256) fwd / max(tpr, 512) bwd threads   (each row's aligned blocks staged, gx in
 //                                                                    aligned blocks where tpr <= 32)
 //   kCluster  16385..131072    8193..65536      kForwardCluster /              kForwardClusterElement /
@@ -38,7 +38,7 @@
 // `threads_per_row` threads of one CTA, or of each CTA of a cluster of
 // `cluster` CTAs. Thread g (0 <= g < G = threads_per_row * cluster, CTA rank
 // major) owns chunks g, g + G, g + 2G, ..., at most chunks_per_thread of
-// them (cpt: 2 in the rows band up to 512 chunks, else 4), held in registers,
+// them (cpt: 2 in the rows band at 257..512 chunks, else 4), held in registers,
 // so x (and gy) is read from DRAM once. The band and cpt are chosen from the
 // chunk count alone, identical for forward and backward.
 //
@@ -107,18 +107,22 @@ inline constexpr int kChunkBytes = 16;
 inline constexpr int64_t kMaxCols = (int64_t{1} << 31) - 64;
 inline constexpr int kWarp = 32;
 inline constexpr int kMaxThreadsPerSm = 2048;  // sm_80 and sm_90
-// Chunks per thread (docs/performance.md, "Chunks per thread"): the
-// cluster band and the rows band's longer rows hold kMaxChunksPerThread;
-// rows of at most kFewChunksPerThread * kFewChunksMaxTpr chunks (D <= 4096 at
-// 16-bit, <= 2048 at fp32) hold kFewChunksPerThread, twice the threads per
-// row: a shorter dependent chain per thread and, in the forward, 1536
-// threads per SM instead of 1024. A function of D alone, so the summation
-// order stays batch-invariant and the same in both directions.
+// Chunks per thread (docs/performance.md, "Chunks per thread"): every band
+// holds kMaxChunksPerThread, except the rows of 257..512 chunks (D 2049..4096
+// at 16-bit, 1025..2048 at fp32), which 4 chunks would give 128 threads per
+// row: they take 256 threads of kFewChunksPerThread, so a shorter dependent
+// chain per thread, a backward CTA of two rows instead of four, and in the
+// forward 1536 threads per SM instead of 1024. (2 chunks at every D <= 4096
+// lost at D = 384 and in the D = 1024 forward.) A function of D alone, so the
+// summation order stays batch-invariant and the same in both directions.
 inline constexpr int kMaxChunksPerThread = 4;
 inline constexpr int kFewChunksPerThread = 2;
-inline constexpr int kFewChunksMaxTpr = 256;
+inline constexpr int kFewChunksTpr = 256;
 RMSNORM_HD constexpr int rows_chunks_per_thread(int64_t chunks) {
-  return chunks <= int64_t{kFewChunksPerThread} * kFewChunksMaxTpr ? kFewChunksPerThread : kMaxChunksPerThread;
+  // The rows that 2 chunks per thread spread over exactly kFewChunksTpr threads.
+  return chunks > int64_t{kFewChunksPerThread} * (kFewChunksTpr / 2) && chunks <= int64_t{kFewChunksPerThread} * kFewChunksTpr
+             ? kFewChunksPerThread
+             : kMaxChunksPerThread;
 }
 inline constexpr int kMaxRowsTpr = 512;  // kRows: threads per row (one CTA)
 inline constexpr int kClusterTpr = 512;  // kCluster: threads per CTA (one row slot)

@@ -595,7 +595,7 @@ plan::Device current_plan_device() {
 TEST_F(Cuda, ForwardBatchInvarianceOneGroupPerCta) {
   const plan::Device pd = current_plan_device();
   std::mt19937_64 rng(5);
-  for (int64_t d : {int64_t{128}, int64_t{512}}) {  // 32 and 8 rows per CTA (2 chunks per thread)
+  for (int64_t d : {int64_t{128}, int64_t{1024}}) {  // 64 and 8 rows per CTA
     const plan::RowPlan row = plan::forward_launch(1, d, 2, plan::Io::kElement, pd).row;
     const int64_t resident = int64_t{pd.sm_count} * plan::forward_ctas_per_sm(row.threads_per_row, row.chunks_per_thread) / row.cluster;
     Case c;
@@ -2081,9 +2081,9 @@ TEST_F(Cuda, WrongMemorySpace) {
 
 // Plans for a GPU with 60 KiB of shared memory per SM and 59 KiB per CTA
 // (less than any the library targets), where every cp.async pipeline has a
-// single stage (with 2 chunks per thread a 512-thread backward stage is
-// 32 KiB): the kernels' `stages < 2` branches, which the H200's own plans
-// never take.
+// single stage (a 512-thread backward stage of 2 chunks per thread, D 2049..4096
+// at 16-bit, is 32 KiB): the kernels' `stages < 2` branches, which the H200's
+// own plans never take.
 // The kernels are the real ones; only the plan's shared-memory budget is cut.
 struct OneStagePlans {
   static constexpr size_t kPerSm = 60 * 1024, kPerBlock = 59 * 1024;

@@ -51,10 +51,9 @@ std::string check_row_plan(const RowPlan& p, int64_t d, int esize, const Device&
     os << "tpr does not tile warps; ";
   switch (p.band) {
     case Band::kRows: {
-      // 2 chunks per thread up to 512 chunks (D <= 4096 at 16-bit, <= 2048 at fp32), 4 above.
-      if (p.chunks_per_thread != (p.chunks <= 512 ? 2 : 4)) os << "rows cpt; ";
-      if (p.chunks_per_thread == 2 ? p.threads_per_row > 256
-                                   : p.threads_per_row != 256 && p.threads_per_row != 512)
+      // 2 chunks per thread at 257..512 chunks (D 2049..4096 at 16-bit, 1025..2048 at fp32), 4 elsewhere.
+      if (p.chunks_per_thread != (p.chunks > 256 && p.chunks <= 512 ? 2 : 4)) os << "rows cpt; ";
+      if (p.chunks_per_thread == 2 ? p.threads_per_row != 256 : p.threads_per_row == 128)
         os << "rows (tpr, cpt) without a kernel (dispatch_rows); ";
       if (p.cluster != 1) os << "rows cluster; ";
       if (p.threads_per_row > kMaxRowsTpr) os << "rows tpr above the maximum; ";
@@ -437,19 +436,19 @@ TEST(Plan, ForwardGridPersistentOrOneGroupPerCta) {
     else
       EXPECT_EQ(f.grid, resident(f)) << rows;
   }
-  // D = 128 at 16-bit: 16 chunks, 2 per thread, 8 threads per row, so kForwardMinCtaThreads / 8 rows per CTA.
-  EXPECT_EQ(forward_launch(1048576, 128, 2, Io::kElement, dev).grid, 1048576 / (kForwardMinCtaThreads / 8));
-  EXPECT_EQ(forward_launch(131072, 128, 2, Io::kElement, dev).grid, 132 * forward_ctas_per_sm(8, kFewChunksPerThread));
-  // D = 2048: 128 threads per row, under 8 rows per CTA: tiles of consecutive
+  // D = 128 at 16-bit: 4 threads per row, so kForwardMinCtaThreads / 4 rows per CTA.
+  EXPECT_EQ(forward_launch(1048576, 128, 2, Io::kElement, dev).grid, 1048576 / (kForwardMinCtaThreads / 4));
+  EXPECT_EQ(forward_launch(131072, 128, 2, Io::kElement, dev).grid, 132 * forward_ctas_per_sm(4, kMaxChunksPerThread));
+  // D = 2048: 64 threads per row, under 8 rows per CTA: tiles of consecutive
   // groups where there are enough of them, else persistent.
   const Launch big = forward_launch(int64_t{1} << 24, 2048, 2, Io::kElement, dev);
-  EXPECT_EQ(big.row.rows_per_cta, kForwardMinCtaThreads / 128);
+  EXPECT_EQ(big.row.rows_per_cta, kForwardMinCtaThreads / 64);
   EXPECT_LT(big.row.rows_per_cta, kOneGroupMinRowsPerCta);
   EXPECT_EQ(big.groups_per_cta, kForwardTileGroups);
-  EXPECT_EQ(big.grid, (int64_t{1} << 23) / kForwardTileGroups);
-  // One group short of kForwardTileMinWaves tiles per resident CTA (2 rows per group).
-  const Launch few =
-      forward_launch(2 * (kForwardTileMinWaves * kForwardTileGroups * resident(big) - 1), 2048, 2, Io::kElement, dev);
+  EXPECT_EQ(big.grid, (int64_t{1} << 24) / big.row.rows_per_cta / kForwardTileGroups);
+  // One group short of kForwardTileMinWaves tiles per resident CTA.
+  const Launch few = forward_launch(big.row.rows_per_cta * (kForwardTileMinWaves * kForwardTileGroups * resident(big) - 1),
+                                    2048, 2, Io::kElement, dev);
   EXPECT_EQ(few.groups_per_cta, 0);
   EXPECT_EQ(few.grid, resident(few));
 }
@@ -608,7 +607,8 @@ TEST(Plan, SlotSumTableReadsWithoutBankConflicts) {
     const int vec = vec_elems(esize);
     // The rows band's (tpr, cpt) pairs (dispatch_rows).
     std::vector<std::pair<int, int>> shapes;
-    for (int tpr = 1; tpr <= 256; tpr *= 2) shapes.emplace_back(tpr, kFewChunksPerThread);
+    for (int tpr = 1; tpr <= 64; tpr *= 2) shapes.emplace_back(tpr, kMaxChunksPerThread);
+    shapes.emplace_back(256, kFewChunksPerThread);
     shapes.emplace_back(256, kMaxChunksPerThread);
     shapes.emplace_back(512, kMaxChunksPerThread);
     for (const auto& [tpr, cpt] : shapes) {
@@ -698,9 +698,9 @@ TEST(Plan, DispatchTableMatchesThePlanner) {
           ASSERT_EQ(b.direction, Direction::kBackward);
           const int64_t chunks = (d + vec - 1) / vec;
           if (band == Band::kRows) {
-            // cpt = 2 up to 512 chunks, else 4; tpr = smallest power of two >= ceil(chunks / cpt);
+            // cpt = 2 at 257..512 chunks, else 4; tpr = smallest power of two >= ceil(chunks / cpt);
             // CTAs of max(tpr, 256) / max(tpr, 512).
-            const int cpt = chunks <= 512 ? 2 : 4;
+            const int cpt = chunks > 256 && chunks <= 512 ? 2 : 4;
             int tpr = 1;
             while (int64_t{tpr} * cpt < chunks) tpr *= 2;
             ASSERT_EQ(f.row.chunks_per_thread, cpt) << "D " << d;

@@ -70,30 +70,27 @@ rmsnorm_status_t dispatch_dtype(DType dtype, Fn&& fn) {
 }
 
 // Calls fn(std::integral_constant<int, tpr>, std::integral_constant<int, cpt>)
-// for the rows band's threads per row and chunks per thread (plan.hpp: cpt 2
-// with tpr 1..256, cpt 4 with tpr 256 and 512; the planner's tests check that
-// every D lands on one of these).
+// for the rows band's threads per row and chunks per thread (plan.hpp: cpt 4
+// with tpr 1..64, 256 and 512; cpt 2 with tpr 256; the planner's tests check
+// that every D lands on one of these).
 template <typename Fn>
 rmsnorm_status_t dispatch_rows(int tpr, int cpt, Fn&& fn) {
   using Few = std::integral_constant<int, plan::kFewChunksPerThread>;
   using Max = std::integral_constant<int, plan::kMaxChunksPerThread>;
-  if (cpt == Few::value) {
+  if (cpt == Max::value) {
     switch (tpr) {
-      case 1: return fn(std::integral_constant<int, 1>{}, Few{});
-      case 2: return fn(std::integral_constant<int, 2>{}, Few{});
-      case 4: return fn(std::integral_constant<int, 4>{}, Few{});
-      case 8: return fn(std::integral_constant<int, 8>{}, Few{});
-      case 16: return fn(std::integral_constant<int, 16>{}, Few{});
-      case 32: return fn(std::integral_constant<int, 32>{}, Few{});
-      case 64: return fn(std::integral_constant<int, 64>{}, Few{});
-      case 128: return fn(std::integral_constant<int, 128>{}, Few{});
-      case 256: return fn(std::integral_constant<int, 256>{}, Few{});
-    }
-  } else if (cpt == Max::value) {
-    switch (tpr) {
+      case 1: return fn(std::integral_constant<int, 1>{}, Max{});
+      case 2: return fn(std::integral_constant<int, 2>{}, Max{});
+      case 4: return fn(std::integral_constant<int, 4>{}, Max{});
+      case 8: return fn(std::integral_constant<int, 8>{}, Max{});
+      case 16: return fn(std::integral_constant<int, 16>{}, Max{});
+      case 32: return fn(std::integral_constant<int, 32>{}, Max{});
+      case 64: return fn(std::integral_constant<int, 64>{}, Max{});
       case 256: return fn(std::integral_constant<int, 256>{}, Max{});
       case 512: return fn(std::integral_constant<int, 512>{}, Max{});
     }
+  } else if (cpt == Few::value && tpr == plan::kFewChunksTpr) {
+    return fn(std::integral_constant<int, plan::kFewChunksTpr>{}, Few{});
   }
   return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan",
               "threads_per_row " + std::to_string(tpr) + " with " + std::to_string(cpt) + " chunks has no kernel");
