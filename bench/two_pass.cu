@@ -5,7 +5,7 @@
 //   pass 2:           gw[col] = sum over rows of temp[row][col] (fp32)
 //
 // Pass 1 splits a row as the library's rows band does (plan::row_plan: tpr
-// threads per row, 4 chunks per thread, the row's chunks in registers), one
+// threads per row, the plan's chunks per thread, the row's chunks in registers), one
 // row group per CTA, so that the difference measured against the fused
 // backward is the temporary's traffic and the second pass, not the row work.
 // It reuses the library's device building blocks (chunk I/O, reductions, w').

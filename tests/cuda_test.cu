@@ -2079,15 +2079,15 @@ TEST_F(Cuda, WrongMemorySpace) {
 
 // ---- under compute-sanitizer: every band, small -------------------------------------------------
 
-// Plans for a GPU with 60 KiB of shared memory per SM and 59 KiB per CTA
-// (less than any the library targets), where every cp.async pipeline has a
-// single stage (a 512-thread backward stage of 2 chunks per thread, D 2049..4096
-// at 16-bit, is 32 KiB): the kernels' `stages < 2` branches, which the H200's
-// own plans never take.
-// The kernels are the real ones; only the plan's shared-memory budget is cut.
+// Plans for a GPU whose shared memory holds one cp.async stage of a case's
+// kernels but not two: 100 KiB per SM and 99 KiB per CTA (the sm_86 / sm_89
+// class) for rows of 4 chunks per thread (64 KiB backward stages), 60 / 59 KiB
+// for the rows of 2 (D 2049..4096 at 16-bit: 32 KiB stages). So every pipeline
+// has a single stage: the kernels' `stages < 2` branches, which the H200's own
+// plans never take. The kernels are the real ones; only the plan's
+// shared-memory budget is cut.
 struct OneStagePlans {
-  static constexpr size_t kPerSm = 60 * 1024, kPerBlock = 59 * 1024;
-  OneStagePlans() { cuda::testing::limit_shared_memory(kPerSm, kPerBlock); }
+  OneStagePlans(size_t per_sm, size_t per_block) { cuda::testing::limit_shared_memory(per_sm, per_block); }
   ~OneStagePlans() { cuda::testing::limit_shared_memory(0, 0); }
   OneStagePlans(const OneStagePlans&) = delete;
   OneStagePlans& operator=(const OneStagePlans&) = delete;
@@ -2111,20 +2111,26 @@ void check_shape_case(const ShapeCase& sc, std::mt19937_64& rng) {
 // Forward and backward of each case under OneStagePlans, after checking that
 // the plan of its band has one stage there.
 void check_one_stage_cases(std::initializer_list<ShapeCase> cases, std::mt19937_64& rng) {
-  const OneStagePlans limit;
-  plan::Device pd = current_plan_device();
-  pd.smem_per_sm = OneStagePlans::kPerSm;
-  pd.max_smem_optin = OneStagePlans::kPerBlock;
   for (const ShapeCase& sc : cases) {
     const auto& [d, dt, rows, layout] = sc;
     const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
+    plan::Device pd = current_plan_device();
+    const bool few = plan::row_plan(d, esize, plan::Direction::kBackward, pd).chunks_per_thread ==
+                     plan::kFewChunksPerThread;
+    pd.smem_per_sm = (few ? 60 : 100) * size_t{1024};
+    pd.max_smem_optin = pd.smem_per_sm - 1024;
+    const OneStagePlans limit(pd.smem_per_sm, pd.max_smem_optin);
     const plan::Launch f = plan::forward_launch(rows, d, esize, plan::Io::kVector, pd);
     const plan::Launch b = plan::backward_launch(rows, d, esize, plan::Io::kVector, true, pd);
+    const plan::Launch e = plan::backward_launch(rows, d, esize, plan::Io::kElement, true, pd);
     ASSERT_NE(f.row.band, plan::Band::kLooped) << "D " << d;
     ASSERT_EQ(f.stages, 1) << "D " << d;
     ASSERT_EQ(b.stages, 1) << "D " << d;
-    if (b.row.band == plan::Band::kRows)
-      ASSERT_EQ(plan::backward_launch(rows, d, esize, plan::Io::kElement, true, pd).stages, 1) << "D " << d;
+    if (b.row.band == plan::Band::kRows) ASSERT_EQ(e.stages, 1) << "D " << d;
+    // The single stage fits that device.
+    ASSERT_LE(f.smem, pd.max_smem_optin) << "D " << d;
+    ASSERT_LE(b.smem, pd.max_smem_optin) << "D " << d;
+    ASSERT_LE(e.smem, pd.max_smem_optin) << "D " << d;
     check_shape_case(sc, rng);
     if (::testing::Test::HasFailure()) return;
   }
