@@ -947,10 +947,7 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
                      ? launch(backward_kernel<T, kTpr, kCpt, false, true, true, W>, kCta)
                      : launch(backward_kernel<T, kTpr, kCpt, false, false, true, W>, kCta);
         };
-        if constexpr (!std::is_same_v<T, float>) {
-          if (form == BackwardForm::kWeightF32) return rows_kernels(float{});
-        }
-        return rows_kernels(T{});
+        return dispatch_weight<T>(form == BackwardForm::kWeightF32, rows_kernels);
       });
       break;
     case Kernel::kBackwardCluster:
@@ -965,13 +962,7 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
         return gh ? launch(backward_kernel<T, kC, plan::kMaxChunksPerThread, true, false, true, W>, kC)
                   : launch(backward_kernel<T, kC, plan::kMaxChunksPerThread, true, false, false, W>, kC);
       };
-      st = RMSNORM_STATUS_SUCCESS;
-      if constexpr (!std::is_same_v<T, float>) {
-        if (form == BackwardForm::kWeightF32) st = cluster_kernels(float{});
-        else st = cluster_kernels(T{});
-      } else {
-        st = cluster_kernels(T{});
-      }
+      st = dispatch_weight<T>(form == BackwardForm::kWeightF32, cluster_kernels);
       break;
     }
     case Kernel::kBackwardLooped:

@@ -706,10 +706,7 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
           return partial ? launch(forward_rows_direct_kernel<T, kTpr, kCpt, true, false, QuantKind::kNone, W>, kCta)
                          : launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, false, QuantKind::kNone, W>, kCta);
         };
-        if constexpr (!std::is_same_v<T, float>) {
-          if (a.weight_f32) return rows_kernels(float{});
-        }
-        return rows_kernels(T{});
+        return dispatch_weight<T>(a.weight_f32, rows_kernels);
       });
     case Kernel::kForwardCluster:
     case Kernel::kForwardClusterElement: {
@@ -720,10 +717,7 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
                    ? launch(forward_kernel<T, plan::kClusterTpr, plan::kMaxChunksPerThread, true, true, W>, plan::kClusterTpr)
                    : launch(forward_kernel<T, plan::kClusterTpr, plan::kMaxChunksPerThread, true, false, W>, plan::kClusterTpr);
       };
-      if constexpr (!std::is_same_v<T, float>) {
-        if (a.weight_f32) return cluster_kernels(float{});
-      }
-      return cluster_kernels(T{});
+      return dispatch_weight<T>(a.weight_f32, cluster_kernels);
     }
     case Kernel::kForwardLooped:
       return a.weight_f32 ? launch(forward_looped_kernel<T, QuantKind::kNone, float>, plan::kLoopedThreads)

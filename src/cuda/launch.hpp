@@ -69,6 +69,16 @@ rmsnorm_status_t dispatch_dtype(DType dtype, Fn&& fn) {
   return RMSNORM_STATUS_INVALID_DTYPE;
 }
 
+// Calls fn(W{}) with the weight's element type W for kernels of x's type T:
+// float for an fp32 weight with 16-bit x (RMSNORM_FLAG_WEIGHT_F32), else T.
+template <typename T, typename Fn>
+rmsnorm_status_t dispatch_weight(bool weight_f32, Fn&& fn) {
+  if constexpr (!std::is_same_v<T, float>) {
+    if (weight_f32) return fn(float{});
+  }
+  return fn(T{});
+}
+
 // Calls fn(std::integral_constant<int, tpr>, std::integral_constant<int, cpt>)
 // for the rows band's threads per row and chunks per thread (plan.hpp: cpt 4
 // with tpr 1..64, 256 and 512; cpt 2 with tpr 256; the planner's tests check
