@@ -154,10 +154,11 @@ def main():
                     for _ in range(3):
                         call()
                     torch.cuda.synchronize()
-                    ks = sorted(b.kernel_times(call))
+                    spans = b.kernel_times(call)
                     es = sorted(b.event_times(call))
-                    k = statistics.median(ks)
+                    k = statistics.median(s[0] for s in spans)
                     c = {"rows": rows, "cols": cols, "op": op, "impl": impl, "bytes": nbytes, "kernel_us": k,
+                         "stream_us": statistics.median(s[1] for s in spans),
                          "call_us": statistics.median(es), "gbps": nbytes / k / 1e3}
                     c["pct_copy"] = 100.0 * c["gbps"] / copy_gbps
                     print(f"{f'{rows}x{cols}':<12} {op:<17} {impl:<9} {k:9.2f} {c['call_us']:9.2f} "
