@@ -68,6 +68,7 @@ const char* kernel_name(Kernel k) {
     case Kernel::kBackwardRows: return "backward rows";
     case Kernel::kBackwardRowsShifted: return "backward rows, shifted blocks";
     case Kernel::kBackwardRowsDirect: return "backward rows, one group per CTA";
+    case Kernel::kBackwardRowsDecode: return "backward rows, decode (one CTA of max(tpr, 32) threads)";
     case Kernel::kBackwardCluster: return "backward cluster";
     case Kernel::kBackwardClusterElement: return "backward cluster, element I/O";
     case Kernel::kBackwardLooped: return "backward looped";
@@ -238,6 +239,15 @@ Launch backward_launch_for(const RowPlan& row, int64_t rows, int64_t cols, int e
           : 0;
   if (l.kernel == Kernel::kBackwardRowsDirect) {
     l.smem = combine;
+    const int decode_threads = backward_decode_cta_threads(l.row.threads_per_row);
+    const int64_t decode_slots = decode_threads / l.row.threads_per_row;
+    if (rows <= decode_slots && decode_threads < l.row.cta_threads) {
+      // Every row in one small CTA: the same per-row work, one partial (gw written directly).
+      l.kernel = Kernel::kBackwardRowsDecode;
+      l.row.cta_threads = decode_threads;
+      l.row.rows_per_cta = decode_slots;
+      l.smem = with_gw ? backward_decode_combine_smem(l.row.threads_per_row, esize, l.row.chunks_per_thread) : 0;
+    }
   } else if (l.row.band != Band::kLooped) {
     // The cluster band's element path stages nothing.
     const bool staged = io == Io::kVector || l.row.band == Band::kRows;

@@ -17,7 +17,10 @@
 //                                               per CTA, no stages) /          16-byte blocks) / kBackwardRowsShifted
 //                                               kBackwardRows (kBackwardRows-
 //                                               Direct, no stages, where no
-//                                               CTA has a second row group)
+//                                               CTA has a second row group;
+//                                               kBackwardRowsDecode where
+//                                               every row fits one CTA of
+//                                               max(tpr, 32) threads)
 //             cpt = 2 for 257..512 chunks (D 2049..4096 at 16-bit, 1025..2048 at fp32), else 4;
 //             tpr = smallest power of two >= ceil(ceil(D / vec) / cpt) (cpt 4: 1..64, 256, 512; cpt 2: 256);
 //             CTA = max(tpr, 256) fwd / max(tpr, 512) bwd threads   (each row's aligned blocks staged, gx in
@@ -97,6 +100,7 @@ enum class Kernel : int {
   kBackwardRows,
   kBackwardRowsShifted,
   kBackwardRowsDirect,
+  kBackwardRowsDecode,
   kBackwardCluster,
   kBackwardClusterElement,
   kBackwardLooped,
@@ -157,6 +161,11 @@ RMSNORM_HD constexpr int forward_ctas_per_sm(int tpr, int cpt) {
   return forward_threads_per_sm(cpt) / forward_cta_threads(tpr);
 }
 RMSNORM_HD constexpr int backward_cta_threads(int tpr) { return tpr > kBackwardCtaThreads ? tpr : kBackwardCtaThreads; }
+// kBackwardRowsDecode: the direct backward where all the rows fit in one CTA of
+// max(tpr, 32) threads (one row, or at tpr < 32 up to 32 / tpr rows): no
+// empty row slots in the barriers and the gw slot sum, which at one row in a
+// 512-thread CTA were the largest stall (docs/performance.md, "Decode").
+RMSNORM_HD constexpr int backward_decode_cta_threads(int tpr) { return tpr > kWarp ? tpr : kWarp; }
 RMSNORM_HD constexpr int warps_per_row(int tpr) { return tpr > kWarp ? tpr / kWarp : 1; }
 // Thread t of a CTA works on row slot t / tpr, as lane t % tpr of that row.
 RMSNORM_HD constexpr int row_slot(int thread, int tpr) { return thread / tpr; }
@@ -217,11 +226,16 @@ RMSNORM_HD constexpr int combine_index(int it, int j, int thread, int cta_thread
   return (it * vec_elems(esize) + j) * combine_stride(cta_threads, esize) + thread;
 }
 // Its size in bytes; none with one slot (the thread's sums are the CTA's).
-RMSNORM_HD constexpr size_t backward_combine_smem(int tpr, int esize, int cpt) {
-  return backward_cta_threads(tpr) / tpr == 1
+RMSNORM_HD constexpr size_t combine_smem_of(int cta_threads, int tpr, int esize, int cpt) {
+  return cta_threads / tpr == 1
              ? 0
-             : sizeof(float) * static_cast<size_t>(combine_stride(backward_cta_threads(tpr), esize)) * cpt *
-                   vec_elems(esize);
+             : sizeof(float) * static_cast<size_t>(combine_stride(cta_threads, esize)) * cpt * vec_elems(esize);
+}
+RMSNORM_HD constexpr size_t backward_combine_smem(int tpr, int esize, int cpt) {
+  return combine_smem_of(backward_cta_threads(tpr), tpr, esize, cpt);
+}
+RMSNORM_HD constexpr size_t backward_decode_combine_smem(int tpr, int esize, int cpt) {
+  return combine_smem_of(backward_decode_cta_threads(tpr), tpr, esize, cpt);
 }
 
 struct Device {

@@ -534,6 +534,13 @@ TEST(Plan, BackwardWorkspaceIsBoundedIndependentlyOfRows) {
             // No stages: only the gw slot sum.
             ASSERT_EQ(l.stages, 1);
             ASSERT_EQ(l.smem, combine);
+          } else if (l.kernel == Kernel::kBackwardRowsDecode) {
+            // One small CTA holding every row: its own slot sum, gw written directly.
+            ASSERT_EQ(l.stages, 1);
+            ASSERT_EQ(l.row.cta_threads, backward_decode_cta_threads(l.row.threads_per_row));
+            ASSERT_LE(rows, l.row.rows_per_cta);
+            ASSERT_EQ(l.smem, backward_decode_combine_smem(l.row.threads_per_row, esize, l.row.chunks_per_thread));
+            ASSERT_TRUE(l.direct_gw);
           } else if (l.row.band != Band::kLooped) {
             // The stages fit, and so does the gw slot sum (it reuses them).
             ASSERT_GE(l.smem, stage_bytes(l.row.cta_threads, 2, l.row.chunks_per_thread) * static_cast<size_t>(l.stages));
@@ -547,12 +554,17 @@ TEST(Plan, BackwardWorkspaceIsBoundedIndependentlyOfRows) {
           ASSERT_EQ(e.partials, l.partials);
           ASSERT_EQ(e.workspace, l.workspace);
           ASSERT_EQ(e.row.threads_per_row, l.row.threads_per_row);
-          ASSERT_EQ(e.row.cta_threads, l.row.cta_threads);
+          // The decode form is the 16-byte path's; the element path keeps the plain CTA.
+          if (l.kernel != Kernel::kBackwardRowsDecode) {
+            ASSERT_EQ(e.row.cta_threads, l.row.cta_threads);
+          } else {
+            ASSERT_EQ(e.row.cta_threads, backward_cta_threads(l.row.threads_per_row));
+          }
           ASSERT_LE(e.smem, dev.max_smem_optin);
           if (l.row.band == Band::kRows) {
             ASSERT_GE(e.stages, 1);
             ASSERT_LE(e.stages, kMaxStages);
-            ASSERT_EQ(e.smem, std::max(shifted_stage_bytes(l.row.cta_threads, l.row.rows_per_cta, 2, l.row.chunks_per_thread) *
+            ASSERT_EQ(e.smem, std::max(shifted_stage_bytes(e.row.cta_threads, e.row.rows_per_cta, 2, e.row.chunks_per_thread) *
                                            static_cast<size_t>(e.stages),
                                        combine));
           } else {
@@ -737,20 +749,41 @@ TEST(Plan, DispatchTableMatchesThePlanner) {
 
 // The rows band's 16-byte backward: registers only while every CTA has at
 // most one row group, the pipelined kernel from the first CTA with two; the
-// grid, partials and workspace are the same either way.
+// grid, partials and workspace are the same either way. Where every row fits
+// in one CTA of backward_decode_cta_threads (smaller than the plain CTA), the
+// decode form of the direct kernel.
 TEST(Plan, BackwardRowsDirectWhileEveryCtaHasOneGroup) {
   const Device dev = hopper(16);
   for (int esize : {2, 4}) {
-    for (int64_t d : {1, 8, 100, 1000, 4096, 8192}) {
-      const Launch probe = backward_launch(1, d, esize, Io::kVector, true, dev);
+    for (int64_t d : {1, 8, 100, 1000, 4096, 8192, 16384}) {
+      const Launch probe = backward_launch(int64_t{1} << 20, d, esize, Io::kVector, true, dev);
+      if (probe.row.band != Band::kRows) continue;
       const int64_t slots = probe.row.rows_per_cta;
+      const int tpr = probe.row.threads_per_row;
+      const int64_t decode_slots = backward_decode_cta_threads(tpr) / tpr;
+      const bool has_decode = backward_decode_cta_threads(tpr) < backward_cta_threads(tpr);
       const int64_t last_direct = slots * dev.sm_count * kBackwardCtasPerSm;
-      for (int64_t rows : {int64_t{1}, slots, last_direct - 1, last_direct, last_direct + 1, 4 * last_direct}) {
+      for (int64_t rows : {int64_t{1}, int64_t{2}, decode_slots, decode_slots + 1, slots, last_direct - 1, last_direct,
+                           last_direct + 1, 4 * last_direct}) {
         const Launch b = backward_launch(rows, d, esize, Io::kVector, true, dev);
         const int64_t groups = (rows + slots - 1) / slots;
-        ASSERT_EQ(b.kernel, groups <= b.grid ? Kernel::kBackwardRowsDirect : Kernel::kBackwardRows)
+        const bool decode = has_decode && rows <= decode_slots;
+        ASSERT_EQ(b.kernel, decode            ? Kernel::kBackwardRowsDecode
+                            : groups <= b.grid ? Kernel::kBackwardRowsDirect
+                                               : Kernel::kBackwardRows)
             << "D " << d << " rows " << rows;
-        ASSERT_EQ(b.kernel == Kernel::kBackwardRowsDirect, rows <= last_direct) << "D " << d << " rows " << rows;
+        ASSERT_EQ(b.kernel == Kernel::kBackwardRowsDirect || decode, rows <= last_direct)
+            << "D " << d << " rows " << rows;
+        if (decode) {
+          ASSERT_EQ(b.grid, 1);
+          ASSERT_TRUE(b.direct_gw);
+          ASSERT_EQ(b.workspace, 0u);
+          ASSERT_EQ(b.row.cta_threads, backward_decode_cta_threads(tpr));
+          ASSERT_EQ(b.smem, backward_decode_combine_smem(tpr, esize, b.row.chunks_per_thread));
+          ASSERT_EQ(b.row.threads_per_row, tpr);
+          // The workspace query's plan (16-byte, the same rows) agrees.
+          continue;
+        }
         ASSERT_EQ(b.grid, std::min<int64_t>(groups, dev.sm_count * kBackwardCtasPerSm));
         ASSERT_EQ(b.partials, b.grid);
         ASSERT_EQ(b.workspace, b.direct_gw ? 0u : static_cast<size_t>(b.partials) * d * sizeof(float));

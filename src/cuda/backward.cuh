@@ -429,10 +429,12 @@ __device__ __forceinline__ void emit_cta_gw(const BackwardParams<T>& p, const Ro
 // from a cold instruction cache: forward_rows_direct_kernel).
 // W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x) float, passed in p.w and held as
 // HeldWeight chunks (chunk_io.cuh). kCpt: the plan's chunks per thread.
-template <typename T, int kTpr, int kCpt, bool kPartial, typename W = T>
-__global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackwardCtasPerSm)
+// kDecode: plan::Kernel::kBackwardRowsDecode, a CTA of backward_decode_cta_threads(kTpr) threads holding every row.
+template <typename T, int kTpr, int kCpt, bool kPartial, typename W = T, bool kDecode = false>
+__global__ void __launch_bounds__(kDecode ? plan::backward_decode_cta_threads(kTpr) : plan::backward_cta_threads(kTpr),
+                                  plan::kBackwardCtasPerSm)
     backward_rows_direct_kernel(const BackwardParams<T> p) {
-  constexpr int kCtaThreads = plan::backward_cta_threads(kTpr);
+  constexpr int kCtaThreads = kDecode ? plan::backward_decode_cta_threads(kTpr) : plan::backward_cta_threads(kTpr);
   constexpr int kSlots = kCtaThreads / kTpr;
   constexpr int kN = Chunk<T>::kN;
   static_assert(kCpt == plan::kFewChunksPerThread || kCpt == plan::kMaxChunksPerThread, "plan: chunks per thread");
@@ -933,6 +935,7 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
     case Kernel::kBackwardRows:
     case Kernel::kBackwardRowsShifted:
     case Kernel::kBackwardRowsDirect:
+    case Kernel::kBackwardRowsDecode:
       st = dispatch_rows(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
         constexpr int kTpr = decltype(tpr)::value;
         constexpr int kCpt = decltype(cpt)::value;
@@ -940,9 +943,18 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
         // W: the weight's dtype (fp32 with 16-bit x: RMSNORM_FLAG_WEIGHT_F32).
         auto rows_kernels = [&](auto wtag) -> rmsnorm_status_t {
           using W = decltype(wtag);
+          const bool partial = a.cols % Chunk<T>::kN != 0;
+          if (l.kernel == Kernel::kBackwardRowsDecode) {
+            if constexpr (plan::backward_decode_cta_threads(kTpr) < kCta) {
+              constexpr int kDecodeCta = plan::backward_decode_cta_threads(kTpr);
+              return partial ? launch(backward_rows_direct_kernel<T, kTpr, kCpt, true, W, true>, kDecodeCta)
+                             : launch(backward_rows_direct_kernel<T, kTpr, kCpt, false, W, true>, kDecodeCta);
+            }
+            return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "no decode backward at this threads per row");
+          }
           if (l.kernel == Kernel::kBackwardRowsDirect)
-            return a.cols % Chunk<T>::kN != 0 ? launch(backward_rows_direct_kernel<T, kTpr, kCpt, true, W>, kCta)
-                                              : launch(backward_rows_direct_kernel<T, kTpr, kCpt, false, W>, kCta);
+            return partial ? launch(backward_rows_direct_kernel<T, kTpr, kCpt, true, W>, kCta)
+                           : launch(backward_rows_direct_kernel<T, kTpr, kCpt, false, W>, kCta);
           return l.kernel == Kernel::kBackwardRows
                      ? launch(backward_kernel<T, kTpr, kCpt, false, true, true, W>, kCta)
                      : launch(backward_kernel<T, kTpr, kCpt, false, false, true, W>, kCta);
