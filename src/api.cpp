@@ -483,35 +483,12 @@ rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* problem, const voi
 
 // rmsnorm_forward_quant, and with a residual (non-null) rmsnorm_add_forward_quant: h = T(x + residual) written to
 // h, then quantized as rmsnorm_forward_quant of h. The add's operand and aliasing rules are rmsnorm_add_forward's.
-static rmsnorm_status_t forward_quant_impl(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
-                                           const void* residual, int64_t residual_row_stride, const void* weight,
-                                           void* h, int64_t h_row_stride, const rmsnorm_quant_t* quant, void* q,
-                                           int64_t q_row_stride, float* rstd, const rmsnorm_backend_t* backend) {
-  clear_last_error();
-  Common c;
-  RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
-  RMSNORM_TRY(check_y_dtype(c, false, "rmsnorm_forward_quant and rmsnorm_add_forward_quant"));
-  RMSNORM_TRY(check_residual_f32(c, false, "rmsnorm_forward_quant and rmsnorm_add_forward_quant"));
-  if (quant == nullptr) return fail(RMSNORM_STATUS_NULL_POINTER, "quant", "must not be NULL");
-  if (quant->kind != RMSNORM_QUANT_FP8_E4M3 && quant->kind != RMSNORM_QUANT_INT8)
-    return fail(RMSNORM_STATUS_INVALID_OPTION, "quant.kind", "unknown kind " + num(quant->kind));
-  if (quant->scale_mode != RMSNORM_QUANT_STATIC && quant->scale_mode != RMSNORM_QUANT_PER_ROW)
-    return fail(RMSNORM_STATUS_INVALID_OPTION, "quant.scale_mode", "unknown mode " + num(quant->scale_mode));
-  QuantArgs qa;
-  qa.fp8 = quant->kind == RMSNORM_QUANT_FP8_E4M3;
-  qa.per_row = quant->scale_mode == RMSNORM_QUANT_PER_ROW;
-  qa.scale = quant->scale;
-  qa.row_scales = quant->row_scales;
-  qa.scale_ub = quant->scale_ub;
-  qa.q = q;
-  qa.q_stride = q_row_stride;
-  if (!qa.per_row && qa.scale == nullptr)
-    return fail(RMSNORM_STATUS_NULL_POINTER, "quant.scale", "must not be NULL with RMSNORM_QUANT_STATIC");
-  if (qa.scale_ub != nullptr && !(qa.per_row && qa.fp8))
-    return fail(RMSNORM_STATUS_INVALID_OPTION, "quant.scale_ub", "is only for fp8 with per-row scales");
-  if (problem->rows == 0) return RMSNORM_STATUS_SUCCESS;
-  if (qa.per_row && qa.row_scales == nullptr)
-    return fail(RMSNORM_STATUS_NULL_POINTER, "quant.row_scales", "must not be NULL with RMSNORM_QUANT_PER_ROW");
+// The quantized forwards' common part, after the quant struct has been read into qa (q, q_stride included).
+static rmsnorm_status_t forward_quant_run(const rmsnorm_problem_t* problem, const Common& c, const void* x,
+                                          int64_t x_row_stride, const void* residual, int64_t residual_row_stride,
+                                          const void* weight, void* h, int64_t h_row_stride, QuantArgs qa, float* rstd) {
+  const bool blocks = qa.block_cols > 0;
+  const char* scales_name = blocks ? "quant.scales" : "quant.row_scales";
 
   ForwardArgs a;
   set_problem_fields(*problem, c, &a);
@@ -536,7 +513,7 @@ static rmsnorm_status_t forward_quant_impl(const rmsnorm_problem_t* problem, con
   RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.wsize));
   RMSNORM_TRY(check_optional_pointer("rstd", a.rstd, sizeof(float)));
   RMSNORM_TRY(check_optional_pointer("quant.scale", qa.scale, sizeof(float)));
-  RMSNORM_TRY(check_optional_pointer("quant.row_scales", qa.row_scales, sizeof(float)));
+  RMSNORM_TRY(check_optional_pointer(scales_name, qa.row_scales, sizeof(float)));
   RMSNORM_TRY(check_optional_pointer("quant.scale_ub", qa.scale_ub, sizeof(float)));
   RMSNORM_TRY(check_stride("x_row_stride", a.x_stride, a.cols));
   RMSNORM_TRY(check_stride("q_row_stride", qa.q_stride, a.cols));
@@ -549,7 +526,15 @@ static rmsnorm_status_t forward_quant_impl(const rmsnorm_problem_t* problem, con
   RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.wsize, &ew));
   RMSNORM_TRY(vector_extent("rstd", a.rstd, a.rows, sizeof(float), &er));
   RMSNORM_TRY(vector_extent("quant.scale", qa.per_row ? nullptr : qa.scale, 1, sizeof(float), &es));
-  RMSNORM_TRY(vector_extent("quant.row_scales", qa.per_row ? qa.row_scales : nullptr, a.rows, sizeof(float), &ers));
+  if (!blocks) {
+    RMSNORM_TRY(vector_extent(scales_name, qa.per_row ? qa.row_scales : nullptr, a.rows, sizeof(float), &ers));
+  } else {
+    // The scales as a matrix (transposed where column-major), so that the overlap checks see every scale.
+    const int64_t nb = (a.cols + qa.block_cols - 1) / qa.block_cols;
+    const bool row_major = qa.scales_block_stride == 1 && qa.scales_row_stride >= nb;
+    RMSNORM_TRY(row_major ? extent_of(scales_name, qa.row_scales, a.rows, nb, qa.scales_row_stride, sizeof(float), &ers)
+                          : extent_of(scales_name, qa.row_scales, nb, a.rows, qa.scales_block_stride, sizeof(float), &ers));
+  }
   RMSNORM_TRY(vector_extent("quant.scale_ub", qa.scale_ub, 1, sizeof(float), &eub));
   RMSNORM_TRY(check_memory_space({&ex, &eq, &ew, &er, &es, &ers, &eub, &eres, &eh}, c));
   // h may be x or residual exactly, and x may be residual exactly (rmsnorm_add_forward's rules); every other
@@ -576,26 +561,127 @@ static rmsnorm_status_t forward_quant_impl(const rmsnorm_problem_t* problem, con
 #endif
 }
 
+// rmsnorm_quant_t's rules into qa; `rows` for the rule that row_scales is needed only with rows.
+static rmsnorm_status_t read_quant(const rmsnorm_quant_t* quant, int64_t rows, QuantArgs* qa) {
+  if (quant == nullptr) return fail(RMSNORM_STATUS_NULL_POINTER, "quant", "must not be NULL");
+  if (quant->kind != RMSNORM_QUANT_FP8_E4M3 && quant->kind != RMSNORM_QUANT_INT8)
+    return fail(RMSNORM_STATUS_INVALID_OPTION, "quant.kind", "unknown kind " + num(quant->kind));
+  if (quant->scale_mode != RMSNORM_QUANT_STATIC && quant->scale_mode != RMSNORM_QUANT_PER_ROW)
+    return fail(RMSNORM_STATUS_INVALID_OPTION, "quant.scale_mode", "unknown mode " + num(quant->scale_mode));
+  qa->fp8 = quant->kind == RMSNORM_QUANT_FP8_E4M3;
+  qa->per_row = quant->scale_mode == RMSNORM_QUANT_PER_ROW;
+  qa->scale = quant->scale;
+  qa->row_scales = quant->row_scales;
+  qa->scale_ub = quant->scale_ub;
+  if (!qa->per_row && qa->scale == nullptr)
+    return fail(RMSNORM_STATUS_NULL_POINTER, "quant.scale", "must not be NULL with RMSNORM_QUANT_STATIC");
+  if (qa->scale_ub != nullptr && !(qa->per_row && qa->fp8))
+    return fail(RMSNORM_STATUS_INVALID_OPTION, "quant.scale_ub", "is only for fp8 with per-row scales");
+  if (rows > 0 && qa->per_row && qa->row_scales == nullptr)
+    return fail(RMSNORM_STATUS_NULL_POINTER, "quant.row_scales", "must not be NULL with RMSNORM_QUANT_PER_ROW");
+  return RMSNORM_STATUS_SUCCESS;
+}
+
+// rmsnorm_block_quant_t's rules into qa (per_row set, block_cols > 0).
+static rmsnorm_status_t read_block_quant(const rmsnorm_block_quant_t* quant, int64_t rows, int64_t cols,
+                                         QuantArgs* qa) {
+  if (quant == nullptr) return fail(RMSNORM_STATUS_NULL_POINTER, "quant", "must not be NULL");
+  if (quant->kind != RMSNORM_QUANT_FP8_E4M3 && quant->kind != RMSNORM_QUANT_INT8)
+    return fail(RMSNORM_STATUS_INVALID_OPTION, "quant.kind", "unknown kind " + num(quant->kind));
+  if (quant->block_cols != 64 && quant->block_cols != 128)
+    return fail(RMSNORM_STATUS_INVALID_OPTION, "quant.block_cols", "must be 64 or 128, not " + num(quant->block_cols));
+  qa->fp8 = quant->kind == RMSNORM_QUANT_FP8_E4M3;
+  qa->per_row = true;
+  qa->block_cols = quant->block_cols;
+  qa->row_scales = quant->scales;
+  qa->scales_row_stride = quant->scales_row_stride;
+  qa->scales_block_stride = quant->scales_block_stride;
+  qa->scale_ub = quant->scale_ub;
+  if (qa->scale_ub != nullptr && !qa->fp8)
+    return fail(RMSNORM_STATUS_INVALID_OPTION, "quant.scale_ub", "is only for fp8");
+  if (rows <= 0 || cols <= 0) return RMSNORM_STATUS_SUCCESS;
+  if (qa->row_scales == nullptr) return fail(RMSNORM_STATUS_NULL_POINTER, "quant.scales", "must not be NULL");
+  const int64_t nb = (cols + qa->block_cols - 1) / qa->block_cols;
+  const int64_t rs = qa->scales_row_stride, bs = qa->scales_block_stride;
+  if (!((bs == 1 && rs >= nb) || (rs == 1 && bs >= rows)))
+    return fail(RMSNORM_STATUS_INVALID_STRIDE, "quant.scales",
+                "strides (row " + num(rs) + ", block " + num(bs) + ") are neither row-major (block stride 1, row stride >= " +
+                    num(nb) + ") nor column-major (row stride 1, block stride >= " + num(rows) + ")");
+  return RMSNORM_STATUS_SUCCESS;
+}
+
+// The entry points: the problem and backend checked, the quant struct read (Read), then forward_quant_run.
+// (A template: C++ linkage inside this extern "C" block.)
+extern "C++" {
+template <typename Q, typename Read>
+static rmsnorm_status_t quant_entry(const rmsnorm_problem_t* problem, const rmsnorm_backend_t* backend, const Q* quant,
+                                    Read&& read, const void* x, int64_t x_row_stride, const void* residual,
+                                    int64_t residual_row_stride, const void* weight, void* h, int64_t h_row_stride,
+                                    void* q, int64_t q_row_stride, float* rstd, const char* names) {
+  clear_last_error();
+  Common c;
+  RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
+  RMSNORM_TRY(check_y_dtype(c, false, names));
+  RMSNORM_TRY(check_residual_f32(c, false, names));
+  QuantArgs qa;
+  RMSNORM_TRY(read(quant, problem->rows, problem->cols, &qa));
+  if (problem->rows == 0) return RMSNORM_STATUS_SUCCESS;
+  qa.q = q;
+  qa.q_stride = q_row_stride;
+  return forward_quant_run(problem, c, x, x_row_stride, residual, residual_row_stride, weight, h, h_row_stride, qa,
+                           rstd);
+}
+}  // extern "C++"
+
+static rmsnorm_status_t read_row_quant(const rmsnorm_quant_t* quant, int64_t rows, int64_t, QuantArgs* qa) {
+  return read_quant(quant, rows, qa);
+}
+
+// With rows, the add forms need residual and h (the shared run takes two null pointers for the plain form).
+static rmsnorm_status_t check_add_pointers(const rmsnorm_problem_t* problem, const void* residual, const void* h) {
+  const bool rows_present = problem != nullptr && problem->rows > 0;
+  if (rows_present && (residual == nullptr || h == nullptr)) {
+    clear_last_error();
+    return fail(RMSNORM_STATUS_NULL_POINTER, residual == nullptr ? "residual" : "h", "must not be NULL");
+  }
+  return RMSNORM_STATUS_SUCCESS;
+}
+
+static const char kRowQuantNames[] = "rmsnorm_forward_quant and rmsnorm_add_forward_quant";
+static const char kBlockQuantNames[] = "rmsnorm_forward_block_quant and rmsnorm_add_forward_block_quant";
+
 rmsnorm_status_t rmsnorm_forward_quant(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
                                        const void* weight, const rmsnorm_quant_t* quant, void* q, int64_t q_row_stride,
                                        float* rstd, const rmsnorm_backend_t* backend) {
-  return forward_quant_impl(problem, x, x_row_stride, nullptr, 0, weight, nullptr, 0, quant, q, q_row_stride, rstd,
-                            backend);
+  return quant_entry(problem, backend, quant, read_row_quant, x, x_row_stride, nullptr, 0, weight, nullptr, 0, q,
+                     q_row_stride, rstd, kRowQuantNames);
+}
+
+rmsnorm_status_t rmsnorm_forward_block_quant(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
+                                             const void* weight, const rmsnorm_block_quant_t* quant, void* q,
+                                             int64_t q_row_stride, float* rstd, const rmsnorm_backend_t* backend) {
+  return quant_entry(problem, backend, quant, read_block_quant, x, x_row_stride, nullptr, 0, weight, nullptr, 0, q,
+                     q_row_stride, rstd, kBlockQuantNames);
+}
+
+rmsnorm_status_t rmsnorm_add_forward_block_quant(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
+                                                 const void* residual, int64_t residual_row_stride, const void* weight,
+                                                 void* h, int64_t h_row_stride, const rmsnorm_block_quant_t* quant,
+                                                 void* q, int64_t q_row_stride, float* rstd,
+                                                 const rmsnorm_backend_t* backend) {
+  RMSNORM_TRY(check_add_pointers(problem, residual, h));
+  return quant_entry(problem, backend, quant, read_block_quant, x, x_row_stride, residual, residual_row_stride, weight,
+                     h, h_row_stride, q, q_row_stride, rstd, kBlockQuantNames);
 }
 
 rmsnorm_status_t rmsnorm_add_forward_quant(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
                                            const void* residual, int64_t residual_row_stride, const void* weight,
                                            void* h, int64_t h_row_stride, const rmsnorm_quant_t* quant, void* q,
                                            int64_t q_row_stride, float* rstd, const rmsnorm_backend_t* backend) {
-  // With no rows nothing is read or written (as in rmsnorm_add_forward); else both are required, since the
-  // shared implementation takes two null pointers for rmsnorm_forward_quant.
-  const bool rows_present = problem != nullptr && problem->rows > 0;
-  if (rows_present && (residual == nullptr || h == nullptr)) {
-    clear_last_error();
-    return fail(RMSNORM_STATUS_NULL_POINTER, residual == nullptr ? "residual" : "h", "must not be NULL");
-  }
-  return forward_quant_impl(problem, x, x_row_stride, residual, residual_row_stride, weight, h, h_row_stride, quant, q,
-                            q_row_stride, rstd, backend);
+  // With no rows nothing is read or written (as in rmsnorm_add_forward).
+  RMSNORM_TRY(check_add_pointers(problem, residual, h));
+  return quant_entry(problem, backend, quant, read_row_quant, x, x_row_stride, residual, residual_row_stride, weight, h,
+                     h_row_stride, q, q_row_stride, rstd, kRowQuantNames);
 }
 
 rmsnorm_status_t rmsnorm_backward_workspace_size(const rmsnorm_problem_t* problem, int32_t gw_mode,

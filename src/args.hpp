@@ -62,6 +62,11 @@ struct QuantArgs {
   const float* scale_ub = nullptr;
   void* q = nullptr;
   int64_t q_stride = 0;
+  // Block scales (rmsnorm_forward_block_quant; per_row then true): > 0, the block's columns, with row_scales the
+  // scales matrix, element (r, b) at row_scales[r * scales_row_stride + b * scales_block_stride].
+  int block_cols = 0;
+  int64_t scales_row_stride = 1;
+  int64_t scales_block_stride = 0;
 };
 
 struct BackwardArgs {

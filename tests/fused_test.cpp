@@ -642,5 +642,651 @@ TEST(Quant, ArgumentRules) {
             rmsnorm_forward_quant(&p, x.data(), c.cols, w.data(), nullptr, x.data(), c.cols, nullptr, &be));
 }
 
+// ---- block scales (rmsnorm_forward_block_quant) -----------------------------------------------------------------
+//
+// The expected values come from the documented identity and the rules, not from the call under test: y is
+// rmsnorm_forward's (same problem, weight and flags); per block of row r, max|y| with NaN skipped, the scale
+// quant::row_scale of it (itself checked against the header's formula), fp8 bytes by the brute-force oracle of y / s,
+// int8 bytes nearest-even and saturated of y * (1 / s) (quant::int8_saturated, checked against a clamp of nearbyint).
+// q and the scales buffer start as poison, so a scale at a wrong address or an element nobody wrote fails, and every
+// float of the buffer that is not a scale (a layout's padding, a guard after it) must keep its poison bits.
+
+enum class ScaleLayout { kRowMajor, kColMajor };
+
+struct BlockCase {
+  AddCase c;
+  int32_t kind = RMSNORM_QUANT_FP8_E4M3;
+  int32_t block_cols = 128;
+  ScaleLayout layout = ScaleLayout::kRowMajor;
+  bool padded = true;  // strides past the smallest: row-major nb + 3, column-major rows + 2
+  bool ub = false;     // fp8: scale_ub = kBlockUb
+};
+
+// Below the max|y| of most full blocks and above that of many short ones, so that both sides of the bound are taken
+// (EveryScaleAndByteByTheRule counts them).
+const float kBlockUb = 2.0f;
+
+bool block_fp8(const BlockCase& b) { return b.kind == RMSNORM_QUANT_FP8_E4M3; }
+// The smallest scale as the header states it, written out here rather than taken from quant.hpp.
+float block_min_scale(const BlockCase& b) { return block_fp8(b) ? 1.0f / (448.0f * 512.0f) : FLT_EPSILON; }
+int64_t num_blocks(const BlockCase& b) { return (b.c.cols + b.block_cols - 1) / b.block_cols; }
+int64_t scales_row_stride(const BlockCase& b) {
+  return b.layout == ScaleLayout::kRowMajor ? num_blocks(b) + (b.padded ? 3 : 0) : 1;
+}
+int64_t scales_block_stride(const BlockCase& b) {
+  return b.layout == ScaleLayout::kRowMajor ? 1 : b.c.rows + (b.padded ? 2 : 0);
+}
+// The layout's whole matrix, padding included, and 4 guard floats after it.
+int64_t scales_floats(const BlockCase& b) {
+  const int64_t m = b.layout == ScaleLayout::kRowMajor ? b.c.rows * scales_row_stride(b)
+                                                       : num_blocks(b) * scales_block_stride(b);
+  return m + 4;
+}
+int64_t block_q_stride(const BlockCase& b) { return b.c.cols + 5; }  // 5 bytes of row padding, poisoned
+
+std::string describe(const BlockCase& b) {
+  std::ostringstream os;
+  os << describe(b.c) << (block_fp8(b) ? " fp8" : " int8") << " block " << b.block_cols
+     << (b.layout == ScaleLayout::kRowMajor ? " row-major" : " column-major") << " (rs " << scales_row_stride(b)
+     << ", bs " << scales_block_stride(b) << ")" << (b.ub ? " scale_ub" : "");
+  return os.str();
+}
+
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// The outputs of one call, poisoned: q's bytes (0xAB) in the storage of an f32 matrix (which also keeps the floats
+// aligned), the scales and rstd NaN (0xFF bytes); HostMatrix so that expect_refused can compare them.
+struct BlockRun {
+  HostMatrix q, scales, rstd;
+  rmsnorm_status_t status = RMSNORM_STATUS_SUCCESS;
+  uint8_t* q_bytes() { return static_cast<uint8_t*>(q.data()); }
+  const uint8_t* q_bytes() const { return static_cast<const uint8_t*>(q.data()); }
+  float* scale_data() { return static_cast<float*>(scales.data()); }
+  const float* scale_data() const { return static_cast<const float*>(scales.data()); }
+  float* rstd_data() { return static_cast<float*>(rstd.data()); }
+  const float* rstd_data() const { return static_cast<const float*>(rstd.data()); }
+};
+
+BlockRun block_outputs(const BlockCase& b) {
+  BlockRun r;
+  r.q = HostMatrix(RMSNORM_DTYPE_F32, 1, (b.c.rows * block_q_stride(b) + 3) / 4);
+  std::fill(r.q.storage.begin(), r.q.storage.end(), static_cast<unsigned char>(0xAB));
+  r.scales = HostMatrix(RMSNORM_DTYPE_F32, 1, scales_floats(b));
+  r.rstd = HostMatrix(RMSNORM_DTYPE_F32, 1, std::max<int64_t>(b.c.rows, 1));
+  return r;
+}
+
+rmsnorm_block_quant_t block_quant(const BlockCase& b, BlockRun& r) {
+  rmsnorm_block_quant_t qt;
+  qt.kind = b.kind;
+  qt.block_cols = b.block_cols;
+  qt.scales = r.scale_data();
+  qt.scales_row_stride = scales_row_stride(b);
+  qt.scales_block_stride = scales_block_stride(b);
+  qt.scale_ub = b.ub ? &kBlockUb : nullptr;
+  return qt;
+}
+
+BlockRun run_block_quant(const BlockCase& b, const HostMatrix& x, const HostMatrix* w) {
+  BlockRun r = block_outputs(b);
+  const rmsnorm_block_quant_t qt = block_quant(b, r);
+  const rmsnorm_problem_t p = problem(b.c);
+  const rmsnorm_backend_t be = rmsnorm_backend_cpu(2);  // rows split over two threads: each writes its own scales
+  r.status = rmsnorm_forward_block_quant(&p, x.data(), x.stride, w != nullptr ? w->data() : nullptr, &qt,
+                                         r.q_bytes(), block_q_stride(b), r.rstd_data(), &be);
+  return r;
+}
+
+// Exact comparisons over many elements: how many were checked and failed, and the first failure described.
+struct Tally {
+  explicit Tally(const char* n) : name(n) {}
+  const char* name;
+  int64_t checked = 0, bad = 0;
+  std::string first;
+  template <typename Describe>
+  void add(bool ok, Describe&& describe_failure) {
+    ++checked;
+    if (!ok && bad++ == 0) first = describe_failure();
+  }
+};
+
+void expect_clean(const Tally& t) {
+  EXPECT_EQ(t.bad, 0) << t.name << ": " << t.bad << " of " << t.checked << " differ; the first: " << t.first;
+}
+
+std::string hex_byte(int v) {
+  std::ostringstream os;
+  os << "0x" << std::hex << v;
+  return os.str();
+}
+
+// How often the fp8 bound clipped a block's max|y| (scale_ub taken) and how often not.
+struct UbCount {
+  int64_t clipped = 0, unclipped = 0;
+};
+
+// Every output of r (a successful rmsnorm_forward_block_quant of x, w under b) against the rule applied to
+// rmsnorm_forward's y, as this section's opening comment says.
+void check_block_quant(const BlockCase& b, const HostMatrix& x, const HostMatrix* w, const BlockRun& r,
+                       UbCount* ub_count = nullptr) {
+  const int64_t rows = b.c.rows, cols = b.c.cols, bc = b.block_cols, nb = num_blocks(b);
+  const int64_t rs = scales_row_stride(b), bs = scales_block_stride(b), qs = block_q_stride(b);
+  const rmsnorm_problem_t p = problem(b.c);
+  const rmsnorm_backend_t be = rmsnorm_backend_cpu(1);
+  HostMatrix y(b.c.dtype, rows, cols);
+  std::vector<float> rstd(static_cast<size_t>(rows), std::nanf(""));
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward(&p, x.data(), x.stride, w != nullptr ? w->data() : nullptr,
+                                                     y.data(), y.stride, rstd.data(), &be))
+      << rmsnorm_last_error();
+  const bool fp8 = block_fp8(b);
+  const float qmax = fp8 ? 448.0f : 127.0f, min_scale = block_min_scale(b);
+  const float* ub = b.ub ? &kBlockUb : nullptr;
+  const float* scales = r.scale_data();
+  const uint8_t* q = r.q_bytes();
+  const int64_t n_floats = static_cast<int64_t>(r.scales.storage.size() / 4);
+  std::vector<char> is_scale(static_cast<size_t>(n_floats), 0);
+  Tally t_rstd{"rstd (against rmsnorm_forward's)"}, t_rule{"quant.hpp's rule against the header's formula"},
+      t_scale{"scale"}, t_q{"q"}, t_q_pad{"q bytes outside the rows x cols matrix"},
+      t_s_pad{"scales buffer floats that are not a scale (padding, guard)"};
+  for (int64_t i = 0; i < rows; ++i) {
+    t_rstd.add(float_bits(r.rstd_data()[i]) == float_bits(rstd[static_cast<size_t>(i)]), [&] {
+      std::ostringstream os;
+      os << "row " << i << ": got " << r.rstd_data()[i] << " expected " << rstd[static_cast<size_t>(i)];
+      return os.str();
+    });
+    for (int64_t blk = 0; blk < nb; ++blk) {
+      const int64_t j0 = blk * bc, j1 = std::min(cols, j0 + bc);
+      float amax = 0.0f;
+      for (int64_t j = j0; j < j1; ++j) {
+        const float v = std::fabs(static_cast<float>(y.get(i, j)));
+        if (v > amax) amax = v;  // a NaN fails the comparison: skipped, as fmaxf skips it
+      }
+      const float s = quant::row_scale(amax, ub, fp8);
+      const float formula = std::max((ub != nullptr ? std::min(amax, *ub) : amax) / qmax, min_scale);
+      t_rule.add(float_bits(s) == float_bits(formula), [&] {
+        std::ostringstream os;
+        os << "scale of max|y| " << amax << ": row_scale " << s << ", the formula " << formula;
+        return os.str();
+      });
+      if (ub_count != nullptr && ub != nullptr) ++(amax > *ub ? ub_count->clipped : ub_count->unclipped);
+      const int64_t at = i * rs + blk * bs;
+      ASSERT_TRUE(at >= 0 && at < n_floats && is_scale[static_cast<size_t>(at)] == 0) << "test layout, at " << at;
+      is_scale[static_cast<size_t>(at)] = 1;
+      t_scale.add(float_bits(scales[at]) == float_bits(s), [&] {
+        std::ostringstream os;
+        os << "row " << i << " block " << blk << " (cols " << j0 << ".." << j1 - 1 << ", scales[" << at
+           << "]): got " << scales[at] << " expected " << s << " (max|y| " << amax << ")";
+        return os.str();
+      });
+      for (int64_t j = j0; j < j1; ++j) {
+        const float yv = static_cast<float>(y.get(i, j));
+        float v;
+        int want;
+        if (fp8) {
+          v = yv / s;
+          want = fp8_oracle(v);
+        } else {
+          v = yv * (1.0f / s);
+          want = quant::int8_saturated(v) & 0xFF;
+          const int plain =
+              std::isnan(v) ? 0 : static_cast<int>(std::max(-128.0f, std::min(127.0f, std::nearbyint(v))));
+          t_rule.add(want == (plain & 0xFF), [&] {
+            std::ostringstream os;
+            os << "int8 of " << v << ": int8_saturated " << want << ", clamped nearbyint " << plain;
+            return os.str();
+          });
+        }
+        const int got = q[i * qs + j];
+        t_q.add(got == want, [&] {
+          std::ostringstream os;
+          os << "row " << i << " col " << j << " (block " << blk << ", scale " << s << "): got " << hex_byte(got)
+             << " expected " << hex_byte(want) << " (y " << yv << ", v " << v << ")";
+          return os.str();
+        });
+      }
+    }
+  }
+  // The rest of both buffers: q's row padding and tail, and every float of the scales buffer that holds no scale.
+  for (size_t k = 0; k < r.q.storage.size(); ++k) {
+    const int64_t row = static_cast<int64_t>(k) / qs, col = static_cast<int64_t>(k) % qs;
+    if (row < rows && col < cols) continue;
+    t_q_pad.add(r.q.storage[k] == 0xAB, [&] { return "byte " + std::to_string(k) + ": " + hex_byte(r.q.storage[k]); });
+  }
+  for (int64_t k = 0; k < n_floats; ++k) {
+    if (is_scale[static_cast<size_t>(k)] != 0) continue;
+    t_s_pad.add(float_bits(scales[k]) == 0xFFFFFFFFu, [&] {
+      std::ostringstream os;
+      os << "scales[" << k << "] = " << scales[k];
+      return os.str();
+    });
+  }
+  for (const Tally* t : {&t_rstd, &t_rule, &t_scale, &t_q, &t_q_pad, &t_s_pad}) expect_clean(*t);
+}
+
+// x for the block tests: rows of different scales, and three rows built to catch a block loop that mixes blocks
+// up. Row 0: its second block all zero (that scale the smallest). Row 1: all zero (every scale the smallest). Row 2:
+// its last block (often a short one) of magnitude 1000-1875 times the row's scale, the rest N(0, scale), so that
+// without a weight or a bound its scale is over 100 times every other block's.
+HostMatrix block_input(const BlockCase& b, uint64_t seed) {
+  HostMatrix x = matrix(b.c, 0);
+  harness::fill_normal(x, seed, harness::hetero_row_scale);
+  const int64_t cols = b.c.cols, bc = b.block_cols, nb = num_blocks(b);
+  if (nb >= 2)
+    for (int64_t j = bc; j < std::min(cols, 2 * bc); ++j) x.set(0, j, 0.0);
+  if (b.c.rows > 1)
+    for (int64_t j = 0; j < cols; ++j) x.set(1, j, 0.0);
+  if (b.c.rows > 2 && nb >= 2)
+    for (int64_t j = (nb - 1) * bc; j < cols; ++j)
+      x.set(2, j, (j % 2 == 0 ? 1000.0 : -1000.0) * (1.0 + (j % 8) / 8.0) * harness::hetero_row_scale(2));
+  return x;
+}
+
+// The stressed rows' scales by what they were built for, apart from the rule check.
+void expect_stressed_rows(const BlockCase& b, const BlockRun& r, bool weight) {
+  const int64_t nb = num_blocks(b), rs = scales_row_stride(b), bs = scales_block_stride(b);
+  const float* s = r.scale_data();
+  const float smallest = block_min_scale(b);
+  if (nb >= 2) {
+    EXPECT_EQ(s[0 * rs + 1 * bs], smallest) << "row 0's zero block";
+  }
+  if (b.c.rows > 1) {
+    for (int64_t blk = 0; blk < nb; ++blk) EXPECT_EQ(s[1 * rs + blk * bs], smallest) << "zero row, block " << blk;
+  }
+  if (b.c.rows > 2 && nb >= 2 && !weight && !b.ub) {
+    const float big = s[2 * rs + (nb - 1) * bs];
+    for (int64_t blk = 0; blk + 1 < nb; ++blk)
+      EXPECT_GT(big, 100.0f * s[2 * rs + blk * bs]) << "row 2: block " << blk << " against the large last block";
+  }
+}
+
+// D: below, at and past one block of 64 and of 128 (a short last block, one column long at 65 and 129), several
+// blocks, and 1000 (a short last block of 40 or 104). Rows: one, the three stressed rows and one more, and 37 split
+// over two threads. Both layouts padded, every kind and block size, with and without a weight and (fp8) a bound. One
+// test per dtype (the fp8 oracle's brute force makes each take about 2 s), so that ctest -j runs them side by side.
+void every_scale_and_byte(int32_t dt, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  UbCount ub_count;
+  for (int64_t cols : {1, 63, 64, 65, 127, 128, 129, 200, 256, 1000})
+    for (int64_t rows : {1, 4, 37})
+      for (int32_t bc : {64, 128}) {
+        BlockCase b;
+        b.c.dtype = dt;
+        b.c.rows = rows;
+        b.c.cols = cols;
+        b.c.strided = (cols + rows) % 2 == 1;  // x with a row stride > cols and a base offset
+        b.block_cols = bc;
+        const HostMatrix x = block_input(b, rng());
+        HostMatrix w(dt, 1, cols);
+        harness::fill_normal(w, rng(), {}, 1.0);
+        for (int32_t kind : {RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_INT8})
+          for (ScaleLayout layout : {ScaleLayout::kRowMajor, ScaleLayout::kColMajor})
+            for (bool weight : {true, false})
+              for (bool ub : {false, true}) {
+                if (ub && kind != RMSNORM_QUANT_FP8_E4M3) continue;
+                b.kind = kind;
+                b.layout = layout;
+                b.c.weight = weight;
+                b.ub = ub;
+                SCOPED_TRACE(describe(b));
+                const BlockRun r = run_block_quant(b, x, weight ? &w : nullptr);
+                ASSERT_EQ(RMSNORM_STATUS_SUCCESS, r.status) << rmsnorm_last_error();
+                check_block_quant(b, x, weight ? &w : nullptr, r, &ub_count);
+                expect_stressed_rows(b, r, weight);
+                if (::testing::Test::HasFailure()) return;
+              }
+      }
+  EXPECT_GT(ub_count.clipped, 0) << "scale_ub never bounded a block";
+  EXPECT_GT(ub_count.unclipped, 0) << "scale_ub bounded every block";
+}
+
+TEST(BlockQuant, EveryScaleAndByteByTheRuleF32) { every_scale_and_byte(RMSNORM_DTYPE_F32, 61); }
+TEST(BlockQuant, EveryScaleAndByteByTheRuleF16) { every_scale_and_byte(RMSNORM_DTYPE_F16, 68); }
+TEST(BlockQuant, EveryScaleAndByteByTheRuleBf16) { every_scale_and_byte(RMSNORM_DTYPE_BF16, 69); }
+
+// The flags reach y (and so the scales) as in rmsnorm_forward: Gemma's offset, the rounded x_hat, an fp32 weight.
+TEST(BlockQuant, Flags) {
+  std::mt19937_64 rng(62);
+  for (uint32_t flags : {RMSNORM_FLAG_WEIGHT_OFFSET, RMSNORM_FLAG_ROUND_XHAT, RMSNORM_FLAG_WEIGHT_F32})
+    for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F16})
+      for (int32_t kind : {RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_INT8})
+        for (int32_t bc : {64, 128}) {
+          BlockCase b;
+          b.c.dtype = dt;
+          b.c.rows = 6;
+          b.c.cols = 300;
+          b.c.flags = flags;
+          b.kind = kind;
+          b.block_cols = bc;
+          b.layout = bc == 64 ? ScaleLayout::kColMajor : ScaleLayout::kRowMajor;
+          SCOPED_TRACE(describe(b));
+          const HostMatrix x = block_input(b, rng());
+          HostMatrix w(flags == RMSNORM_FLAG_WEIGHT_F32 ? RMSNORM_DTYPE_F32 : dt, 1, b.c.cols);
+          harness::fill_normal(w, rng(), {}, flags == RMSNORM_FLAG_WEIGHT_OFFSET ? 0.0 : 1.0);
+          const BlockRun r = run_block_quant(b, x, &w);
+          ASSERT_EQ(RMSNORM_STATUS_SUCCESS, r.status) << rmsnorm_last_error();
+          check_block_quant(b, x, &w, r);
+          if (HasFailure()) return;
+        }
+}
+
+// The smallest strides of each layout (row stride nb, block stride rows) are accepted and written exactly; with one
+// row, the column-major layout (1, 1) is the tight row-major one.
+TEST(BlockQuant, SmallestStrides) {
+  std::mt19937_64 rng(63);
+  for (int64_t rows : {1, 3, 8})
+    for (int64_t cols : {64, 129, 1000})
+      for (ScaleLayout layout : {ScaleLayout::kRowMajor, ScaleLayout::kColMajor}) {
+        BlockCase b;
+        b.c.dtype = RMSNORM_DTYPE_F16;
+        b.c.rows = rows;
+        b.c.cols = cols;
+        b.block_cols = 64;
+        b.layout = layout;
+        b.padded = false;
+        b.ub = cols == 129;
+        SCOPED_TRACE(describe(b));
+        const HostMatrix x = block_input(b, rng());
+        const BlockRun r = run_block_quant(b, x, nullptr);
+        ASSERT_EQ(RMSNORM_STATUS_SUCCESS, r.status) << rmsnorm_last_error();
+        check_block_quant(b, x, nullptr, r);
+        if (HasFailure()) return;
+      }
+}
+
+// cols <= block_cols: one block is the row, so q, the scale and rstd are rmsnorm_forward_quant's per-row ones bit for
+// bit (q with the same row stride and poison, padding included).
+TEST(BlockQuant, OneBlockIsThePerRowQuant) {
+  std::mt19937_64 rng(64);
+  for (int32_t dt : kDtypes)
+    for (int32_t bc : {64, 128})
+      for (int64_t cols : {1, 37, 64, 100, 128}) {
+        if (cols > bc) continue;
+        for (int64_t rows : {1, 7})
+          for (int32_t kind : {RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_INT8})
+            for (ScaleLayout layout : {ScaleLayout::kRowMajor, ScaleLayout::kColMajor})
+              for (bool ub : {false, true}) {
+                if (ub && kind != RMSNORM_QUANT_FP8_E4M3) continue;
+                BlockCase b;
+                b.c.dtype = dt;
+                b.c.rows = rows;
+                b.c.cols = cols;
+                b.c.weight = rows == 7;
+                b.kind = kind;
+                b.block_cols = bc;
+                b.layout = layout;
+                b.ub = ub;
+                SCOPED_TRACE(describe(b));
+                HostMatrix x(dt, rows, cols), w(dt, 1, cols);
+                harness::fill_normal(x, rng(), harness::hetero_row_scale);
+                harness::fill_normal(w, rng(), {}, 1.0);
+                const BlockRun r = run_block_quant(b, x, b.c.weight ? &w : nullptr);
+                ASSERT_EQ(RMSNORM_STATUS_SUCCESS, r.status) << rmsnorm_last_error();
+                const QuantRun pr = run_quant(b.c, x, w, kind, RMSNORM_QUANT_PER_ROW, 1.0f, ub ? &kBlockUb : nullptr);
+                ASSERT_EQ(RMSNORM_STATUS_SUCCESS, pr.status) << rmsnorm_last_error();
+                ASSERT_EQ(pr.q.size(), static_cast<size_t>(rows * block_q_stride(b)));
+                EXPECT_EQ(0, std::memcmp(r.q_bytes(), pr.q.data(), pr.q.size())) << "q, padding included";
+                for (int64_t i = 0; i < rows; ++i) {
+                  EXPECT_EQ(float_bits(r.scale_data()[i * scales_row_stride(b)]), float_bits(pr.scales[i]))
+                      << "row " << i << ": " << r.scale_data()[i * scales_row_stride(b)] << " against "
+                      << pr.scales[i];
+                  EXPECT_EQ(float_bits(r.rstd_data()[i]), float_bits(pr.rstd[i])) << "rstd, row " << i;
+                }
+                check_block_quant(b, x, b.c.weight ? &w : nullptr, r);  // the padding of the scales buffer too
+                if (HasFailure()) return;
+              }
+      }
+}
+
+// NaN and infinity. A NaN in x makes its row's every y NaN: every block's max|y| is 0 (NaN skipped), its scale the
+// smallest, q 448's code (fp8) or 0 (int8). A NaN weight column makes that one y NaN in every row: its block's scale
+// comes from the other columns, its byte is 448's code or 0. An infinite weight column makes its block's max|y|
+// infinite: without a bound the scale is inf (fp8 y / inf: 0 or NaN -> 448; int8 y * 0), with one it is ub / 448.
+TEST(BlockQuant, NanAndInfinity) {
+  std::mt19937_64 rng(65);
+  for (int32_t dt : kDtypes)
+    for (int32_t bc : {64, 128})
+      for (int32_t kind : {RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_INT8})
+        for (bool ub : {false, true}) {
+          if (ub && kind != RMSNORM_QUANT_FP8_E4M3) continue;
+          BlockCase b;
+          b.c.dtype = dt;
+          b.c.rows = 4;
+          b.c.cols = 200;
+          b.kind = kind;
+          b.block_cols = bc;
+          b.layout = bc == 64 ? ScaleLayout::kRowMajor : ScaleLayout::kColMajor;
+          b.ub = ub;
+          SCOPED_TRACE(describe(b));
+          HostMatrix x(dt, b.c.rows, b.c.cols), w(dt, 1, b.c.cols);
+          harness::fill_normal(x, rng(), harness::hetero_row_scale);
+          harness::fill_normal(w, rng(), {}, 1.0);
+          x.set(1, 70, NAN);
+          w.set(0, 5, NAN);
+          w.set(0, 150, INFINITY);
+          w.set(0, 151, -INFINITY);
+          const BlockRun r = run_block_quant(b, x, &w);
+          ASSERT_EQ(RMSNORM_STATUS_SUCCESS, r.status) << rmsnorm_last_error();
+          check_block_quant(b, x, &w, r);
+          const bool fp8 = block_fp8(b);
+          const int64_t rs = scales_row_stride(b), bs = scales_block_stride(b), qs = block_q_stride(b);
+          const float* s = r.scale_data();
+          const uint8_t* q = r.q_bytes();
+          const int nan_code = fp8 ? 0x7E : 0;
+          for (int64_t blk = 0; blk < num_blocks(b); ++blk) EXPECT_EQ(s[1 * rs + blk * bs], block_min_scale(b));
+          for (int64_t j = 0; j < b.c.cols; ++j) EXPECT_EQ(q[1 * qs + j], nan_code) << "NaN row, col " << j;
+          for (int64_t i : {0, 2, 3}) {
+            EXPECT_EQ(q[i * qs + 5], nan_code) << "NaN weight column, row " << i;
+            EXPECT_NE(s[i * rs], block_min_scale(b)) << "the NaN column's block, row " << i;
+            const float inf_block = s[i * rs + (150 / bc) * bs];
+            if (!fp8 || !ub) {
+              EXPECT_EQ(inf_block, INFINITY) << "row " << i;
+            } else {
+              EXPECT_EQ(inf_block, kBlockUb / 448.0f) << "row " << i;
+              EXPECT_EQ(q[i * qs + 150], x.get(i, 150) > 0 ? 0x7E : 0xFE) << "row " << i;
+            }
+          }
+          if (HasFailure()) return;
+        }
+}
+
+// rmsnorm_add_forward_block_quant: h by the rule and bit for bit rmsnorm_add_forward's h; q, the scales buffer (its
+// padding included) and rstd bit for bit rmsnorm_forward_block_quant's of that h. h in its own buffer, over residual,
+// over x.
+TEST(BlockQuant, AddFormIsTheBlockQuantOfH) {
+  std::mt19937_64 rng(66);
+  for (int32_t dt : kDtypes)
+    for (int64_t cols : {1, 65, 200, 1000})
+      for (int64_t rows : {1, 9})
+        for (int32_t kind : {RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_INT8})
+          for (int32_t bc : {64, 128})
+            for (ScaleLayout layout : {ScaleLayout::kRowMajor, ScaleLayout::kColMajor})
+              for (int over : {0, 1, 2}) {  // h: its own buffer, over residual, over x
+                BlockCase b;
+                b.c.dtype = dt;
+                b.c.rows = rows;
+                b.c.cols = cols;
+                b.c.strided = (cols + over) % 2 == 1;
+                b.c.weight = bc == 64;
+                b.kind = kind;
+                b.block_cols = bc;
+                b.layout = layout;
+                b.ub = kind == RMSNORM_QUANT_FP8_E4M3 && over == 1;
+                SCOPED_TRACE(describe(b) + " over " + std::to_string(over));
+                HostMatrix x = matrix(b.c, 0), res = matrix(b.c, 1), h = matrix(b.c, 2), w(dt, 1, cols);
+                harness::fill_normal(x, rng(), harness::hetero_row_scale);
+                harness::fill_normal(res, rng(), [](int64_t r) { return 8.0 * harness::hetero_row_scale(r + 3); });
+                harness::fill_normal(w, rng(), {}, 1.0);
+                const HostMatrix h_want = expected_h(b.c, x, res);
+                const void* wp = b.c.weight ? w.data() : nullptr;
+                const rmsnorm_problem_t p = problem(b.c);
+                const rmsnorm_backend_t be = rmsnorm_backend_cpu(2);
+                // The unfused add's h.
+                HostMatrix h_add(dt, rows, cols), y_add(dt, rows, cols);
+                ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                          rmsnorm_add_forward(&p, x.data(), x.stride, res.data(), res.stride, wp, h_add.data(),
+                                              h_add.stride, y_add.data(), y_add.stride, nullptr, &be))
+                    << rmsnorm_last_error();
+                HostMatrix& target = over == 1 ? res : over == 2 ? x : h;
+                BlockRun r = block_outputs(b);
+                const rmsnorm_block_quant_t qt = block_quant(b, r);
+                ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                          rmsnorm_add_forward_block_quant(&p, x.data(), x.stride, res.data(), res.stride, wp,
+                                                          target.data(), target.stride, &qt, r.q_bytes(),
+                                                          block_q_stride(b), r.rstd_data(), &be))
+                    << rmsnorm_last_error();
+                expect_same_values(target, h_want, "h (the rule)");
+                expect_same_values(target, h_add, "h (rmsnorm_add_forward's)");
+                if (HasFatalFailure()) return;
+                // The plain form over h as stored.
+                const BlockRun plain = run_block_quant(b, h_want, b.c.weight ? &w : nullptr);
+                ASSERT_EQ(RMSNORM_STATUS_SUCCESS, plain.status) << rmsnorm_last_error();
+                EXPECT_TRUE(r.q.storage == plain.q.storage) << "q differs from rmsnorm_forward_block_quant of h";
+                EXPECT_TRUE(r.scales.storage == plain.scales.storage) << "the scales buffer differs";
+                EXPECT_EQ(0, std::memcmp(r.rstd_data(), plain.rstd_data(), static_cast<size_t>(rows) * 4)) << "rstd";
+                // And the rule itself, so that the identity above is not one between two wrong calls.
+                check_block_quant(b, h_want, b.c.weight ? &w : nullptr, r);
+                if (HasFailure()) return;
+              }
+}
+
+// Refused calls write nothing (q, the scales buffer, rstd, h, and the inputs keep their bytes), and name the argument.
+TEST(BlockQuant, ArgumentRules) {
+  BlockCase b;
+  b.c.dtype = RMSNORM_DTYPE_F32;
+  b.c.rows = 5;
+  b.c.cols = 200;
+  b.block_cols = 64;  // nb = 4
+  const int64_t nb = num_blocks(b), rows = b.c.rows, cols = b.c.cols;
+  std::mt19937_64 rng(67);
+  HostMatrix x(b.c.dtype, rows, cols), res(b.c.dtype, rows, cols), w(b.c.dtype, 1, cols), h(b.c.dtype, rows, cols);
+  harness::fill_normal(x, rng());
+  harness::fill_normal(res, rng());
+  harness::fill_normal(w, rng(), {}, 1.0);
+  BlockRun r = block_outputs(b);
+  const std::vector<HostMatrix*> outs = {&r.q, &r.scales, &r.rstd, &h, &x, &res, &w};
+  std::vector<std::vector<unsigned char>> before;
+  for (const HostMatrix* m : outs) before.push_back(m->storage);
+  const rmsnorm_problem_t p = problem(b.c);
+  const rmsnorm_backend_t be = rmsnorm_backend_cpu(1);
+  const float ub = 1.0f;
+  auto plain = [&](const rmsnorm_block_quant_t* qt) {
+    return rmsnorm_forward_block_quant(&p, x.data(), cols, w.data(), qt, r.q_bytes(), block_q_stride(b),
+                                       r.rstd_data(), &be);
+  };
+  auto with = [&](auto&& edit) {
+    rmsnorm_block_quant_t qt = block_quant(b, r);
+    edit(qt);
+    return plain(&qt);
+  };
+  expect_refused(plain(nullptr), RMSNORM_STATUS_NULL_POINTER, "quant", outs, before);
+  for (int32_t bad : {32, 0, 256, -64, 65, 96})
+    expect_refused(with([&](rmsnorm_block_quant_t& qt) { qt.block_cols = bad; }), RMSNORM_STATUS_INVALID_OPTION,
+                   "quant.block_cols", outs, before);
+  for (int32_t bad : {7, -1, 2})
+    expect_refused(with([&](rmsnorm_block_quant_t& qt) { qt.kind = bad; }), RMSNORM_STATUS_INVALID_OPTION,
+                   "quant.kind", outs, before);
+  expect_refused(with([&](rmsnorm_block_quant_t& qt) {
+                   qt.kind = RMSNORM_QUANT_INT8;
+                   qt.scale_ub = &ub;
+                 }),
+                 RMSNORM_STATUS_INVALID_OPTION, "quant.scale_ub", outs, before);
+  expect_refused(with([&](rmsnorm_block_quant_t& qt) { qt.scales = nullptr; }), RMSNORM_STATUS_NULL_POINTER,
+                 "quant.scales", outs, before);
+  // Strides that are neither layout: row-major rows too short, column-major columns too short, neither stride 1,
+  // zero and negative ones.
+  const std::vector<std::pair<int64_t, int64_t>> bad_strides = {
+      {nb - 1, 1}, {2, 1}, {1, rows - 1}, {0, 1}, {0, 0}, {nb, 0},
+      {nb + 3, 2}, {2, rows + 2}, {-1, 1}, {1, -5}, {nb, -1}};
+  for (const auto& [rs, bs] : bad_strides) {
+    SCOPED_TRACE("strides " + std::to_string(rs) + ", " + std::to_string(bs));
+    expect_refused(with([&](rmsnorm_block_quant_t& qt) {
+                     qt.scales_row_stride = rs;
+                     qt.scales_block_stride = bs;
+                   }),
+                   RMSNORM_STATUS_INVALID_STRIDE, "quant.scales", outs, before);
+  }
+  // The scales over another operand: inside x, inside q, on rstd, inside the weight.
+  auto over = [&](float* at) {
+    return with([&](rmsnorm_block_quant_t& qt) { qt.scales = at; });
+  };
+  expect_refused(over(static_cast<float*>(x.data()) + 3), RMSNORM_STATUS_OVERLAP, "quant.scales", outs, before);
+  expect_refused(over(reinterpret_cast<float*>(r.q_bytes()) + 4), RMSNORM_STATUS_OVERLAP, "quant.scales", outs, before);
+  expect_refused(over(r.rstd_data()), RMSNORM_STATUS_OVERLAP, "quant.scales", outs, before);
+  expect_refused(over(static_cast<float*>(w.data()) + cols - 2), RMSNORM_STATUS_OVERLAP, "quant.scales", outs, before);
+  // The add form: residual and h required; the scales over h and over residual.
+  auto add = [&](const void* rp, void* hp, float* scales) {
+    rmsnorm_block_quant_t qt = block_quant(b, r);
+    qt.scales = scales;
+    return rmsnorm_add_forward_block_quant(&p, x.data(), cols, rp, cols, w.data(), hp, cols, &qt, r.q_bytes(),
+                                           block_q_stride(b), r.rstd_data(), &be);
+  };
+  expect_refused(add(nullptr, h.data(), r.scale_data()), RMSNORM_STATUS_NULL_POINTER, "residual", outs, before);
+  expect_refused(add(res.data(), nullptr, r.scale_data()), RMSNORM_STATUS_NULL_POINTER, "h", outs, before);
+  expect_refused(add(res.data(), h.data(), static_cast<float*>(h.data()) + 7), RMSNORM_STATUS_OVERLAP, "quant.scales",
+                 outs, before);
+  expect_refused(add(res.data(), h.data(), static_cast<float*>(res.data()) + cols * (rows - 1)),
+                 RMSNORM_STATUS_OVERLAP, "quant.scales", outs, before);
+  expect_refused(add(res.data(), h.data(), nullptr), RMSNORM_STATUS_NULL_POINTER, "quant.scales", outs, before);
+
+  // The overlap check sees exactly the scales' extent: rstd right after the last scale is accepted, one float
+  // earlier refused. Column-major, padded: the last scale is at (nb - 1) * bs + rows - 1.
+  for (ScaleLayout layout : {ScaleLayout::kRowMajor, ScaleLayout::kColMajor}) {
+    BlockCase e = b;
+    e.layout = layout;
+    SCOPED_TRACE(describe(e));
+    const int64_t end = layout == ScaleLayout::kRowMajor ? (rows - 1) * scales_row_stride(e) + nb
+                                                         : (nb - 1) * scales_block_stride(e) + rows;
+    HostMatrix buf(RMSNORM_DTYPE_F32, 1, end + rows);
+    const std::vector<unsigned char> buf_before = buf.storage;
+    float* scales = static_cast<float*>(buf.data());
+    rmsnorm_block_quant_t qt{e.kind, e.block_cols, scales, scales_row_stride(e), scales_block_stride(e), nullptr};
+    BlockRun got = block_outputs(e);
+    EXPECT_EQ(RMSNORM_STATUS_OVERLAP, rmsnorm_forward_block_quant(&p, x.data(), cols, w.data(), &qt, got.q_bytes(),
+                                                                  block_q_stride(e), scales + end - 1, &be));
+    EXPECT_TRUE(buf.storage == buf_before) << "written although refused";
+    EXPECT_TRUE(std::all_of(got.q.storage.begin(), got.q.storage.end(), [](unsigned char v) { return v == 0xAB; }))
+        << "q written although refused";
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward_block_quant(&p, x.data(), cols, w.data(), &qt, got.q_bytes(),
+                                                                  block_q_stride(e), scales + end, &be))
+        << rmsnorm_last_error();
+    // Moved into a BlockRun's layout (the same strides), the result passes the rule check.
+    std::memcpy(got.scale_data(), scales, static_cast<size_t>(end) * 4);
+    std::memcpy(got.rstd_data(), scales + end, static_cast<size_t>(rows) * 4);
+    check_block_quant(e, x, &w, got);
+  }
+}
+
+// rows == 0: success with nothing read or written, the scales pointer NULL or not and its strides unchecked; the add
+// form with NULL residual and h as well.
+TEST(BlockQuant, ZeroRowsWriteNothing) {
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = 0;
+  p.cols = 200;
+  p.dtype = RMSNORM_DTYPE_BF16;
+  const rmsnorm_backend_t be = rmsnorm_backend_cpu(1);
+  alignas(16) unsigned char poison[256];
+  std::memset(poison, 0xAB, sizeof(poison));
+  float* fp = reinterpret_cast<float*>(poison);
+  for (float* scales : {static_cast<float*>(nullptr), fp}) {
+    rmsnorm_block_quant_t qt{RMSNORM_QUANT_FP8_E4M3, 128, scales, 0, 0, nullptr};
+    EXPECT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward_block_quant(&p, poison, p.cols, nullptr, &qt, poison, p.cols, fp,
+                                                                  &be))
+        << rmsnorm_last_error();
+    EXPECT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_add_forward_block_quant(&p, poison, p.cols, nullptr, p.cols, nullptr,
+                                                                      nullptr, p.cols, &qt, poison, p.cols, fp, &be))
+        << rmsnorm_last_error();
+    qt.kind = RMSNORM_QUANT_INT8;
+    EXPECT_EQ(RMSNORM_STATUS_SUCCESS,
+              rmsnorm_add_forward_block_quant(&p, poison, p.cols, poison, p.cols, nullptr, poison, p.cols, &qt, poison,
+                                              p.cols, nullptr, &be))
+        << rmsnorm_last_error();
+  }
+  for (unsigned char v : poison) EXPECT_EQ(v, 0xAB);
+}
+
 }  // namespace
 }  // namespace rmsnorm::test

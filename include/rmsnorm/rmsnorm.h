@@ -302,6 +302,54 @@ RMSNORM_API rmsnorm_status_t rmsnorm_add_forward_quant(const rmsnorm_problem_t* 
                                                        float* rstd,
                                                        const rmsnorm_backend_t* backend);
 
+/* Block scales: one fp32 scale per block of block_cols (64 or 128)
+ * consecutive columns of a row, the layout that fp8 GEMMs with 1 x 128 (or
+ * 1 x 64) block scaling read. A row has nb = ceil(cols / block_cols) blocks;
+ * the last holds cols - (nb - 1) * block_cols columns. Each block gets
+ * RMSNORM_QUANT_PER_ROW's rule applied to it alone:
+ *   s = max(min(max|y_block|, *scale_ub) / qmax, min_scale),
+ *   fp8: v = y / s; int8: v = y * (1 / s); then as rmsnorm_forward_quant
+ * (vLLM's rms_norm_per_block_quant rule; docs/fusions.md). y, rstd and every
+ * other rule are rmsnorm_forward_quant's. The scale of block b of row r goes
+ * to scales[r * scales_row_stride + b * scales_block_stride]: row-major
+ * (scales_block_stride == 1, scales_row_stride >= nb) or column-major
+ * (scales_row_stride == 1, scales_block_stride >= rows, the transposed
+ * layout); any padding is left unwritten; other strides are
+ * RMSNORM_STATUS_INVALID_STRIDE. For the overlap checks the scales span the
+ * whole strided matrix, padding included. scale_ub (optional, fp8 only) is
+ * one float.
+ * CUDA: fused into the same kernel as rmsnorm_forward_quant where a row's
+ * threads cover whole blocks (rstd and y then bit for bit rmsnorm_forward's),
+ * else the one-CTA-per-row kernel. */
+typedef struct rmsnorm_block_quant {
+  int32_t kind;                /* rmsnorm_quant_kind_t */
+  int32_t block_cols;          /* 64 or 128 */
+  float* scales;               /* written: rows x nb floats, strided as above */
+  int64_t scales_row_stride;   /* in floats */
+  int64_t scales_block_stride; /* in floats */
+  const float* scale_ub;       /* fp8: upper bound on a block's max|y| (one float), or NULL */
+} rmsnorm_block_quant_t;
+
+RMSNORM_API rmsnorm_status_t rmsnorm_forward_block_quant(const rmsnorm_problem_t* problem,
+                                                         const void* x, int64_t x_row_stride,
+                                                         const void* weight,
+                                                         const rmsnorm_block_quant_t* quant,
+                                                         void* q, int64_t q_row_stride,
+                                                         float* rstd,
+                                                         const rmsnorm_backend_t* backend);
+
+/* The residual add with block scales: h as rmsnorm_add_forward_quant, then q
+ * and the scales exactly as rmsnorm_forward_block_quant of that h. */
+RMSNORM_API rmsnorm_status_t rmsnorm_add_forward_block_quant(const rmsnorm_problem_t* problem,
+                                                             const void* x, int64_t x_row_stride,
+                                                             const void* residual, int64_t residual_row_stride,
+                                                             const void* weight,
+                                                             void* h, int64_t h_row_stride,
+                                                             const rmsnorm_block_quant_t* quant,
+                                                             void* q, int64_t q_row_stride,
+                                                             float* rstd,
+                                                             const rmsnorm_backend_t* backend);
+
 /* Workspace that rmsnorm_backward needs for this problem (its flags
  * included: on CUDA RMSNORM_FLAG_WEIGHT_F32, RMSNORM_FLAG_Y_DTYPE and
  * RMSNORM_FLAG_RESIDUAL_F32 take other kernels), gw mode and backend.

@@ -418,21 +418,29 @@ rmsnorm_status_t forward_quant(const ForwardArgs& a, const QuantArgs& qa, int nu
             b.h = static_cast<char*>(a.h) + static_cast<size_t>(i * a.h_stride) * es;
           }
           forward_rows<dt>(b, wp.data(), scratch.get(t, 0), 0, 1);
-          float s = 0.0f, mul = inv_scale;
-          if (qa.per_row) {
-            float absmax = 0.0f;
-            for (int64_t j = 0; j < a.cols; ++j) absmax = fmaxf(absmax, std::fabs(Elem<dt>::load(yt[j])));
-            s = quant::row_scale(absmax, qa.scale_ub, qa.fp8);
-            qa.row_scales[i] = s;
-            mul = 1.0f / s;
-          }
           unsigned char* qr = static_cast<unsigned char*>(qa.q) + i * qa.q_stride;
-          for (int64_t j = 0; j < a.cols; ++j) {
-            const float y = Elem<dt>::load(yt[j]);
-            if (qa.fp8) {
-              qr[j] = quant::fp8_e4m3_saturated(qa.per_row ? y / s : y * mul);
-            } else {
-              qr[j] = static_cast<unsigned char>(quant::int8_saturated(y * mul));
+          // Per row: one block of all the columns; block scales: each block of block_cols columns alone.
+          const int64_t bc = qa.block_cols > 0 ? qa.block_cols : a.cols;
+          for (int64_t b = 0, j0 = 0; j0 < a.cols; ++b, j0 += bc) {
+            const int64_t j1 = std::min(a.cols, j0 + bc);
+            float s = 0.0f, mul = inv_scale;
+            if (qa.per_row) {
+              float absmax = 0.0f;
+              for (int64_t j = j0; j < j1; ++j) absmax = fmaxf(absmax, std::fabs(Elem<dt>::load(yt[j])));
+              s = quant::row_scale(absmax, qa.scale_ub, qa.fp8);
+              if (qa.block_cols > 0)
+                qa.row_scales[i * qa.scales_row_stride + b * qa.scales_block_stride] = s;
+              else
+                qa.row_scales[i] = s;
+              mul = 1.0f / s;
+            }
+            for (int64_t j = j0; j < j1; ++j) {
+              const float y = Elem<dt>::load(yt[j]);
+              if (qa.fp8) {
+                qr[j] = quant::fp8_e4m3_saturated(qa.per_row ? y / s : y * mul);
+              } else {
+                qr[j] = static_cast<unsigned char>(quant::int8_saturated(y * mul));
+              }
             }
           }
         }
