@@ -147,9 +147,9 @@ Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device
   return l;
 }
 
-Launch quant_launch(int64_t rows, int64_t cols, int esize, Io io, bool q_aligned, const Device& dev) {
+Launch quant_launch(int64_t rows, int64_t cols, int esize, Io io, bool q_aligned, const Device& dev, int block_chunks) {
   Launch l = forward_launch(rows, cols, esize, io, dev);
-  if (quant_fused(l, q_aligned)) return l;
+  if (quant_fused(l, q_aligned, block_chunks)) return l;
   return looped_forward_launch(rows, cols, esize, io, dev);
 }
 

@@ -369,10 +369,15 @@ inline bool q_rows_aligned(const void* q, int64_t stride, int esize) {
   const int n = vec_elems(esize);
   return reinterpret_cast<uintptr_t>(q) % n == 0 && stride % n == 0;
 }
-inline bool quant_fused(const Launch& forward, bool q_aligned) {
-  return forward.kernel == Kernel::kForwardRows && q_aligned;
+// Block scales (block_chunks > 0: a block's columns / vec_elems(esize)): fused only where a row's threads hold
+// a whole number of blocks at each chunk index (threads_per_row a multiple of block_chunks), so that a block's
+// chunks are consecutive lanes of one warp; elsewhere the looped kernel.
+inline bool quant_fused(const Launch& forward, bool q_aligned, int block_chunks = 0) {
+  return forward.kernel == Kernel::kForwardRows && q_aligned &&
+         (block_chunks <= 1 || forward.row.threads_per_row % block_chunks == 0);
 }
-Launch quant_launch(int64_t rows, int64_t cols, int esize, Io io, bool q_aligned, const Device& dev);
+Launch quant_launch(int64_t rows, int64_t cols, int esize, Io io, bool q_aligned, const Device& dev,
+                    int block_chunks = 0);
 // The looped band's geometry at any D: one row per CTA of kLoopedThreads (the
 // forward: one CTA per row up to kMaxGrid; the backward: kLoopedCtasPerSm CTAs
 // per SM, a gw partial each). The quantized forward's fallback, the mixed

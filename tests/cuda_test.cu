@@ -1328,6 +1328,286 @@ TEST_F(Cuda, ForwardQuantBatchInvariance) {
     }
 }
 
+// ---- block scales (rmsnorm_forward_block_quant) -------------------------------------------------
+
+struct BlockSpec {
+  int32_t kind = RMSNORM_QUANT_FP8_E4M3;
+  int block_cols = 128;
+  bool col_major = false;  // the scales transposed (row stride 1)
+  bool ub = false;         // fp8: scale_ub = kScaleUb
+};
+std::string describe(const BlockSpec& b) {
+  return std::string(b.kind == RMSNORM_QUANT_FP8_E4M3 ? " fp8" : " int8") + " block " + std::to_string(b.block_cols) +
+         (b.col_major ? " column-major" : " row-major") + (b.ub ? " ub" : "");
+}
+const BlockSpec kBlockSpecs[] = {{RMSNORM_QUANT_FP8_E4M3, 128, false, false}, {RMSNORM_QUANT_INT8, 64, true, false},
+                                 {RMSNORM_QUANT_FP8_E4M3, 64, false, true},   {RMSNORM_QUANT_INT8, 128, false, false},
+                                 {RMSNORM_QUANT_FP8_E4M3, 128, true, true},   {RMSNORM_QUANT_INT8, 64, false, false},
+                                 {RMSNORM_QUANT_FP8_E4M3, 64, true, false},   {RMSNORM_QUANT_INT8, 128, true, false}};
+
+// The scales matrix: row-major with a padding float after each row, or column-major with one after each block's
+// column, so that a write to the padding shows.
+int64_t blocks_of(const Case& c, const BlockSpec& b) { return (c.cols + b.block_cols - 1) / b.block_cols; }
+int64_t scales_row_stride(const Case& c, const BlockSpec& b) { return b.col_major ? 1 : blocks_of(c, b) + 1; }
+int64_t scales_block_stride(const Case& c, const BlockSpec& b) { return b.col_major ? c.rows + 1 : 1; }
+size_t scales_len(const Case& c, const BlockSpec& b) {
+  return static_cast<size_t>(b.col_major ? blocks_of(c, b) * (c.rows + 1) : c.rows * (blocks_of(c, b) + 1));
+}
+
+// One call of the plain form (dres null) or the add form (h at dh) on device operands; q, the whole scales buffer
+// and rstd downloaded, q's bytes before and past it checked unwritten.
+void run_block_quant(const Case& c, const BlockSpec& bs, const void* dx, const void* dres, void* dh, const void* dw,
+                     QuantOut* out) {
+  const int64_t qstride = q_stride_of(c);
+  const int64_t qoff = q_layout(c) == Layout::kOffset ? 1 : 0;
+  const size_t qbytes = static_cast<size_t>(c.rows * qstride);
+  const size_t ns = scales_len(c, bs);
+  uint8_t* dq = static_cast<uint8_t*>(Arena::get().alloc(qbytes + 16));
+  float* dscales = static_cast<float*>(Arena::get().alloc(ns * 4 + 4));
+  float* drstd = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(c.rows) * 4 + 4));
+  float* dub = static_cast<float*>(Arena::get().alloc(16));
+  CUDA_OK(cudaMemcpy(dub, &kScaleUb, 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(dq, kQPoison, qbytes + 16));
+  CUDA_OK(cudaMemset(dscales, 0xFF, ns * 4));
+  CUDA_OK(cudaMemset(drstd, 0xFF, static_cast<size_t>(c.rows) * 4));
+  poison_shared_memory();
+  const rmsnorm_block_quant_t bq{bs.kind, bs.block_cols, dscales, scales_row_stride(c, bs), scales_block_stride(c, bs),
+                                 bs.ub ? dub : nullptr};
+  const rmsnorm_problem_t p = problem_of(c);
+  const rmsnorm_backend_t b = cuda_backend();
+  const void* w = c.weight ? dw : nullptr;
+  if (dres == nullptr) {
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+              rmsnorm_forward_block_quant(&p, dx, stride_of(c), w, &bq, dq + qoff, qstride, drstd, &b))
+        << rmsnorm_last_error();
+  } else {
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_add_forward_block_quant(&p, dx, stride_of(c), dres, stride_of(c), w, dh,
+                                                                      stride_of(c), &bq, dq + qoff, qstride, drstd, &b))
+        << rmsnorm_last_error();
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint8_t> all(qbytes + 16);
+  CUDA_OK(cudaMemcpy(all.data(), dq, all.size(), cudaMemcpyDeviceToHost));
+  ASSERT_EQ(all[0], qoff == 1 ? kQPoison : all[0]) << "q written before its first byte";
+  out->q.assign(all.begin() + qoff, all.begin() + qoff + static_cast<int64_t>(qbytes));
+  for (size_t i = qoff + qbytes; i < all.size(); ++i) ASSERT_EQ(all[i], kQPoison) << "q written past its end";
+  out->scales.assign(ns, 0.0f);
+  out->rstd.assign(static_cast<size_t>(c.rows), NAN);
+  CUDA_OK(cudaMemcpy(out->scales.data(), dscales, ns * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(out->rstd.data(), drstd, out->rstd.size() * 4, cudaMemcpyDeviceToHost));
+}
+
+void gpu_forward_block_quant(const Case& c, const Inputs& in, const BlockSpec& bs, QuantOut* out) {
+  Arena::get().reset();
+  const Dev dx = upload(in.x), dw = upload(in.w);
+  run_block_quant(c, bs, dx.data(), nullptr, nullptr, dw.data(), out);
+}
+
+// Every scale at its address and every q byte by the rule (src/common/quant.hpp: each block the per-row rule
+// alone) from y(row, col); the padding of q and of the scales matrix unwritten.
+template <typename YFn>
+void expect_block_rule(const Case& c, const BlockSpec& bs, const QuantOut& out, YFn&& y) {
+  const bool fp8 = bs.kind == RMSNORM_QUANT_FP8_E4M3;
+  const int64_t qstride = q_stride_of(c), nb = blocks_of(c, bs);
+  const int64_t rs = scales_row_stride(c, bs), bst = scales_block_stride(c, bs);
+  std::vector<char> addressed(out.scales.size(), 0);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t k0 = b * bs.block_cols, k1 = std::min<int64_t>(c.cols, k0 + bs.block_cols);
+      float amax = 0.0f;
+      for (int64_t k = k0; k < k1; ++k) amax = std::fmax(amax, std::fabs(y(r, k)));
+      const float s = quant::row_scale(amax, bs.ub ? &kScaleUb : nullptr, fp8);
+      const size_t at = static_cast<size_t>(r * rs + b * bst);
+      addressed[at] = 1;
+      ASSERT_EQ(0, std::memcmp(&out.scales[at], &s, 4))
+          << "scale of row " << r << " block " << b << ": " << out.scales[at] << " vs " << s;
+      const float mul = 1.0f / s;
+      for (int64_t k = k0; k < k1; ++k) {
+        const float yv = y(r, k);
+        const float v = fp8 ? yv / s : yv * mul;
+        const uint8_t want = fp8 ? quant::fp8_e4m3_saturated(v) : static_cast<uint8_t>(quant::int8_saturated(v));
+        const uint8_t got = out.q[static_cast<size_t>(r * qstride + k)];
+        ASSERT_EQ(int(got), int(want)) << "q at row " << r << " col " << k << " (block " << b << "): y " << yv
+                                       << " v " << v;
+      }
+    }
+    for (int64_t k = c.cols; k < qstride; ++k)
+      ASSERT_EQ(out.q[static_cast<size_t>(r * qstride + k)], kQPoison) << "q padding written, row " << r << " col " << k;
+  }
+  for (size_t i = 0; i < out.scales.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &out.scales[i], 4);
+    if (!addressed[i]) ASSERT_EQ(bits, 0xFFFFFFFFu) << "scales padding written at " << i;
+  }
+}
+
+// Whether the plan fuses this case (asked of the planner, so that the test counts what it ran).
+bool block_quant_fused(const Case& c, const BlockSpec& bs) {
+  const int esize = c.dtype == RMSNORM_DTYPE_F32 ? 4 : 2;
+  const plan::Io io = c.layout != Layout::kOffset && (stride_of(c) * esize) % 16 == 0 ? plan::Io::kVector
+                                                                                     : plan::Io::kElement;
+  return !c.weight_f32 &&
+         plan::quant_fused(plan::forward_launch(c.rows, c.cols, esize, io, current_plan_device()),
+                           q_layout(c) != Layout::kOffset, bs.block_cols / plan::vec_elems(esize));
+}
+
+// One case: rstd within the reference's tolerance, q and the scales by the rule from y computed from that rstd;
+// fused, rstd bit for bit rmsnorm_forward's and q the rule applied to its y. Row 2 is all zero (the smallest
+// scale), row 3's first block 1000x the rest, row 4's second block zero. Returns whether it was fused.
+bool check_forward_block_quant(const Case& c, const BlockSpec& bs, std::mt19937_64& rng) {
+  SCOPED_TRACE(describe(c) + describe(bs));
+  Inputs in = make_inputs(c, rng);
+  for (int64_t k = 0; k < c.cols; ++k) {
+    if (c.rows > 2) in.x.set(2, k, 0.0);
+    if (c.rows > 3 && k < bs.block_cols) in.x.set(3, k, static_cast<double>(in.x.get(3, k)) * 1000.0);
+    if (c.rows > 4 && k >= bs.block_cols && k < 2 * bs.block_cols) in.x.set(4, k, 0.0);
+  }
+  QuantOut out;
+  gpu_forward_block_quant(c, in, bs, &out);
+  if (::testing::Test::HasFatalFailure()) return false;
+  const std::vector<double> xd = in.x.to_double(), wd = in.w.to_double();
+  const size_t n = static_cast<size_t>(c.rows * c.cols);
+  std::vector<double> yr(n), xh(n), rr(static_cast<size_t>(c.rows));
+  reference::forward(c.rows, c.cols, xd.data(), c.weight ? wd.data() : nullptr, ref_options(c), yr.data(), rr.data(),
+                     xh.data());
+  EXPECT_TRUE(check_vector(
+      "rstd", c.rows, [&](int64_t r) { return static_cast<double>(out.rstd[r]); }, rr,
+      [&](int64_t r) { return rstd_tol(rr[r], c.cols); }));
+  expect_block_rule(c, bs, out, YFromRstd{c, in, out.rstd});
+  if (::testing::Test::HasFatalFailure()) return false;
+  const bool fused = block_quant_fused(c, bs);
+  if (fused) {
+    HostMatrix y;
+    std::vector<float> rstd;
+    Case f = c;
+    f.with_rstd = true;
+    gpu_forward(f, in, &y, &rstd);
+    if (::testing::Test::HasFatalFailure()) return fused;
+    EXPECT_EQ(0, std::memcmp(rstd.data(), out.rstd.data(), rstd.size() * 4)) << "rstd differs from rmsnorm_forward's";
+    expect_block_rule(c, bs, out, [&](int64_t r, int64_t k) { return static_cast<float>(y.get(r, k)); });
+  }
+  return fused;
+}
+
+// Every band, layout and dtype, both kinds, block sizes and scale layouts, scale_ub; D a multiple of the block
+// or not (a partial last block, a partial last chunk); q's alignment apart from x's; an fp32 weight (the looped
+// kernel's form). Both the fused and the looped kernels are seen.
+TEST_F(Cuda, ForwardBlockQuant) {
+  std::mt19937_64 rng(53);
+  std::vector<int64_t> ds(std::begin(kBandDs), std::end(kBandDs));
+  for (int64_t d : {129, 134, 200, 256, 261, 4099, 16384}) ds.push_back(d);
+  int fused = 0, looped = 0, k = 0;
+  for (int64_t d : ds)
+    for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32, RMSNORM_DTYPE_F16})
+      for (Layout lay : {Layout::kAligned, Layout::kOffset, Layout::kPadded}) {
+        Case c;
+        c.dtype = dt;
+        c.cols = d;
+        c.layout = lay;
+        c.rows = d > 100000 ? 5 : d > 8192 ? 17 : 300;
+        c.hetero = true;
+        c.weight = k % 5 != 4;
+        c.weight_offset = k % 7 == 3;
+        c.round_xhat = k % 3 == 1;
+        const BlockSpec bs = kBlockSpecs[k % 8];
+        ++k;
+        (check_forward_block_quant(c, bs, rng) ? fused : looped)++;
+        if (HasFatalFailure()) return;
+      }
+  for (int64_t d : {64, 1000, 4096, 4099})
+    for (int pair = 0; pair < 3; ++pair) {
+      Case c;
+      c.cols = d;
+      c.rows = 300;
+      c.hetero = true;
+      if (pair == 2) {
+        c.weight_f32 = true;
+      } else {
+        c.layout = pair == 0 ? Layout::kAligned : Layout::kOffset;
+        c.q_layout = static_cast<int>(pair == 0 ? Layout::kOffset : Layout::kAligned);
+      }
+      for (const BlockSpec& bs : {kBlockSpecs[0], kBlockSpecs[1]}) {
+        EXPECT_FALSE(check_forward_block_quant(c, bs, rng)) << "fused although q or x is misaligned, or w is fp32";
+        if (HasFatalFailure()) return;
+      }
+    }
+  EXPECT_GT(fused, 0);
+  EXPECT_GT(looped, 0);
+}
+
+// rmsnorm_add_forward_block_quant: h exactly by the rule, and q, every scale and rstd bit for bit this device's
+// rmsnorm_forward_block_quant of that h, h in its own buffer, over the residual and over x.
+TEST_F(Cuda, AddForwardBlockQuant) {
+  std::mt19937_64 rng(54);
+  int k = 0;
+  for (int64_t d : {64, 200, 4096, 4099, 40000})
+    for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32})
+      for (Layout lay : {Layout::kAligned, Layout::kOffset, Layout::kPadded})
+        for (int over : {0, 1, 2}) {
+          Case c;
+          c.dtype = dt;
+          c.cols = d;
+          c.layout = lay;
+          c.rows = d > 8192 ? 17 : 300;
+          c.hetero = true;
+          const BlockSpec bs = kBlockSpecs[k++ % 8];
+          SCOPED_TRACE(describe(c) + describe(bs) + " over " + std::to_string(over));
+          Arena::get().reset();
+          const AddOperands a = make_add_operands(c, rng);
+          QuantOut got;
+          run_block_quant(c, bs, a.dx.data(), a.dres.data(), a.h_ptr(over), a.dw.data(), &got);
+          ASSERT_FALSE(HasFatalFailure());
+          HostMatrix h_got;
+          download_checked_h(c, a, over, &h_got);
+          ASSERT_FALSE(HasFatalFailure());
+          Inputs hin;
+          hin.x = h_got;
+          hin.w = a.in.w;
+          QuantOut want;
+          gpu_forward_block_quant(c, hin, bs, &want);
+          ASSERT_FALSE(HasFatalFailure());
+          ASSERT_EQ(0, std::memcmp(got.rstd.data(), want.rstd.data(), got.rstd.size() * 4)) << "rstd";
+          ASSERT_EQ(0, std::memcmp(got.scales.data(), want.scales.data(), got.scales.size() * 4)) << "scales";
+          for (size_t i = 0; i < got.q.size(); ++i)
+            ASSERT_EQ(int(got.q[i]), int(want.q[i])) << "q byte " << i << " (row " << i / q_stride_of(c) << ")";
+        }
+}
+
+// A row's q, block scales and rstd are the same bits alone as in a batch of thousands (fused and looped D).
+TEST_F(Cuda, ForwardBlockQuantBatchInvariance) {
+  std::mt19937_64 rng(55);
+  for (int64_t d : {200, 4096, 4099, 40000})
+    for (Layout lay : {Layout::kAligned, Layout::kOffset}) {
+      Case c;
+      c.cols = d;
+      c.layout = lay;
+      c.rows = d > 8192 ? 40 : 2000;
+      c.hetero = true;
+      const BlockSpec bs{RMSNORM_QUANT_FP8_E4M3, 128, false, false};
+      SCOPED_TRACE(describe(c));
+      const Inputs in = make_inputs(c, rng);
+      QuantOut big;
+      gpu_forward_block_quant(c, in, bs, &big);
+      ASSERT_FALSE(HasFatalFailure());
+      const int64_t q_big = q_stride_of(c), nb = blocks_of(c, bs), rs_big = scales_row_stride(c, bs);
+      for (int64_t pos : {int64_t{0}, c.rows / 2, c.rows - 1}) {
+        Case one = c;
+        one.rows = 1;
+        Inputs in1;
+        in1.x = HostMatrix(c.dtype, 1, d, stride_of(c), offset_of(c));
+        for (int64_t k = 0; k < d; ++k) in1.x.set(0, k, in.x.get(pos, k));
+        in1.w = in.w;
+        QuantOut small;
+        gpu_forward_block_quant(one, in1, bs, &small);
+        ASSERT_FALSE(HasFatalFailure());
+        ASSERT_EQ(0, std::memcmp(&small.rstd[0], &big.rstd[pos], 4)) << "rstd, row " << pos;
+        ASSERT_EQ(0, std::memcmp(small.scales.data(), big.scales.data() + pos * rs_big, static_cast<size_t>(nb) * 4))
+            << "scales, row " << pos;
+        ASSERT_EQ(0, std::memcmp(small.q.data(), big.q.data() + pos * q_big, static_cast<size_t>(d))) << "q, row " << pos;
+      }
+    }
+}
+
 // gx of a row is the same bits in a batch of 1 or 3 as in a batch of
 // thousands: in the rows band's 16-byte path the small batches take
 // backward_rows_direct_kernel (no CTA has a second row group) and the big
@@ -2248,6 +2528,30 @@ TEST_F(CudaSanitizer, QuantKernels) {
       check_forward_quant(c, qs, rng);
       if (HasFatalFailure()) return;
     }
+}
+
+// The block-scale kernels under the sanitizers: fused (both scale layouts, a partial last block and chunk) and
+// looped (misaligned x, the cluster band's D, an fp32 weight).
+TEST_F(CudaSanitizer, BlockQuantKernels) {
+  std::mt19937_64 rng(18);
+  struct BCase { int64_t d; int32_t dtype; int64_t rows; Layout layout; int spec; bool weight_f32; };
+  const BCase cases[] = {{4096, RMSNORM_DTYPE_BF16, 300, Layout::kAligned, 0, false},
+                         {4096, RMSNORM_DTYPE_BF16, 300, Layout::kAligned, 1, false},
+                         {261, RMSNORM_DTYPE_F16, 500, Layout::kPadded, 2, false},
+                         {1000, RMSNORM_DTYPE_F32, 200, Layout::kOffset, 3, false},
+                         {20000, RMSNORM_DTYPE_BF16, 17, Layout::kAligned, 4, false},
+                         {1000, RMSNORM_DTYPE_BF16, 100, Layout::kAligned, 5, true}};
+  for (const BCase& b : cases) {
+    Case c;
+    c.dtype = b.dtype;
+    c.cols = b.d;
+    c.rows = b.rows;
+    c.layout = b.layout;
+    c.hetero = true;
+    c.weight_f32 = b.weight_f32;
+    check_forward_block_quant(c, kBlockSpecs[b.spec], rng);
+    if (HasFatalFailure()) return;
+  }
 }
 
 // The residual-add kernels under the sanitizers: the fused rows-band forward (aligned, a partial chunk), add_kernel

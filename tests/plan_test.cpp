@@ -302,6 +302,46 @@ TEST(Plan, ForwardRowsOneGroupPerCta) {
   }
 }
 
+// rmsnorm_forward_block_quant: fused only where the quantized forward fuses and a row's threads hold whole
+// blocks at each chunk index (threads per row a multiple of the block's chunks, so a block is consecutive lanes
+// of one warp, at most 32 of them), else the looped kernel, as for per-row scales. On the H200 that fuses the
+// 16-bit rows band from D = 129 (blocks of 64) or 257 (blocks of 128) to 16384 (docs/fusions.md says so).
+TEST(Plan, BlockQuantFusedWhereARowHoldsWholeBlocks) {
+  for (bool is_hopper : {true, false}) {
+    const Device dev = is_hopper ? hopper() : ampere();
+    for (int esize : {2, 4}) {
+      for (int block_cols : {64, 128}) {
+        const int bc = block_cols / vec_elems(esize);
+        ASSERT_LE(bc, 32);
+        for (int64_t d = 1; d <= kMaxD; d += d < 4096 ? 1 : 61) {
+          for (Io io : {Io::kVector, Io::kElement}) {
+            for (bool q_aligned : {true, false}) {
+              for (int64_t rows : {int64_t{1}, int64_t{1000}}) {
+                const Launch f = forward_launch(rows, d, esize, io, dev);
+                const Launch q = quant_launch(rows, d, esize, io, q_aligned, dev, bc);
+                const bool fused = quant_fused(f, q_aligned) && f.row.threads_per_row % bc == 0;
+                ASSERT_EQ(quant_fused(f, q_aligned, bc), fused) << d;
+                ASSERT_EQ(q.kernel, fused ? Kernel::kForwardRows : Kernel::kForwardLooped) << d;
+                if (fused) {
+                  ASSERT_GE(q.row.threads_per_row, 64 / vec_elems(esize)) << d;  // the instantiated kernels
+                  ASSERT_EQ(q.grid, f.grid) << d;
+                } else {
+                  ASSERT_EQ(q.row.cta_threads, kLoopedThreads) << d;
+                  ASSERT_EQ(kLoopedThreads % bc, 0);
+                }
+                if (is_hopper && esize == 2 && io == Io::kVector && q_aligned) {
+                  const bool claimed = d > (block_cols == 64 ? 128 : 256) && d <= 16384;
+                  ASSERT_EQ(fused, claimed) << d << " block " << block_cols;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // rmsnorm_forward_quant: for every D, the forward's own launch where it is the
 // rows band's 16-byte kernel and q is aligned (fused: the same geometry, so
 // the same rstd bits), else the looped kernel's geometry over the same chunks

@@ -225,13 +225,15 @@ __device__ __forceinline__ Chunk<T> y_chunk(const Chunk<T>& x, const float (&w)[
 // per-row scales the row's max|y| is reduced (every thread of the CTA takes
 // part) and lane 0 writes the scale; then q. kQ: the kernel's kind (no branch
 // on it in the per-element code).
-template <int kTpr, int kSlots, bool kPartial, QuantKind kQ, typename T, typename Map, int kCpt>
+template <int kTpr, int kSlots, bool kPartial, QuantKind kQ, typename T, typename Map, int kCpt, int kMaxSlots>
 __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chunk<T> (&xr)[kCpt],
                                              const Chunk<T> (&wr)[kCpt], float ss, int64_t row, bool valid,
-                                             const Map& m, RowScratch<AbsMax, kTpr, kSlots>& max_scratch, int parity,
-                                             const QuantConsts& qk) {
+                                             const Map& m, RowScratch<AbsMax, kTpr, kMaxSlots>& max_scratch,
+                                             int parity, const QuantConsts& qk) {
+  static_assert(kMaxSlots == kSlots || quant_per_block(kQ), "the per-row max needs a slot per row");
   constexpr int kN = Chunk<T>::kN;
   constexpr bool kPerRow = quant_per_row(kQ);
+  constexpr bool kPerBlock = quant_per_block(kQ);
   const QuantParams& qp = p.quant;
   float absmax = 0.0f;
   if (valid) {
@@ -248,6 +250,25 @@ __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chu
       xr[it] = y_chunk(xr[it], w, r, p.round_xhat);
       if constexpr (kPerRow) absmax = chunk_absmax(absmax, xr[it], kPartial ? p.cols - m.chunk(it) * kN : kN);
     }
+  }
+  if constexpr (kPerBlock) {
+    // A block's chunks at one chunk index are 1 << block_shift consecutive lanes of one row slot (the plan puts
+    // a whole number of blocks in a row's threads: plan::quant_fused), so its max|y| is a few shuffles. Every
+    // thread takes part, valid or not: a slot past the rows holds y = 0 and writes nothing.
+    const int shift = qp.block_shift;
+    uint8_t* qrow = qp.q + row * qp.q_stride;
+    float* srow = qp.row_scales + row * qp.scales_row_stride;
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) {
+      const int c = m.chunk(it);
+      const int n = kPartial ? min(kN, p.cols - c * kN) : kN;
+      const QuantRow br = per_row_quant(qp, qk, block_absmax(chunk_absmax(0.0f, xr[it], n), 1 << shift));
+      if (valid && c < p.chunks) {
+        if ((c & ((1 << shift) - 1)) == 0) srow[(c >> shift) * qp.scales_block_stride] = br.s;
+        store_q_chunk<T>(qrow, c, n, true, quantize_chunk<kQ>(xr[it], br));
+      }
+    }
+    return;
   }
   QuantRow qr;
   if constexpr (kPerRow) {
@@ -320,7 +341,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   static_assert(kCpt == plan::kFewChunksPerThread || kCpt == plan::kMaxChunksPerThread, "plan: chunks per thread");
   static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
   __shared__ RowScratch<float, kTpr, kSlots> scratch;
-  __shared__ RowScratch<AbsMax, kTpr, kQuant ? kSlots : 1> max_scratch;
+  __shared__ RowScratch<AbsMax, kTpr, (kQuant && !quant_per_block(kQ)) ? kSlots : 1> max_scratch;
   pdl_enter();
   QuantConsts qk;
   if constexpr (kQuant) qk = load_quant_consts(p.quant);
@@ -496,7 +517,7 @@ __global__ void __launch_bounds__(plan::kLoopedThreads)
   constexpr int kN = Chunk<T>::kN;
   static_assert(!kQuant || std::is_same_v<Y, T>, "the quantized forward writes q, not y");
   __shared__ RowScratch<float, kCtaThreads, 1> scratch;
-  __shared__ RowScratch<AbsMax, kQuant ? kCtaThreads : 1, 1> max_scratch;
+  __shared__ RowScratch<AbsMax, quant_per_row(kQ) ? kCtaThreads : 1, 1> max_scratch;
   pdl_enter();
   QuantConsts qk;
   if constexpr (kQuant) qk = load_quant_consts(p.quant);
@@ -518,7 +539,26 @@ __global__ void __launch_bounds__(plan::kLoopedThreads)
       weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
       return y_chunk(load_chunk(xr, c, p.cols, p.vector_io), w, r, p.round_xhat);
     };
-    if constexpr (kQuant) {
+    if constexpr (quant_per_block(kQ)) {
+      // One pass: each chunk's y once, its block's max|y| by shuffles over the block's consecutive lanes. The
+      // trip count is the same for every thread, so that every lane of a warp takes part in them.
+      const QuantParams& qp = p.quant;
+      const int shift = qp.block_shift;
+      uint8_t* qrow = qp.q + row * qp.q_stride;
+      float* srow = qp.row_scales + row * qp.scales_row_stride;
+      for (int c0 = 0; c0 < p.chunks; c0 += kCtaThreads) {
+        const int c = c0 + static_cast<int>(threadIdx.x);
+        const bool own = c < p.chunks;
+        const int n = min(kN, p.cols - c * kN);
+        Chunk<T> y = zero_chunk<T>();
+        if (own) y = y_of(c);
+        const QuantRow br = per_row_quant(qp, qk, block_absmax(chunk_absmax(0.0f, y, n), 1 << shift));
+        if (own) {
+          if ((c & ((1 << shift) - 1)) == 0) srow[(c >> shift) * qp.scales_block_stride] = br.s;
+          store_q_chunk<T>(qrow, c, n, qp.q_vector, quantize_chunk<kQ>(y, br));
+        }
+      }
+    } else if constexpr (kQuant) {
       const QuantParams& qp = p.quant;
       QuantRow qrule;
       if constexpr (quant_per_row(kQ)) {
@@ -741,8 +781,11 @@ rmsnorm_status_t launch_forward_quant(const ForwardArgs& a, const QuantArgs& qa,
       add ? plan::io_of({{a.x, a.x_stride}, {a.residual, a.residual_stride}, {a.h, a.h_stride}, {a.weight, 0}}, kEs)
           : plan::io_of({{a.x, a.x_stride}, {a.weight, 0}}, kEs);
   const bool q_aligned = plan::q_rows_aligned(qa.q, qa.q_stride, kEs);
+  const bool blocks = qa.block_cols > 0;
+  const int block_chunks = blocks ? qa.block_cols / Chunk<T>::kN : 0;
   // An fp32 weight: never fused (the looped kernel's fp32-weight form).
-  const plan::Launch l = plan::quant_launch(a.rows, a.cols, kEs, io, q_aligned && !a.weight_f32, dev);
+  const plan::Launch l =
+      plan::quant_launch(a.rows, a.cols, kEs, io, q_aligned && !a.weight_f32, dev, block_chunks);
   const bool pdl_add = a.pdl && dev.sm90_code;
   if (add && l.kernel != plan::Kernel::kForwardRows) {
     return add_then_forward<T>(a, dev, pdl_add, stream,
@@ -758,27 +801,45 @@ rmsnorm_status_t launch_forward_quant(const ForwardArgs& a, const QuantArgs& qa,
   p.quant.fp8 = qa.fp8;
   p.quant.per_row = qa.per_row;
   p.quant.q_vector = q_aligned;
+  if (blocks) {
+    // block_cols is 64 or 128 (the API's rule) and kN 4 or 8: 8 to 32 chunks, a power of two.
+    int shift = 0;
+    while ((1 << shift) < block_chunks) ++shift;
+    if ((1 << shift) != block_chunks || block_chunks > 32 ||
+        (l.kernel == plan::Kernel::kForwardRows && l.row.threads_per_row % block_chunks != 0))
+      return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "block scales: " + std::to_string(block_chunks) +
+                                                             " chunks per block do not fit the launch");
+    p.quant.block_shift = shift;
+    p.quant.scales_row_stride = qa.scales_row_stride;
+    p.quant.scales_block_stride = qa.scales_block_stride;
+  }
   const bool pdl = a.pdl && dev.sm90_code;
   auto launch = [&](auto kernel, int cta_threads) { return launch_planned(kernel, cta_threads, l, pdl, stream, p); };
   if (l.kernel == plan::Kernel::kForwardLooped)
-    return dispatch_quant_kind(qa.fp8, qa.per_row, [&](auto kind) {
+    return dispatch_quant_kind(qa.fp8, qa.per_row, blocks, [&](auto kind) {
       constexpr QuantKind kQ = decltype(kind)::value;
       return a.weight_f32 ? launch(forward_looped_kernel<T, kQ, float>, plan::kLoopedThreads)
                           : launch(forward_looped_kernel<T, kQ>, plan::kLoopedThreads);
     });
   if (l.kernel != plan::Kernel::kForwardRows)
     return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", std::string("no quantized forward for ") + plan::kernel_name(l.kernel));
-  return dispatch_quant_kind(qa.fp8, qa.per_row, [&](auto kind) -> rmsnorm_status_t {
+  return dispatch_quant_kind(qa.fp8, qa.per_row, blocks, [&](auto kind) -> rmsnorm_status_t {
     constexpr QuantKind kQ = decltype(kind)::value;
     return dispatch_rows(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
       constexpr int kTpr = decltype(tpr)::value;
       constexpr int kCpt = decltype(cpt)::value;
       constexpr int kCta = plan::forward_cta_threads(kTpr);
+      // No block kernels where a row's threads cannot hold the smallest block (64 columns): the plan never
+      // fuses them there (checked above).
+      if constexpr (quant_per_block(kQ) && kTpr < 64 / Chunk<T>::kN) {
+        return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "block scales: no fused kernel at this row geometry");
+      } else {
       if (add)
         return a.cols % Chunk<T>::kN != 0 ? launch(forward_rows_direct_kernel<T, kTpr, kCpt, true, true, kQ>, kCta)
                                           : launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, true, kQ>, kCta);
       return a.cols % Chunk<T>::kN != 0 ? launch(forward_rows_direct_kernel<T, kTpr, kCpt, true, false, kQ>, kCta)
                                         : launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, false, kQ>, kCta);
+      }
     });
   });
 }

@@ -24,17 +24,30 @@ struct QuantParams {
   float* row_scales = nullptr;      // per row: written
   const float* scale_ub = nullptr;  // per row, fp8: bound on max|y|, or null
   bool fp8 = true;
-  bool per_row = false;
+  bool per_row = false;   // per row or (block_shift > 0) per block: scale_ub read, scales written
   bool q_vector = false;  // every q row aligned to a chunk's kN bytes (plan::q_rows_aligned)
+  // Block scales (block_shift > 0): a block is 1 << block_shift chunks (block_cols / kN: 8 to 32); the scale
+  // of block b of row r goes to row_scales[r * scales_row_stride + b * scales_block_stride].
+  int block_shift = 0;
+  int64_t scales_row_stride = 0;
+  int64_t scales_block_stride = 0;
 };
 
 // The quantized rows kernel's kind (forward_rows_direct_kernel<..., kQ>).
-enum class QuantKind { kNone, kFp8PerRow, kFp8Static, kInt8PerRow, kInt8Static };
-__host__ __device__ constexpr bool quant_fp8(QuantKind k) { return k == QuantKind::kFp8PerRow || k == QuantKind::kFp8Static; }
+// The block kinds have their own instantiations, so that the per-row and static kernels keep their registers.
+enum class QuantKind { kNone, kFp8PerRow, kFp8Static, kInt8PerRow, kInt8Static, kFp8PerBlock, kInt8PerBlock };
+__host__ __device__ constexpr bool quant_fp8(QuantKind k) {
+  return k == QuantKind::kFp8PerRow || k == QuantKind::kFp8Static || k == QuantKind::kFp8PerBlock;
+}
 __host__ __device__ constexpr bool quant_per_row(QuantKind k) { return k == QuantKind::kFp8PerRow || k == QuantKind::kInt8PerRow; }
+__host__ __device__ constexpr bool quant_per_block(QuantKind k) {
+  return k == QuantKind::kFp8PerBlock || k == QuantKind::kInt8PerBlock;
+}
 template <typename Fn>
-auto dispatch_quant_kind(bool fp8, bool per_row, Fn&& fn) {
+auto dispatch_quant_kind(bool fp8, bool per_row, bool per_block, Fn&& fn) {
   using K = QuantKind;
+  if (per_block)
+    return fp8 ? fn(std::integral_constant<K, K::kFp8PerBlock>{}) : fn(std::integral_constant<K, K::kInt8PerBlock>{});
   if (fp8)
     return per_row ? fn(std::integral_constant<K, K::kFp8PerRow>{}) : fn(std::integral_constant<K, K::kFp8Static>{});
   return per_row ? fn(std::integral_constant<K, K::kInt8PerRow>{}) : fn(std::integral_constant<K, K::kInt8Static>{});
@@ -108,7 +121,7 @@ template <QuantKind kQ, typename T>
 __device__ __forceinline__ QuantBytes<T> quantize_chunk(const Chunk<T>& y, const QuantRow& r) {
   static_assert(kQ != QuantKind::kNone, "a quantized kind");
   constexpr bool kFp8 = quant_fp8(kQ);
-  constexpr bool kDivide = kFp8 && quant_per_row(kQ);
+  constexpr bool kDivide = kFp8 && (quant_per_row(kQ) || quant_per_block(kQ));
   constexpr int kN = Chunk<T>::kN;
   QuantBytes<T> b;
 #pragma unroll
@@ -149,6 +162,14 @@ __device__ __forceinline__ void store_q_chunk(uint8_t* __restrict__ qrow, int ch
 #pragma unroll
   for (int j = 0; j < kN; ++j)
     if (j < n) dst[j] = static_cast<uint8_t>(b.w[j / 4] >> (8 * (j % 4)));
+}
+
+// max|y| of a block of `lanes` consecutive lanes (a power of two <= 32, the
+// group aligned to it within the warp), each lane's own value in m: every
+// lane of the warp must take part.
+__device__ __forceinline__ float block_absmax(float m, int lanes) {
+  for (int off = 1; off < lanes; off <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  return m;
 }
 
 }  // namespace rmsnorm::cuda
