@@ -110,13 +110,16 @@ int32_t aoti_dtype(ScalarType t) {
 // A new contiguous tensor on `like`'s device, from PyTorch's allocator (the caching allocator on CUDA, on the
 // current stream). Through the C shim's aoti_torch_empty_strided rather than torch::stable::empty, which looks
 // aten::empty up by name and calls it boxed on every call.
-Tensor new_tensor(const std::vector<int64_t>& shape, ScalarType dtype, const Tensor& like) {
+// With `strides`, that layout (which must be a dense permutation of shape) instead of the contiguous one.
+Tensor new_tensor(const std::vector<int64_t>& shape, ScalarType dtype, const Tensor& like,
+                  const std::vector<int64_t>* layout = nullptr) {
   std::vector<int64_t> strides(shape.size());
   int64_t s = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = s;
     s *= shape[i] > 1 ? shape[i] : 1;
   }
+  if (layout != nullptr) strides = *layout;
   const int32_t device_type = like.is_cuda() ? aoti_torch_device_type_cuda() : aoti_torch_device_type_cpu();
   AtenTensorHandle h = nullptr;
   // The stable check carries the allocator's own message ("CUDA out of memory. Tried to allocate ...") where the
@@ -382,11 +385,20 @@ std::tuple<Tensor, std::optional<Tensor>> add_backward(Tensor gy, Tensor g_h, Te
 // q = quant(y) (fp8 e4m3fn or int8, rmsnorm_forward_quant): with `scale` (a one-element fp32 tensor) the static
 // rule, else per-row scales, returned (fp32, x's leading shape; empty with a static scale), bounded by scale_ub.
 // With a residual (add_forward_quant): h = T(x + residual) is returned as well, and q is forward_quant of h.
+//
+// With group_size > 0 (forward_block_quant, add_forward_block_quant: rmsnorm_forward_block_quant) one scale per
+// block of group_size (64 or 128) columns of a row instead: scales has x's leading shape and a last dim of
+// nb = ceil(D / group_size), row-major (contiguous), or with column_major_scales the transposed storage (the
+// contiguous (nb, rows...) tensor with its first dim moved last: for 2-D x the .t() of an (nb, rows) tensor, stride
+// (1, rows)), the layout DeepGEMM-style fp8 GEMMs read. scale is then absent (block scales are dynamic).
 std::tuple<Tensor, Tensor, std::optional<Tensor>> quant_impl(const Tensor& x, const std::optional<Tensor>& residual,
                                                              const std::optional<Tensor>& weight, double eps,
                                                              int64_t flags, ScalarType out_dtype,
                                                              const std::optional<Tensor>& scale,
-                                                             const std::optional<Tensor>& scale_ub, const char* op) {
+                                                             const std::optional<Tensor>& scale_ub, const char* op,
+                                                             int64_t group_size = 0,
+                                                             bool column_major_scales = false) {
+  const bool blocks = group_size > 0;  // checked by the block ops
   check_floating_input(x, op);
   const int32_t dtype = library_dtype(x.scalar_type(), op, "x");
   if (residual.has_value()) {
@@ -424,6 +436,48 @@ std::tuple<Tensor, Tensor, std::optional<Tensor>> quant_impl(const Tensor& x, co
   std::optional<Tensor> w;
   if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op);
   Tensor q = new_tensor(full_shape(x), out_dtype, x);
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = xr.rows;
+  p.cols = xr.cols;
+  p.dtype = dtype;
+  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_f32_flag(w, x);  // as in forward
+  p.eps = static_cast<float>(eps);
+  if (blocks) {
+    const int64_t nb = (xr.cols + group_size - 1) / group_size;
+    std::vector<int64_t> shape = leading_shape(x);
+    shape.push_back(nb);
+    // Column-major: the leading dims contiguous among themselves (the innermost at stride 1), the block dim
+    // outermost at stride rows, as new_tensor's strides of the (nb, rows...) shape with nb moved last.
+    std::vector<int64_t> strides(shape.size());
+    int64_t st = 1;
+    for (size_t i = shape.size() - 1; i-- > 0;) {
+      strides[i] = st;
+      st *= shape[i] > 1 ? shape[i] : 1;
+    }
+    strides.back() = st;
+    Tensor scales = new_tensor(shape, ScalarType::Float, x, column_major_scales ? &strides : nullptr);
+    rmsnorm_block_quant_t bq;
+    bq.kind = kind;
+    bq.block_cols = static_cast<int32_t>(group_size);
+    bq.scales = static_cast<float*>(scales.data_ptr());
+    // The strides of a row and of a block, read off the tensor: a row is its innermost leading dim (all of them
+    // are dense, so that is the stride of the flattened rows); 1-D x has one row.
+    bq.scales_block_stride = scales.stride(scales.dim() - 1);
+    bq.scales_row_stride = scales.dim() >= 2 ? scales.stride(scales.dim() - 2) : (column_major_scales ? 1 : nb);
+    bq.scale_ub = scale_ub.has_value() ? static_cast<const float*>(scale_ub->data_ptr()) : nullptr;
+    const rmsnorm_backend_t be = backend_for(x, op);
+    if (rr) {
+      check_status(rmsnorm_add_forward_block_quant(&p, xr.t.data_ptr(), xr.stride, rr->t.data_ptr(), rr->stride,
+                                                   w ? w->data_ptr() : nullptr, h->data_ptr(), xr.cols, &bq,
+                                                   q.data_ptr(), xr.cols, nullptr, &be),
+                   op);
+    } else {
+      check_status(rmsnorm_forward_block_quant(&p, xr.t.data_ptr(), xr.stride, w ? w->data_ptr() : nullptr, &bq,
+                                               q.data_ptr(), xr.cols, nullptr, &be),
+                   op);
+    }
+    return {q, scales, h};
+  }
   Tensor scales = new_tensor(scale.has_value() ? std::vector<int64_t>{0} : leading_shape(x), ScalarType::Float, x);
   rmsnorm_quant_t qt;
   qt.kind = kind;
@@ -431,12 +485,6 @@ std::tuple<Tensor, Tensor, std::optional<Tensor>> quant_impl(const Tensor& x, co
   qt.scale = scale.has_value() ? static_cast<const float*>(scale->data_ptr()) : nullptr;
   qt.row_scales = scale.has_value() ? nullptr : static_cast<float*>(scales.data_ptr());
   qt.scale_ub = scale_ub.has_value() ? static_cast<const float*>(scale_ub->data_ptr()) : nullptr;
-  rmsnorm_problem_t p = rmsnorm_problem_default();
-  p.rows = xr.rows;
-  p.cols = xr.cols;
-  p.dtype = dtype;
-  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_f32_flag(w, x);  // as in forward
-  p.eps = static_cast<float>(eps);
   const rmsnorm_backend_t be = backend_for(x, op);
   if (rr) {
     check_status(rmsnorm_add_forward_quant(&p, xr.t.data_ptr(), xr.stride, rr->t.data_ptr(), rr->stride,
@@ -465,6 +513,32 @@ std::tuple<Tensor, Tensor, Tensor> add_forward_quant(Tensor x, Tensor residual, 
                                                      std::optional<Tensor> scale, std::optional<Tensor> scale_ub) {
   auto [q, scales, h] = quant_impl(x, residual, weight, eps, flags, out_dtype, scale, scale_ub,
                                    "rmsnorm.add_forward_quant");
+  return {q, scales, *h};
+}
+
+// The block ops' group_size: 64 or 128 (quant_impl takes 0 for the per-row and static forms).
+void check_group_size(int64_t group_size, const char* op) {
+  if (group_size != 64 && group_size != 128) fail(op, ": group_size must be 64 or 128, got ", group_size);
+}
+
+// q with block scales (rmsnorm_forward_block_quant): (q, scales), scales (x's leading shape, nb) as quant_impl says.
+std::tuple<Tensor, Tensor> forward_block_quant(Tensor x, std::optional<Tensor> weight, double eps, int64_t flags,
+                                               ScalarType out_dtype, int64_t group_size, bool column_major_scales,
+                                               std::optional<Tensor> scale_ub) {
+  check_group_size(group_size, "rmsnorm.forward_block_quant");
+  auto [q, scales, h] = quant_impl(x, std::nullopt, weight, eps, flags, out_dtype, std::nullopt, scale_ub,
+                                   "rmsnorm.forward_block_quant", group_size, column_major_scales);
+  return {q, scales};
+}
+
+// h = T(x + residual), then q = forward_block_quant of h: (q, scales, h).
+std::tuple<Tensor, Tensor, Tensor> add_forward_block_quant(Tensor x, Tensor residual, std::optional<Tensor> weight,
+                                                           double eps, int64_t flags, ScalarType out_dtype,
+                                                           int64_t group_size, bool column_major_scales,
+                                                           std::optional<Tensor> scale_ub) {
+  check_group_size(group_size, "rmsnorm.add_forward_block_quant");
+  auto [q, scales, h] = quant_impl(x, residual, weight, eps, flags, out_dtype, std::nullopt, scale_ub,
+                                   "rmsnorm.add_forward_block_quant", group_size, column_major_scales);
   return {q, scales, *h};
 }
 
@@ -521,6 +595,13 @@ STABLE_TORCH_LIBRARY(rmsnorm, m) {
       "add_forward_quant(Tensor x, Tensor residual, Tensor? weight, float eps, int flags, ScalarType out_dtype, "
       "Tensor? scale, Tensor? scale_ub) -> (Tensor q, Tensor scales, Tensor h)");
   m.def(
+      "forward_block_quant(Tensor x, Tensor? weight, float eps, int flags, ScalarType out_dtype, int group_size, "
+      "bool column_major_scales, Tensor? scale_ub) -> (Tensor q, Tensor scales)");
+  m.def(
+      "add_forward_block_quant(Tensor x, Tensor residual, Tensor? weight, float eps, int flags, "
+      "ScalarType out_dtype, int group_size, bool column_major_scales, Tensor? scale_ub) -> "
+      "(Tensor q, Tensor scales, Tensor h)");
+  m.def(
       "add_backward(Tensor gy, Tensor g_h, Tensor h, Tensor? weight, Tensor rstd, int flags, ScalarType? gw_dtype) -> "
       "(Tensor gx, Tensor? gw)");
   m.def(
@@ -538,6 +619,8 @@ STABLE_TORCH_LIBRARY_IMPL(rmsnorm, CPU, m) {
   m.impl("add_backward", TORCH_BOX(&add_backward));
   m.impl("forward_quant", TORCH_BOX(&forward_quant));
   m.impl("add_forward_quant", TORCH_BOX(&add_forward_quant));
+  m.impl("forward_block_quant", TORCH_BOX(&forward_block_quant));
+  m.impl("add_forward_block_quant", TORCH_BOX(&add_forward_block_quant));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(rmsnorm, CUDA, m) {
@@ -548,4 +631,6 @@ STABLE_TORCH_LIBRARY_IMPL(rmsnorm, CUDA, m) {
   m.impl("add_backward", TORCH_BOX(&add_backward));
   m.impl("forward_quant", TORCH_BOX(&forward_quant));
   m.impl("add_forward_quant", TORCH_BOX(&add_forward_quant));
+  m.impl("forward_block_quant", TORCH_BOX(&forward_block_quant));
+  m.impl("add_forward_block_quant", TORCH_BOX(&add_forward_block_quant));
 }

@@ -12,6 +12,7 @@ dim that is not contiguous) is copied once into a contiguous tensor first. Outpu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from collections.abc import Sequence
@@ -431,6 +432,59 @@ def _forward_quant_fake(x, weight, eps, flags, out_dtype, scale, scale_ub):
     return x.new_empty(x.shape, dtype=out_dtype), scales
 
 
+_GROUP_SIZES = (64, 128)
+
+
+def _check_group_size(op, group_size):
+    """The fake kernels' check of the block ops' group_size (the real kernels': python/csrc/ops.cpp)."""
+    if type(group_size) is not int or group_size not in _GROUP_SIZES:
+        raise RuntimeError(f"{op}: group_size must be 64 or 128, got {group_size}")
+
+
+def _block_scales_fake(x, group_size, column_major_scales):
+    """The block ops' scales: float32 (x's leading shape, nb = ceil(D / group_size)), contiguous, or column-major
+    (the contiguous (nb, rows...) tensor with its first dim moved last; for 2-D x, stride (1, rows))."""
+    nb = -(-x.shape[-1] // group_size)
+    lead = tuple(x.shape[:-1])
+    if not column_major_scales:
+        return x.new_empty(lead + (nb,), dtype=torch.float32)
+    strides, st = [], 1
+    for n in reversed(lead):  # the leading dims dense among themselves, the block dim outermost
+        strides.append(st)
+        st *= max(n, 1)
+    return x.new_empty_strided(lead + (nb,), tuple(reversed(strides)) + (st,), dtype=torch.float32)
+
+
+def _check_block_args(op, group_size, column_major_scales, scale):
+    """rms_norm_quant's and add_rms_norm_quant's rules for group_size and column_major_scales: whether block scales
+    were asked for."""
+    if group_size is None:
+        if column_major_scales:
+            raise ValueError(f"{op}: column_major_scales=True needs block scales (group_size=64 or 128)")
+        return False
+    if type(group_size) is not int or group_size not in _GROUP_SIZES:
+        raise ValueError(f"{op}: group_size must be None (one scale per row, or a static scale), 64 or 128, got "
+                         f"{group_size!r}")
+    if scale is not None:
+        raise ValueError(f"{op}: group_size={group_size} gives dynamic block scales; a static scale cannot be given "
+                         "with it")
+    return True
+
+
+@torch.library.register_fake("rmsnorm::forward_block_quant")
+def _forward_block_quant_fake(x, weight, eps, flags, out_dtype, group_size, column_major_scales, scale_ub):
+    _check_group_size("rmsnorm.forward_block_quant", group_size)
+    return x.new_empty(x.shape, dtype=out_dtype), _block_scales_fake(x, group_size, column_major_scales)
+
+
+@torch.library.register_fake("rmsnorm::add_forward_block_quant")
+def _add_forward_block_quant_fake(x, residual, weight, eps, flags, out_dtype, group_size, column_major_scales,
+                                  scale_ub):
+    _check_group_size("rmsnorm.add_forward_block_quant", group_size)
+    return (x.new_empty(x.shape, dtype=out_dtype), _block_scales_fake(x, group_size, column_major_scales),
+            x.new_empty(x.shape))
+
+
 def rms_norm_quant(
     input: torch.Tensor,
     normalized_shape: int | Sequence[int] | torch.Size,
@@ -442,13 +496,25 @@ def rms_norm_quant(
     scale_ub: torch.Tensor | None = None,
     weight_offset: bool = False,
     round_xhat: bool = False,
+    group_size: int | None = None,
+    column_major_scales: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``rms_norm`` with its output quantized to ``dtype`` (``torch.float8_e4m3fn`` or ``torch.int8``), by vLLM's
     rules (``docs/fusions.md``): with ``scale`` (a one-element float32 tensor) ``q = quant(y * (1 / scale))``;
     without it a per-row scale ``s = max(min(max|y|, scale_ub) / qmax, min_scale)``, returned as the second value
     (float32, ``input``'s shape without the normalized dims; empty with a static scale). ``y`` is exactly
-    ``rms_norm``'s output (``round_xhat=True`` gives vLLM's y). Not differentiable."""
-    normalized_shape = _normalized_dims("rmsnorm.rms_norm_quant", input, normalized_shape)
+    ``rms_norm``'s output (``round_xhat=True`` gives vLLM's y). Not differentiable.
+
+    ``group_size`` (64 or 128; default None, the above) gives block scales instead: the per-row rule applied to
+    each block of ``group_size`` consecutive columns of a row alone (the last block holds the rest), vLLM's
+    ``rms_norm_per_block_quant``, for fp8 GEMMs with 1 x 128 (or 1 x 64) block scaling. The scales are then float32
+    of shape ``input.shape[:-k] + (nb,)`` with ``nb = ceil(D / group_size)`` (D the product of the normalized
+    dims); contiguous, or with ``column_major_scales=True`` stored transposed (for 2-D input the ``.t()`` of a
+    contiguous ``(nb, rows)`` tensor, strides ``(1, rows)``: the layout DeepGEMM-style GEMMs read). Block scales are
+    dynamic: ``scale`` must be None with them; ``scale_ub`` bounds each block's max|y| (fp8 only)."""
+    op = "rmsnorm.rms_norm_quant"
+    blocks = _check_block_args(op, group_size, column_major_scales, scale)
+    normalized_shape = _normalized_dims(op, input, normalized_shape)
     k = len(normalized_shape)
     shape = input.shape
     flags = (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)
@@ -457,8 +523,14 @@ def rms_norm_quant(
     if k > 1:
         x = input.flatten(-k)
         w = weight.flatten() if weight is not None else None
-    with _below_autograd():  # the outputs are not differentiable
-        q, scales = torch.ops.rmsnorm.forward_quant.default(x, w, eps, flags, dtype, scale, scale_ub)
+    # The outputs are not differentiable: eager calls go below autograd (no autograd kernel to pass through);
+    # torch.compile cannot trace that context manager, and its graph records the op alone.
+    with contextlib.nullcontext() if _is_compiling() else _below_autograd():
+        if blocks:
+            q, scales = torch.ops.rmsnorm.forward_block_quant.default(x, w, eps, flags, dtype, group_size,
+                                                                      bool(column_major_scales), scale_ub)
+        else:
+            q, scales = torch.ops.rmsnorm.forward_quant.default(x, w, eps, flags, dtype, scale, scale_ub)
     return (q.view(shape) if k > 1 else q), scales
 
 
@@ -480,11 +552,16 @@ def add_rms_norm_quant(
     scale_ub: torch.Tensor | None = None,
     weight_offset: bool = False,
     round_xhat: bool = False,
+    group_size: int | None = None,
+    column_major_scales: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The pre-norm residual step with a quantized output: ``h = input + residual`` (fp32 sum, one rounding), then
     ``rms_norm_quant(h, ...)``; returns ``(q, scales, h)``, bit for bit ``add_rms_norm``'s h and ``rms_norm_quant``
-    of it. Arguments as in ``add_rms_norm`` and ``rms_norm_quant``. Not differentiable."""
-    normalized_shape = _normalized_dims("rmsnorm.add_rms_norm_quant", input, normalized_shape)
+    of it (block scales with ``group_size``, laid out per ``column_major_scales``). Arguments as in ``add_rms_norm``
+    and ``rms_norm_quant``. Not differentiable."""
+    op = "rmsnorm.add_rms_norm_quant"
+    blocks = _check_block_args(op, group_size, column_major_scales, scale)
+    normalized_shape = _normalized_dims(op, input, normalized_shape)
     k = len(normalized_shape)
     shape = input.shape
     flags = (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)
@@ -493,8 +570,12 @@ def add_rms_norm_quant(
     if k > 1:
         x, r = input.flatten(-k), residual.flatten(-k)
         w = weight.flatten() if weight is not None else None
-    with _below_autograd():  # the outputs are not differentiable
-        q, scales, h = torch.ops.rmsnorm.add_forward_quant.default(x, r, w, eps, flags, dtype, scale, scale_ub)
+    with contextlib.nullcontext() if _is_compiling() else _below_autograd():  # as in rms_norm_quant
+        if blocks:
+            q, scales, h = torch.ops.rmsnorm.add_forward_block_quant.default(
+                x, r, w, eps, flags, dtype, group_size, bool(column_major_scales), scale_ub)
+        else:
+            q, scales, h = torch.ops.rmsnorm.add_forward_quant.default(x, r, w, eps, flags, dtype, scale, scale_ub)
     return (q.view(shape), scales, h.view(shape)) if k > 1 else (q, scales, h)
 
 
