@@ -283,6 +283,10 @@ run_step cli '
 --op quant-fp8 --rows 33 --cols 129 --dtype f16
 --op quant-int8 --rows 4096 --cols 16384 --dtype bf16
 --op quant-int8 --rows 17 --cols 1000 --dtype f32
+--op quant-fp8 --rows 8192 --cols 4096 --dtype bf16 --group 128
+--op quant-int8 --rows 8192 --cols 4096 --dtype bf16 --group 64
+--op quant-fp8 --rows 333 --cols 4095 --dtype f16 --group 128
+--op quant-int8 --rows 17 --cols 1000 --dtype f32 --group 128
 --rows 37 --cols 1000 --dtype bf16 --y-dtype f32 --weight-dtype f32
 --rows 33 --cols 129 --dtype f32 --y-dtype f16
 --rows 8192 --cols 4096 --dtype bf16 --weight-dtype f32

@@ -143,6 +143,7 @@ struct Config {
   uint64_t seed = 20240611;
   std::string json;
   std::string op = "norm";  // norm | add | quant-fp8 | quant-int8
+  int group = 0;            // quant: 0 per-row scales, else 64 or 128 (block scales, rmsnorm_forward_block_quant)
   // Mixed dtypes (-1 until parsed: --dtype's): y's and gy's (RMSNORM_FLAG_Y_DTYPE, --op norm), the weight's (f32
   // with 16-bit x: RMSNORM_FLAG_WEIGHT_F32), the residual stream's (f32 with 16-bit x: RMSNORM_FLAG_RESIDUAL_F32,
   // --op add).
@@ -167,6 +168,8 @@ const char* kUsage =
     "  --json FILE         also write every result as JSON\n"
     "  --op OP             norm (the forward and backward) | add (residual add + norm forward) |\n"
     "                      quant-fp8 | quant-int8 (forward quantized with per-row scales) (default norm)\n"
+    "  --group G           64 | 128: the quant ops with one scale per G columns of a row instead of per row\n"
+    "                      (rmsnorm_forward_block_quant, row-major scales)\n"
     "  --y-dtype T         y's and gy's dtype, --op norm (default --dtype's; RMSNORM_FLAG_Y_DTYPE)\n"
     "  --weight-dtype T    the weight's: --dtype's, or f32 with f16 / bf16 x (RMSNORM_FLAG_WEIGHT_F32)\n"
     "  --residual-dtype T  the residual stream's (residual and h), --op add: --dtype's, or f32 with f16 / bf16 x\n"
@@ -247,6 +250,10 @@ Config parse_args(int argc, char** argv) {
     } else if (a == "--json") {
       c.json = value();
       if (c.json.empty()) usage_error("--json: empty file name");
+    } else if (a == "--group") {
+      const std::string g = value();
+      if (g != "64" && g != "128") usage_error("--group: expected 64 or 128, got '" + g + "'");
+      c.group = std::stoi(g);
     } else if (a == "--op") {
       c.op = value();
       if (c.op != "norm" && c.op != "add" && c.op != "quant-fp8" && c.op != "quant-int8")
@@ -259,6 +266,8 @@ Config parse_args(int argc, char** argv) {
   if (c.weight_dtype < 0) c.weight_dtype = c.dtype;
   if (c.residual_dtype < 0) c.residual_dtype = c.dtype;
   if (c.y_dtype != c.dtype && c.op != "norm") usage_error("--y-dtype: only with --op norm");
+  if (c.group != 0 && c.op != "quant-fp8" && c.op != "quant-int8")
+    usage_error("--group: only with --op quant-fp8 or --op quant-int8, not --op " + c.op);
   if (c.weight_dtype != c.dtype && c.weight_dtype != RMSNORM_DTYPE_F32)
     usage_error("--weight-dtype: expected --dtype's or f32");
   if (c.residual_dtype != c.dtype && (c.residual_dtype != RMSNORM_DTYPE_F32 || c.op != "add"))
@@ -350,6 +359,8 @@ void write_json(const Config& cfg, const Report& rep, bool passed) {
     j.field("threads_requested", cfg.threads);
   }
   j.field("op", cfg.op);
+  if (cfg.group > 0) j.field("group", cfg.group);  // block scales: columns per scale
+  else j.null_field("group");                       // per-row scales, or no quantization
   j.field("rows", cfg.rows).field("cols", cfg.cols).field("dtype", dtype_name(cfg.dtype)).field("eps", cfg.eps);
   j.field("y_dtype", dtype_name(cfg.y_dtype)).field("weight_dtype", dtype_name(cfg.weight_dtype));
   j.field("residual_dtype", dtype_name(cfg.residual_dtype));
@@ -831,10 +842,13 @@ int run_cuda(const Config& cfg) {
 //        reference of h as stored.
 // quant: q = quant(y) with per-row scales (rmsnorm_forward_quant, vLLM's rule: src/common/quant.hpp), rstd
 //        written. Checked: rstd against the float64 reference; every scale and every q byte exactly by the rule
-//        from y = T(x * rstd * w), the forward's formula for the rstd returned.
+//        from y = T(x * rstd * w), the forward's formula for the rstd returned. With --group G: one scale per
+//        block of G columns (rmsnorm_forward_block_quant, row-major, row stride nb = ceil(D / G); the last block
+//        of a row may be shorter), each block's scale and q bytes checked exactly by the same rule applied to
+//        that block alone.
 // Timed: the one call, median over --reps after warm-up, bytes as the minimal ones (add: read x, residual, w,
-// write h, y; quant: read x, w, write q and the scales). One input set (no rotation): at sizes under the L2 the
-// times are the L2's.
+// write h, y; quant: read x, w, write q and the scales, rows * nb * 4 bytes with --group). One input set (no
+// rotation): at sizes under the L2 the times are the L2's.
 
 // A buffer on the host or on the device, with copies to and from host memory.
 class Buf {
@@ -916,7 +930,11 @@ int run_fused(const Config& cfg, bool cuda) {
   }
 #endif
   const rmsnorm_backend_t be = cuda ? rmsnorm_backend_cuda(-1, stream) : rmsnorm_backend_cpu(cfg.threads);
-  std::printf("backend: %s, op %s\n", rep.backend.c_str(), cfg.op.c_str());
+  if (cfg.group > 0)
+    std::printf("backend: %s, op %s, group %d (block scales: %" PRId64 " per row)\n", rep.backend.c_str(),
+                cfg.op.c_str(), cfg.group, (cfg.cols + cfg.group - 1) / cfg.group);
+  else
+    std::printf("backend: %s, op %s\n", rep.backend.c_str(), cfg.op.c_str());
   Problem pr = make_problem(cfg);
   const int64_t rows = cfg.rows, cols = cfg.cols;
   const size_t mat = pr.elems * pr.esize, vec = static_cast<size_t>(cols) * rmsnorm_dtype_size(cfg.weight_dtype);
@@ -1045,15 +1063,26 @@ int run_fused(const Config& cfg, bool cuda) {
     if (ok && rows > 0) rep.timings.push_back(timed("add forward", 2 * nd * (e + re) + d * we, call));
   } else {
     const bool fp8 = cfg.op == "quant-fp8";
-    Buf q(pr.elems, cuda), scales(static_cast<size_t>(rows) * 4, cuda);
+    // Per row: one block of all the columns, scales[i]. --group: nb blocks of `group` columns (the last may be
+    // shorter), row-major, block b of row i at scales[i * nb + b].
+    const bool blocks = cfg.group > 0;
+    const int64_t bc = blocks ? cfg.group : cols, nb = blocks ? (cols + bc - 1) / bc : 1;
+    const size_t nscales = static_cast<size_t>(rows) * static_cast<size_t>(nb);
+    Buf q(pr.elems, cuda), scales(nscales * 4, cuda);
     q.poison();
     scales.poison();
-    rmsnorm_quant_t qt{fp8 ? RMSNORM_QUANT_FP8_E4M3 : RMSNORM_QUANT_INT8, RMSNORM_QUANT_PER_ROW, nullptr,
-                       static_cast<float*>(scales.get()), nullptr};
+    const int32_t kind = fp8 ? RMSNORM_QUANT_FP8_E4M3 : RMSNORM_QUANT_INT8;
+    rmsnorm_quant_t qt{kind, RMSNORM_QUANT_PER_ROW, nullptr, static_cast<float*>(scales.get()), nullptr};
+    rmsnorm_block_quant_t bq{kind, cfg.group, static_cast<float*>(scales.get()), nb, 1, nullptr};
     auto call = [&] {
-      lib_check(rmsnorm_forward_quant(&pr.p, x.get(), cols, w.get(), &qt, q.get(), cols,
-                                      static_cast<float*>(rstd.get()), &be),
-                "quantized forward");
+      if (blocks)
+        lib_check(rmsnorm_forward_block_quant(&pr.p, x.get(), cols, w.get(), &bq, q.get(), cols,
+                                              static_cast<float*>(rstd.get()), &be),
+                  "block-quantized forward");
+      else
+        lib_check(rmsnorm_forward_quant(&pr.p, x.get(), cols, w.get(), &qt, q.get(), cols,
+                                        static_cast<float*>(rstd.get()), &be),
+                  "quantized forward");
     };
     {
       Progress progress("running the quantized forward and checking it");
@@ -1061,35 +1090,38 @@ int run_fused(const Config& cfg, bool cuda) {
       call();
       sync();
       std::vector<uint8_t> qh(pr.elems);
-      std::vector<float> sh(static_cast<size_t>(rows)), rh(static_cast<size_t>(rows));
+      std::vector<float> sh(nscales), rh(static_cast<size_t>(rows));
       q.download(qh.data());
       scales.download(sh.data());
       rstd.download(rh.data());
       CheckResult cr, cs, cq;
       cr.name = "rstd";
       cr.vector = false;
-      cs.name = "row scales (exact)";
+      cs.name = blocks ? "block scales (exact)" : "row scales (exact)";  // col: the block
       cq.name = "q (exact)";
+      std::vector<float> yrow(static_cast<size_t>(cols));
       for (int64_t i = 0; i < rows; ++i) {
         double ss = 0;
         for (int64_t k = 0; k < cols; ++k) ss += pr.x.get(i, k) * pr.x.get(i, k);
         const double r_ref = 1.0 / std::sqrt(ss / static_cast<double>(cols) + static_cast<double>(cfg.eps));
         cr.worst.add(i, 0, rh[static_cast<size_t>(i)], r_ref, rmsnorm::harness::rstd_tol(r_ref, cols));
-        std::vector<float> yrow(static_cast<size_t>(cols));
-        float amax = 0.0f;
         for (int64_t k = 0; k < cols; ++k) {
           const float xh = static_cast<float>(pr.x.get(i, k)) * rh[static_cast<size_t>(i)];
           yrow[static_cast<size_t>(k)] =
               static_cast<float>(rmsnorm::harness::round_to(cfg.dtype, xh * static_cast<float>(pr.w.get(0, k))));
-          amax = std::fmax(amax, std::fabs(yrow[static_cast<size_t>(k)]));
         }
-        const float s = rmsnorm::quant::row_scale(amax, nullptr, fp8);
-        cs.worst.add(i, 0, sh[static_cast<size_t>(i)], s, 0.0);
-        for (int64_t k = 0; k < cols; ++k) {
-          const float v = yrow[static_cast<size_t>(k)];
-          const int want = fp8 ? rmsnorm::quant::fp8_e4m3_saturated(v / s)
-                               : static_cast<uint8_t>(rmsnorm::quant::int8_saturated(v * (1.0f / s)));
-          cq.worst.add(i, k, qh[static_cast<size_t>(i * cols + k)], want, 0.0);
+        for (int64_t b = 0; b < nb; ++b) {
+          const int64_t k0 = b * bc, k1 = std::min(cols, k0 + bc);
+          float amax = 0.0f;
+          for (int64_t k = k0; k < k1; ++k) amax = std::fmax(amax, std::fabs(yrow[static_cast<size_t>(k)]));
+          const float s = rmsnorm::quant::row_scale(amax, nullptr, fp8);
+          cs.worst.add(i, b, sh[static_cast<size_t>(i * nb + b)], s, 0.0);
+          for (int64_t k = k0; k < k1; ++k) {
+            const float v = yrow[static_cast<size_t>(k)];
+            const int want = fp8 ? rmsnorm::quant::fp8_e4m3_saturated(v / s)
+                                 : static_cast<uint8_t>(rmsnorm::quant::int8_saturated(v * (1.0f / s)));
+            cq.worst.add(i, k, qh[static_cast<size_t>(i * cols + k)], want, 0.0);
+          }
         }
       }
       report(std::move(cr));
@@ -1097,7 +1129,10 @@ int run_fused(const Config& cfg, bool cuda) {
       report(std::move(cq));
     }
     print_checks(rep.checks);
-    if (ok && rows > 0) rep.timings.push_back(timed(cfg.op, nd * e + nd + 4.0 * static_cast<double>(rows) + d * we, call));
+    // Read x, w; write q and the scales (one per row, or rows * nb with --group).
+    const std::string name = blocks ? cfg.op + " (group " + std::to_string(cfg.group) + ")" : cfg.op;
+    if (ok && rows > 0)
+      rep.timings.push_back(timed(name, nd * e + nd + 4.0 * static_cast<double>(nscales) + d * we, call));
   }
   if (!rep.timings.empty()) print_timings(rep);
 #if defined(RMSNORM_WITH_CUDA)
@@ -1145,7 +1180,11 @@ double host_bytes(const Config& cfg, bool cuda) {
   const double in = n * (e + ye);
   if (cfg.op == "norm") return in + n * (ye + e) * (cuda ? 1 : 3);        // y, gx [, x, gy as the library's operands]
   if (cfg.op == "add") return in + n * (2 * re + e) * (cuda ? 1 : 2) + n * e;  // residual, h, y [+ their Bufs], x's Buf
-  return in + n * (cuda ? 1 : 2) + n * e;                                  // q [+ its Buf], x's Buf
+  // q [+ its Buf], x's Buf, and with --group the block scales (4 bytes per group, downloaded [+ their Buf])
+  const double scales = cfg.group > 0 ? 4.0 * static_cast<double>(cfg.rows) *
+                                            static_cast<double>((cfg.cols + cfg.group - 1) / cfg.group) * (cuda ? 1 : 2)
+                                      : 0.0;
+  return in + n * (cuda ? 1 : 2) + n * e + scales;
 }
 
 // Physical memory, or 0 where unknown. A run that needs more is refused up
