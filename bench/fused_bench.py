@@ -14,12 +14,14 @@ Operations and implementations (bf16 x, residual and w, eps 1e-5, the same tenso
     eager          F.rms_norm, then the same eager quantization
     compile        torch.compile of the fp32 formula and the quantization
   quant fp8/static, int8/row: the same with a static scale, and int8 per row.
+  quant fp8/block128, int8/block128: the same with one scale per 128 columns of a row (rms_norm_quant's
+    group_size=128, row-major scales); the eager and compiled forms reduce max|y| over a (rows, D / 128, 128) view.
 
 Timing as in bench/torch_ops_bench.py (its Bench class does it): kernel_us is the CUPTI span of one call's kernels
 with the L2 flushed before it, call_us the CUDA-event time per call; medians of --reps calls.
 Bytes (minimal): add forward reads x, residual, w and writes h and y: (4nD + D) * 2; add fwd+bwd adds the backward's
 reads of gy, g_h, x (h), w and writes of gx and gw: (9nD + 3D) * 2 for the whole; quant reads x and w and writes q
-(1 byte each) and the per-row scales: 2nD + 2D + nD (+ 4n).
+(1 byte each) and the per-row scales: 2nD + 2D + nD (+ 4n; 4n D / 128 for block scales).
 
 The verdict per shape and operation: the fused op against the fastest other implementation (kernel time).
 Output: a table, --json FILE. Without CUDA it says so and exits 0.
@@ -37,7 +39,9 @@ from run_meta import git_commit, utc_now  # bench/run_meta.py
 EPS = 1e-5
 SHAPES = [(1, 4096), (128, 4096), (8192, 4096), (16384, 7168), (4096, 16384), (65536, 2048)]
 QUICK_SHAPES = [(1, 4096), (8192, 4096)]
-OPS = ["add forward", "add fwd+bwd", "quant fp8/row", "quant fp8/static", "quant int8/row"]
+OPS = ["add forward", "add fwd+bwd", "quant fp8/row", "quant fp8/static", "quant int8/row", "quant fp8/block128",
+       "quant int8/block128"]
+GROUP = 128
 IMPLS = ["fused", "2 passes", "eager", "compile"]
 
 
@@ -54,6 +58,13 @@ def eager_quant(torch, y, fp8, scale):
     if fp8:
         return v.clamp(-448.0, 448.0).to(torch.float8_e4m3fn), s
     return torch.round(v).clamp(-128, 127).to(torch.int8), s
+
+
+def eager_block_quant(torch, y, fp8, group):
+    """The per-row rule applied to each block of `group` columns (D a multiple of it here)."""
+    rows, d = y.shape
+    q, s = eager_quant(torch, y.view(rows, d // group, group), fp8, None)
+    return q.view(rows, d), s.view(rows, d // group)
 
 
 def make(torch, rmsnorm, op, impl, cols):
@@ -79,6 +90,15 @@ def make(torch, rmsnorm, op, impl, cols):
     fp8 = "fp8" in op
     qdtype = torch.float8_e4m3fn if fp8 else torch.int8
     static = "static" in op
+    if "block" in op:
+        if impl == "fused":
+            return lambda x, w, scale: rmsnorm.rms_norm_quant(x, cols, w, EPS, dtype=qdtype, group_size=GROUP)
+        if impl == "2 passes":
+            return lambda x, w, scale: eager_block_quant(torch, rmsnorm.rms_norm(x, cols, w, EPS), fp8, GROUP)
+        if impl == "eager":
+            return lambda x, w, scale: eager_block_quant(torch, F.rms_norm(x, (cols,), w, EPS), fp8, GROUP)
+        return torch.compile(lambda x, w, scale: eager_block_quant(torch, formula(x, w), fp8, GROUP), fullgraph=True,
+                             dynamic=False)
     if impl == "fused":
         return lambda x, w, scale: rmsnorm.rms_norm_quant(x, cols, w, EPS, dtype=qdtype,
                                                           scale=scale if static else None)
@@ -133,7 +153,9 @@ def main():
         for op in ops:
             nbytes = {"add forward": (4 * n + d) * 2, "add fwd+bwd": (9 * n + 3 * d) * 2,
                       "quant fp8/row": 2 * n + 2 * d + n + 4 * rows, "quant fp8/static": 2 * n + 2 * d + n,
-                      "quant int8/row": 2 * n + 2 * d + n + 4 * rows}[op]
+                      "quant int8/row": 2 * n + 2 * d + n + 4 * rows,
+                      "quant fp8/block128": 2 * n + 2 * d + n + 4 * rows * (d // GROUP),
+                      "quant int8/block128": 2 * n + 2 * d + n + 4 * rows * (d // GROUP)}[op]
             for impl in IMPLS:
                 try:
                     f = make(torch, rmsnorm, op, impl, cols)
