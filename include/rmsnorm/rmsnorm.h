@@ -315,9 +315,10 @@ RMSNORM_API rmsnorm_status_t rmsnorm_add_forward_quant(const rmsnorm_problem_t* 
  * (scales_block_stride == 1, scales_row_stride >= nb) or column-major
  * (scales_row_stride == 1, scales_block_stride >= rows, the transposed
  * layout); any padding is left unwritten; other strides are
- * RMSNORM_STATUS_INVALID_STRIDE. For the overlap checks the scales span the
- * whole strided matrix, padding included. scale_ub (optional, fp8 only) is
- * one float.
+ * RMSNORM_STATUS_INVALID_STRIDE. The overlap checks see the scales as that
+ * strided matrix: an operand in its padding is refused unless it has the
+ * same row stride in bytes (then it is checked row by row, as any two
+ * matrices). scale_ub (optional, fp8 only) is one float.
  * CUDA: fused into the same kernel as rmsnorm_forward_quant where a row's
  * threads cover whole blocks (rstd and y then bit for bit rmsnorm_forward's),
  * else the one-CTA-per-row kernel. */

@@ -390,7 +390,8 @@ std::tuple<Tensor, std::optional<Tensor>> add_backward(Tensor gy, Tensor g_h, Te
 // block of group_size (64 or 128) columns of a row instead: scales has x's leading shape and a last dim of
 // nb = ceil(D / group_size), row-major (contiguous), or with column_major_scales the transposed storage (the
 // contiguous (nb, rows...) tensor with its first dim moved last: for 2-D x the .t() of an (nb, rows) tensor, stride
-// (1, rows)), the layout DeepGEMM-style fp8 GEMMs read. scale is then absent (block scales are dynamic).
+// (1, rows)), the MN-major layout of fp8 GEMMs with 1 x 128 scaling (no padded block stride here). scale is then
+// absent (block scales are dynamic).
 std::tuple<Tensor, Tensor, std::optional<Tensor>> quant_impl(const Tensor& x, const std::optional<Tensor>& residual,
                                                              const std::optional<Tensor>& weight, double eps,
                                                              int64_t flags, ScalarType out_dtype,

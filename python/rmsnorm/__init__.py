@@ -485,6 +485,10 @@ def _add_forward_block_quant_fake(x, residual, weight, eps, flags, out_dtype, gr
             x.new_empty(x.shape))
 
 
+def _detached(*ts):
+    return tuple(t.detach() if t is not None else None for t in ts)
+
+
 def rms_norm_quant(
     input: torch.Tensor,
     normalized_shape: int | Sequence[int] | torch.Size,
@@ -510,7 +514,9 @@ def rms_norm_quant(
     ``rms_norm_per_block_quant``, for fp8 GEMMs with 1 x 128 (or 1 x 64) block scaling. The scales are then float32
     of shape ``input.shape[:-k] + (nb,)`` with ``nb = ceil(D / group_size)`` (D the product of the normalized
     dims); contiguous, or with ``column_major_scales=True`` stored transposed (for 2-D input the ``.t()`` of a
-    contiguous ``(nb, rows)`` tensor, strides ``(1, rows)``: the layout DeepGEMM-style GEMMs read). Block scales are
+    contiguous ``(nb, rows)`` tensor, strides ``(1, rows)``: the MN-major layout of fp8 GEMMs with 1 x 128 scaling;
+    a block stride padded past ``rows``, as TMA alignment may want, is the C ABI's ``scales_block_stride``, not offered
+    here). Block scales are
     dynamic: ``scale`` must be None with them; ``scale_ub`` bounds each block's max|y| (fp8 only)."""
     op = "rmsnorm.rms_norm_quant"
     blocks = _check_block_args(op, group_size, column_major_scales, scale)
@@ -523,8 +529,12 @@ def rms_norm_quant(
     if k > 1:
         x = input.flatten(-k)
         w = weight.flatten() if weight is not None else None
-    # The outputs are not differentiable: eager calls go below autograd (no autograd kernel to pass through);
-    # torch.compile cannot trace that context manager, and its graph records the op alone.
+    # The outputs are not differentiable: eager calls go below autograd (no autograd kernel to pass through).
+    # torch.compile cannot trace that context manager; there the inputs are detached, so that the outputs carry no
+    # autograd history (the op has no autograd kernel: with an input that requires grad, autograd's fallback would
+    # give them a grad_fn whose backward gives nothing).
+    if _is_compiling():
+        x, w, scale, scale_ub = _detached(x, w, scale, scale_ub)
     with contextlib.nullcontext() if _is_compiling() else _below_autograd():
         if blocks:
             q, scales = torch.ops.rmsnorm.forward_block_quant.default(x, w, eps, flags, dtype, group_size,
@@ -570,7 +580,9 @@ def add_rms_norm_quant(
     if k > 1:
         x, r = input.flatten(-k), residual.flatten(-k)
         w = weight.flatten() if weight is not None else None
-    with contextlib.nullcontext() if _is_compiling() else _below_autograd():  # as in rms_norm_quant
+    if _is_compiling():  # as in rms_norm_quant
+        x, r, w, scale, scale_ub = _detached(x, r, w, scale, scale_ub)
+    with contextlib.nullcontext() if _is_compiling() else _below_autograd():
         if blocks:
             q, scales, h = torch.ops.rmsnorm.add_forward_block_quant.default(
                 x, r, w, eps, flags, dtype, group_size, bool(column_major_scales), scale_ub)

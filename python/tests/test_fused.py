@@ -455,6 +455,30 @@ def test_block_quant_compiles():
                            c.view(torch.uint8) if c.element_size() == 1 else c)
 
 
+def test_quant_outputs_carry_no_autograd_history_when_compiled():
+    # A parameter weight (requires grad): eager and compiled, every quantized form returns outputs that do not
+    # require grad, so that nothing can seem to backpropagate through them.
+    x, r, w = _inputs((8, 256), torch.bfloat16, "cpu", seed=93)
+    w = torch.nn.Parameter(w)
+    x.requires_grad_(True)
+
+    def step(x, r, w):
+        q1, s1 = rmsnorm.rms_norm_quant(x, 256, w, 1e-5)
+        q2, s2 = rmsnorm.rms_norm_quant(x, 256, w, 1e-5, dtype=torch.int8, scale=torch.full((1,), 0.05))
+        q3, s3 = rmsnorm.rms_norm_quant(x, 256, w, 1e-5, group_size=128)
+        q4, s4, h4 = rmsnorm.add_rms_norm_quant(x, r, 256, w, 1e-5)
+        q5, s5, h5 = rmsnorm.add_rms_norm_quant(x, r, 256, w, 1e-5, group_size=64, column_major_scales=True)
+        return q1, s1, q2, q3, s3, q4, s4, h4, q5, s5, h5
+
+    compiled = torch.compile(step, fullgraph=True)
+    for name, f in (("eager", step), ("compiled", compiled)):
+        outs = f(x, r, w)
+        assert [o.requires_grad for o in outs] == [False] * len(outs), name
+    for e, c in zip(step(x, r, w), compiled(x, r, w)):
+        assert torch.equal(e.view(torch.uint8) if e.element_size() == 1 else e,
+                           c.view(torch.uint8) if c.element_size() == 1 else c)
+
+
 def test_block_quant_errors():
     x, r, w = _inputs((4, 130), torch.float32, "cpu", seed=92)
     op, add_op = torch.ops.rmsnorm.forward_block_quant, torch.ops.rmsnorm.add_forward_block_quant
