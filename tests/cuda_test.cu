@@ -1035,6 +1035,38 @@ struct YFromRstd {
   }
 };
 
+// rstd against the float64 reference's, within its tolerance.
+void expect_rstd_near_reference(const Case& c, const Inputs& in, const std::vector<float>& rstd) {
+  const std::vector<double> xd = in.x.to_double(), wd = in.w.to_double();
+  const size_t n = static_cast<size_t>(c.rows * c.cols);
+  std::vector<double> yr(n), xh(n), rr(static_cast<size_t>(c.rows));
+  reference::forward(c.rows, c.cols, xd.data(), c.weight ? wd.data() : nullptr, ref_options(c), yr.data(), rr.data(),
+                     xh.data());
+  EXPECT_TRUE(check_vector(
+      "rstd", c.rows, [&](int64_t r) { return static_cast<double>(rstd[r]); }, rr,
+      [&](int64_t r) { return rstd_tol(rr[r], c.cols); }));
+}
+
+// The I/O path the plan sees for a case's x: 16-byte vectors where every row is 16-byte aligned.
+plan::Io io_of_case(const Case& c) {
+  const int esize = c.dtype == RMSNORM_DTYPE_F32 ? 4 : 2;
+  return c.layout != Layout::kOffset && (stride_of(c) * esize) % 16 == 0 ? plan::Io::kVector : plan::Io::kElement;
+}
+
+// A fused quantized call against rmsnorm_forward of the same inputs: rstd bit for bit, and `rule` (the q and scale
+// check) applied to rmsnorm_forward's y, given as y(row, col).
+template <typename Rule>
+void expect_fused_is_the_forwards(const Case& c, const Inputs& in, const std::vector<float>& rstd_got, Rule&& rule) {
+  HostMatrix y;
+  std::vector<float> rstd;
+  Case f = c;
+  f.with_rstd = true;
+  gpu_forward(f, in, &y, &rstd);
+  if (::testing::Test::HasFatalFailure()) return;
+  EXPECT_EQ(0, std::memcmp(rstd.data(), rstd_got.data(), rstd.size() * 4)) << "rstd differs from rmsnorm_forward's";
+  rule([&](int64_t r, int64_t k) { return static_cast<float>(y.get(r, k)); });
+}
+
 // One case: rstd within the reference's tolerance; q and the scales by the rule from y computed from that rstd;
 // where the plan fuses the quantization into the rows forward (asked first), rstd bit for bit rmsnorm_forward's and
 // q the rule applied to rmsnorm_forward's y. Returns whether it was fused.
@@ -1046,31 +1078,15 @@ bool check_forward_quant(const Case& c, const QuantSpec& qs, std::mt19937_64& rn
   QuantOut out;
   gpu_forward_quant(c, in, qs, &out);
   if (::testing::Test::HasFatalFailure()) return false;
-  const std::vector<double> xd = in.x.to_double(), wd = in.w.to_double();
-  const size_t n = static_cast<size_t>(c.rows * c.cols);
-  std::vector<double> yr(n), xh(n), rr(static_cast<size_t>(c.rows));
-  reference::forward(c.rows, c.cols, xd.data(), c.weight ? wd.data() : nullptr, ref_options(c), yr.data(), rr.data(),
-                     xh.data());
-  EXPECT_TRUE(check_vector(
-      "rstd", c.rows, [&](int64_t r) { return static_cast<double>(out.rstd[r]); }, rr,
-      [&](int64_t r) { return rstd_tol(rr[r], c.cols); }));
+  expect_rstd_near_reference(c, in, out.rstd);
   expect_quant_rule(c, qs, out, YFromRstd{c, in, out.rstd});
   if (::testing::Test::HasFatalFailure()) return false;
   const int esize = c.dtype == RMSNORM_DTYPE_F32 ? 4 : 2;
-  const plan::Io io = c.layout != Layout::kOffset && (stride_of(c) * esize) % 16 == 0 ? plan::Io::kVector
-                                                                                     : plan::Io::kElement;
+  const plan::Io io = io_of_case(c);
   const bool fused = plan::quant_fused(plan::forward_launch(c.rows, c.cols, esize, io, current_plan_device()),
                                        q_layout(c) != Layout::kOffset);
-  if (fused) {
-    HostMatrix y;
-    std::vector<float> rstd;
-    Case f = c;
-    f.with_rstd = true;
-    gpu_forward(f, in, &y, &rstd);
-    if (::testing::Test::HasFatalFailure()) return fused;
-    EXPECT_EQ(0, std::memcmp(rstd.data(), out.rstd.data(), rstd.size() * 4)) << "rstd differs from rmsnorm_forward's";
-    expect_quant_rule(c, qs, out, [&](int64_t r, int64_t k) { return static_cast<float>(y.get(r, k)); });
-  }
+  if (fused)
+    expect_fused_is_the_forwards(c, in, out.rstd, [&](const auto& y) { expect_quant_rule(c, qs, out, y); });
   return fused;
 }
 
@@ -1444,8 +1460,7 @@ void expect_block_rule(const Case& c, const BlockSpec& bs, const QuantOut& out, 
 // Whether the plan fuses this case (asked of the planner, so that the test counts what it ran).
 bool block_quant_fused(const Case& c, const BlockSpec& bs) {
   const int esize = c.dtype == RMSNORM_DTYPE_F32 ? 4 : 2;
-  const plan::Io io = c.layout != Layout::kOffset && (stride_of(c) * esize) % 16 == 0 ? plan::Io::kVector
-                                                                                     : plan::Io::kElement;
+  const plan::Io io = io_of_case(c);
   return !c.weight_f32 &&
          plan::quant_fused(plan::forward_launch(c.rows, c.cols, esize, io, current_plan_device()),
                            q_layout(c) != Layout::kOffset, bs.block_cols / plan::vec_elems(esize));
@@ -1465,27 +1480,12 @@ bool check_forward_block_quant(const Case& c, const BlockSpec& bs, std::mt19937_
   QuantOut out;
   gpu_forward_block_quant(c, in, bs, &out);
   if (::testing::Test::HasFatalFailure()) return false;
-  const std::vector<double> xd = in.x.to_double(), wd = in.w.to_double();
-  const size_t n = static_cast<size_t>(c.rows * c.cols);
-  std::vector<double> yr(n), xh(n), rr(static_cast<size_t>(c.rows));
-  reference::forward(c.rows, c.cols, xd.data(), c.weight ? wd.data() : nullptr, ref_options(c), yr.data(), rr.data(),
-                     xh.data());
-  EXPECT_TRUE(check_vector(
-      "rstd", c.rows, [&](int64_t r) { return static_cast<double>(out.rstd[r]); }, rr,
-      [&](int64_t r) { return rstd_tol(rr[r], c.cols); }));
+  expect_rstd_near_reference(c, in, out.rstd);
   expect_block_rule(c, bs, out, YFromRstd{c, in, out.rstd});
   if (::testing::Test::HasFatalFailure()) return false;
   const bool fused = block_quant_fused(c, bs);
-  if (fused) {
-    HostMatrix y;
-    std::vector<float> rstd;
-    Case f = c;
-    f.with_rstd = true;
-    gpu_forward(f, in, &y, &rstd);
-    if (::testing::Test::HasFatalFailure()) return fused;
-    EXPECT_EQ(0, std::memcmp(rstd.data(), out.rstd.data(), rstd.size() * 4)) << "rstd differs from rmsnorm_forward's";
-    expect_block_rule(c, bs, out, [&](int64_t r, int64_t k) { return static_cast<float>(y.get(r, k)); });
-  }
+  if (fused)
+    expect_fused_is_the_forwards(c, in, out.rstd, [&](const auto& y) { expect_block_rule(c, bs, out, y); });
   return fused;
 }
 
