@@ -546,6 +546,73 @@ TEST(Quant, NanRow) {
   for (int64_t k = 0; k < c.cols; ++k) EXPECT_EQ(n.q[static_cast<size_t>(c.cols + 5 + k)], 0) << k;
 }
 
+// int8 per row is y * (1 / s), not y / s: at 1024 x 256 bf16 the two round apart at dozens of elements (counted
+// here, so that the case is known to tell them apart), and every q must be the former.
+TEST(Quant, Int8PerRowMultipliesByTheInverse) {
+  std::mt19937_64 rng(56);
+  AddCase c;
+  c.dtype = RMSNORM_DTYPE_BF16;
+  c.rows = 1024;
+  c.cols = 256;
+  HostMatrix x(c.dtype, c.rows, c.cols), w(c.dtype, 1, c.cols), y(c.dtype, c.rows, c.cols);
+  harness::fill_normal(x, rng(), harness::hetero_row_scale);
+  harness::fill_normal(w, rng(), {}, 1.0);
+  const rmsnorm_problem_t p = problem(c);
+  const rmsnorm_backend_t be = rmsnorm_backend_cpu(1);
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward(&p, x.data(), c.cols, w.data(), y.data(), c.cols, nullptr, &be));
+  const QuantRun r = run_quant(c, x, w, RMSNORM_QUANT_INT8, RMSNORM_QUANT_PER_ROW, 1.0f, nullptr);
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, r.status) << rmsnorm_last_error();
+  int64_t apart = 0;
+  for (int64_t i = 0; i < c.rows; ++i) {
+    const float s = r.scales[static_cast<size_t>(i)];
+    for (int64_t k = 0; k < c.cols; ++k) {
+      const float yv = static_cast<float>(y.get(i, k));
+      const int by_inverse = static_cast<int>(std::max(-128.0f, std::min(127.0f, std::nearbyint(yv * (1.0f / s)))));
+      const int by_division = static_cast<int>(std::max(-128.0f, std::min(127.0f, std::nearbyint(yv / s))));
+      apart += by_inverse != by_division;
+      ASSERT_EQ(int(static_cast<int8_t>(r.q[static_cast<size_t>(i * (c.cols + 5) + k)])), by_inverse)
+          << "row " << i << " col " << k << " y " << yv << " s " << s;
+    }
+  }
+  EXPECT_GT(apart, 0) << "no element tells y * (1 / s) from y / s: the case does not test the rule";
+}
+
+// A NaN weight makes y NaN in that column of every row, and only there: the row's max|y| ignores it (the scale is
+// that of the other columns) and the column's q is 448's code (fp8) or 0 (int8). The NaN columns include the last,
+// so that a running max that took a NaN in would end on it.
+TEST(Quant, NanColumnIsIgnoredByTheRowMax) {
+  std::mt19937_64 rng(57);
+  AddCase c;
+  c.dtype = RMSNORM_DTYPE_F32;
+  c.rows = 6;
+  c.cols = 40;
+  HostMatrix x(c.dtype, c.rows, c.cols), w(c.dtype, 1, c.cols), y(c.dtype, c.rows, c.cols);
+  harness::fill_normal(x, rng(), harness::hetero_row_scale);
+  harness::fill_normal(w, rng(), {}, 1.0);
+  const int64_t nan_cols[] = {7, c.cols - 1};
+  for (int64_t k : nan_cols) w.set(0, k, NAN);
+  const rmsnorm_problem_t p = problem(c);
+  const rmsnorm_backend_t be = rmsnorm_backend_cpu(1);
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward(&p, x.data(), c.cols, w.data(), y.data(), c.cols, nullptr, &be));
+  for (int32_t kind : {RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_INT8}) {
+    const bool fp8 = kind == RMSNORM_QUANT_FP8_E4M3;
+    const QuantRun r = run_quant(c, x, w, kind, RMSNORM_QUANT_PER_ROW, 1.0f, nullptr);
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS, r.status) << rmsnorm_last_error();
+    for (int64_t i = 0; i < c.rows; ++i) {
+      float amax = 0.0f;
+      for (int64_t k = 0; k < c.cols; ++k) {
+        const float v = std::fabs(static_cast<float>(y.get(i, k)));
+        if (!std::isnan(v) && v > amax) amax = v;
+      }
+      ASSERT_GT(amax, 0.0f);
+      const float s = std::max(amax / (fp8 ? 448.0f : 127.0f), fp8 ? 1.0f / (448.0f * 512.0f) : FLT_EPSILON);
+      ASSERT_EQ(r.scales[static_cast<size_t>(i)], s) << (fp8 ? "fp8" : "int8") << " row " << i;
+      for (int64_t k : nan_cols)
+        ASSERT_EQ(int(r.q[static_cast<size_t>(i * (c.cols + 5) + k)]), fp8 ? 0x7E : 0) << "row " << i << " col " << k;
+    }
+  }
+}
+
 // rmsnorm_add_forward_quant: h exactly by the rule, then q, the row scales and rstd bit for bit
 // rmsnorm_forward_quant's of that h; in place over x and over residual; q overlapping h refused with nothing written.
 TEST(Quant, AddForwardQuantIsTheQuantOfH) {
