@@ -135,6 +135,19 @@ Tensor new_tensor(const std::vector<int64_t>& shape, ScalarType dtype, const Ten
   return Tensor(h);
 }
 
+// A view of t's storage with another shape and strides (from t's first element).
+Tensor view_of(const Tensor& t, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  AtenTensorHandle h = nullptr;
+#ifdef STABLE_TORCH_ERROR_CODE_CHECK
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch__reinterpret_tensor(t.get(), static_cast<int64_t>(shape.size()), shape.data(),
+                                                               strides.data(), 0, &h));
+#else
+  TORCH_ERROR_CODE_CHECK(aoti_torch__reinterpret_tensor(t.get(), static_cast<int64_t>(shape.size()), shape.data(),
+                                                        strides.data(), 0, &h));
+#endif
+  return Tensor(h);
+}
+
 // t as a rows x cols matrix (cols = the last dim) with one row stride, copied once when its layout has none.
 struct Rows {
   Tensor t;
@@ -390,16 +403,22 @@ std::tuple<Tensor, std::optional<Tensor>> add_backward(Tensor gy, Tensor g_h, Te
 // block of group_size (64 or 128) columns of a row instead: scales has x's leading shape and a last dim of
 // nb = ceil(D / group_size), row-major (contiguous), or with column_major_scales the transposed storage (the
 // contiguous (nb, rows...) tensor with its first dim moved last: for 2-D x the .t() of an (nb, rows) tensor, stride
-// (1, rows)), the MN-major layout of fp8 GEMMs with 1 x 128 scaling (no padded block stride here). scale is then
-// absent (block scales are dynamic).
+// (1, rows)), the MN-major layout of fp8 GEMMs with 1 x 128 scaling. scales_alignment > 1 (column-major only) rounds
+// that block stride up to a multiple of it, the storage holding every padded column (4: each block's column starts
+// on 16 bytes, as TMA loads of the scales want). scale is then absent (block scales are dynamic).
 std::tuple<Tensor, Tensor, std::optional<Tensor>> quant_impl(const Tensor& x, const std::optional<Tensor>& residual,
                                                              const std::optional<Tensor>& weight, double eps,
                                                              int64_t flags, ScalarType out_dtype,
                                                              const std::optional<Tensor>& scale,
                                                              const std::optional<Tensor>& scale_ub, const char* op,
                                                              int64_t group_size = 0,
-                                                             bool column_major_scales = false) {
+                                                             bool column_major_scales = false,
+                                                             int64_t scales_alignment = 1) {
   const bool blocks = group_size > 0;  // checked by the block ops
+  if (scales_alignment < 1 || scales_alignment > 1024)
+    fail(op, ": scales_alignment must be in 1..1024, got ", scales_alignment);
+  if (scales_alignment != 1 && !column_major_scales)
+    fail(op, ": scales_alignment pads column-major scales; it needs column_major_scales");
   check_floating_input(x, op);
   const int32_t dtype = library_dtype(x.scalar_type(), op, "x");
   if (residual.has_value()) {
@@ -455,8 +474,11 @@ std::tuple<Tensor, Tensor, std::optional<Tensor>> quant_impl(const Tensor& x, co
       strides[i] = st;
       st *= shape[i] > 1 ? shape[i] : 1;
     }
-    strides.back() = st;
-    Tensor scales = new_tensor(shape, ScalarType::Float, x, column_major_scales ? &strides : nullptr);
+    strides.back() = (st + scales_alignment - 1) / scales_alignment * scales_alignment;
+    // Padded, the storage is a contiguous (nb, padded rows) tensor, so that the last column's padding is there too.
+    Tensor scales = scales_alignment > 1
+                        ? view_of(new_tensor({nb, strides.back()}, ScalarType::Float, x), shape, strides)
+                        : new_tensor(shape, ScalarType::Float, x, column_major_scales ? &strides : nullptr);
     rmsnorm_block_quant_t bq;
     bq.kind = kind;
     bq.block_cols = static_cast<int32_t>(group_size);
@@ -525,10 +547,10 @@ void check_group_size(int64_t group_size, const char* op) {
 // q with block scales (rmsnorm_forward_block_quant): (q, scales), scales (x's leading shape, nb) as quant_impl says.
 std::tuple<Tensor, Tensor> forward_block_quant(Tensor x, std::optional<Tensor> weight, double eps, int64_t flags,
                                                ScalarType out_dtype, int64_t group_size, bool column_major_scales,
-                                               std::optional<Tensor> scale_ub) {
+                                               std::optional<Tensor> scale_ub, int64_t scales_alignment) {
   check_group_size(group_size, "rmsnorm.forward_block_quant");
   auto [q, scales, h] = quant_impl(x, std::nullopt, weight, eps, flags, out_dtype, std::nullopt, scale_ub,
-                                   "rmsnorm.forward_block_quant", group_size, column_major_scales);
+                                   "rmsnorm.forward_block_quant", group_size, column_major_scales, scales_alignment);
   return {q, scales};
 }
 
@@ -536,10 +558,11 @@ std::tuple<Tensor, Tensor> forward_block_quant(Tensor x, std::optional<Tensor> w
 std::tuple<Tensor, Tensor, Tensor> add_forward_block_quant(Tensor x, Tensor residual, std::optional<Tensor> weight,
                                                            double eps, int64_t flags, ScalarType out_dtype,
                                                            int64_t group_size, bool column_major_scales,
-                                                           std::optional<Tensor> scale_ub) {
+                                                           std::optional<Tensor> scale_ub, int64_t scales_alignment) {
   check_group_size(group_size, "rmsnorm.add_forward_block_quant");
   auto [q, scales, h] = quant_impl(x, residual, weight, eps, flags, out_dtype, std::nullopt, scale_ub,
-                                   "rmsnorm.add_forward_block_quant", group_size, column_major_scales);
+                                   "rmsnorm.add_forward_block_quant", group_size, column_major_scales,
+                                   scales_alignment);
   return {q, scales, *h};
 }
 
@@ -597,10 +620,10 @@ STABLE_TORCH_LIBRARY(rmsnorm, m) {
       "Tensor? scale, Tensor? scale_ub) -> (Tensor q, Tensor scales, Tensor h)");
   m.def(
       "forward_block_quant(Tensor x, Tensor? weight, float eps, int flags, ScalarType out_dtype, int group_size, "
-      "bool column_major_scales, Tensor? scale_ub) -> (Tensor q, Tensor scales)");
+      "bool column_major_scales, Tensor? scale_ub, int scales_alignment=1) -> (Tensor q, Tensor scales)");
   m.def(
       "add_forward_block_quant(Tensor x, Tensor residual, Tensor? weight, float eps, int flags, "
-      "ScalarType out_dtype, int group_size, bool column_major_scales, Tensor? scale_ub) -> "
+      "ScalarType out_dtype, int group_size, bool column_major_scales, Tensor? scale_ub, int scales_alignment=1) -> "
       "(Tensor q, Tensor scales, Tensor h)");
   m.def(
       "add_backward(Tensor gy, Tensor g_h, Tensor h, Tensor? weight, Tensor rstd, int flags, ScalarType? gw_dtype) -> "

@@ -441,9 +441,11 @@ def _check_group_size(op, group_size):
         raise RuntimeError(f"{op}: group_size must be 64 or 128, got {group_size}")
 
 
-def _block_scales_fake(x, group_size, column_major_scales):
+def _block_scales_fake(x, group_size, column_major_scales, scales_alignment=1):
     """The block ops' scales: float32 (x's leading shape, nb = ceil(D / group_size)), contiguous, or column-major
-    (the contiguous (nb, rows...) tensor with its first dim moved last; for 2-D x, stride (1, rows))."""
+    (the contiguous (nb, rows...) tensor with its first dim moved last; for 2-D x, stride (1, rows)), its block
+    stride rounded up to a multiple of scales_alignment in the storage of a contiguous (nb, padded) tensor."""
+    _check_scales_alignment("rmsnorm: block scales", column_major_scales, scales_alignment, RuntimeError)
     nb = -(-x.shape[-1] // group_size)
     lead = tuple(x.shape[:-1])
     if not column_major_scales:
@@ -452,7 +454,18 @@ def _block_scales_fake(x, group_size, column_major_scales):
     for n in reversed(lead):  # the leading dims dense among themselves, the block dim outermost
         strides.append(st)
         st *= max(n, 1)
+    padded = -(-st // scales_alignment) * scales_alignment
+    if scales_alignment > 1:
+        return x.new_empty((nb, padded), dtype=torch.float32).as_strided(lead + (nb,), tuple(reversed(strides)) +
+                                                                         (padded,))
     return x.new_empty_strided(lead + (nb,), tuple(reversed(strides)) + (st,), dtype=torch.float32)
+
+
+def _check_scales_alignment(op, column_major_scales, scales_alignment, error=ValueError):
+    if type(scales_alignment) is not int or not 1 <= scales_alignment <= 1024:
+        raise error(f"{op}: scales_alignment must be an int in 1..1024, got {scales_alignment!r}")
+    if scales_alignment != 1 and not column_major_scales:
+        raise error(f"{op}: scales_alignment pads column-major scales; it needs column_major_scales=True")
 
 
 def _check_block_args(op, group_size, column_major_scales, scale):
@@ -472,17 +485,19 @@ def _check_block_args(op, group_size, column_major_scales, scale):
 
 
 @torch.library.register_fake("rmsnorm::forward_block_quant")
-def _forward_block_quant_fake(x, weight, eps, flags, out_dtype, group_size, column_major_scales, scale_ub):
+def _forward_block_quant_fake(x, weight, eps, flags, out_dtype, group_size, column_major_scales, scale_ub,
+                              scales_alignment=1):
     _check_group_size("rmsnorm.forward_block_quant", group_size)
-    return x.new_empty(x.shape, dtype=out_dtype), _block_scales_fake(x, group_size, column_major_scales)
+    return x.new_empty(x.shape, dtype=out_dtype), _block_scales_fake(x, group_size, column_major_scales,
+                                                                     scales_alignment)
 
 
 @torch.library.register_fake("rmsnorm::add_forward_block_quant")
 def _add_forward_block_quant_fake(x, residual, weight, eps, flags, out_dtype, group_size, column_major_scales,
-                                  scale_ub):
+                                  scale_ub, scales_alignment=1):
     _check_group_size("rmsnorm.add_forward_block_quant", group_size)
-    return (x.new_empty(x.shape, dtype=out_dtype), _block_scales_fake(x, group_size, column_major_scales),
-            x.new_empty(x.shape))
+    return (x.new_empty(x.shape, dtype=out_dtype),
+            _block_scales_fake(x, group_size, column_major_scales, scales_alignment), x.new_empty(x.shape))
 
 
 def _detached(*ts):
@@ -502,6 +517,7 @@ def rms_norm_quant(
     round_xhat: bool = False,
     group_size: int | None = None,
     column_major_scales: bool = False,
+    scales_alignment: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``rms_norm`` with its output quantized to ``dtype`` (``torch.float8_e4m3fn`` or ``torch.int8``), by vLLM's
     rules (``docs/fusions.md``): with ``scale`` (a one-element float32 tensor) ``q = quant(y * (1 / scale))``;
@@ -514,12 +530,14 @@ def rms_norm_quant(
     ``rms_norm_per_block_quant``, for fp8 GEMMs with 1 x 128 (or 1 x 64) block scaling. The scales are then float32
     of shape ``input.shape[:-k] + (nb,)`` with ``nb = ceil(D / group_size)`` (D the product of the normalized
     dims); contiguous, or with ``column_major_scales=True`` stored transposed (for 2-D input the ``.t()`` of a
-    contiguous ``(nb, rows)`` tensor, strides ``(1, rows)``: the MN-major layout of fp8 GEMMs with 1 x 128 scaling;
-    a block stride padded past ``rows``, as TMA alignment may want, is the C ABI's ``scales_block_stride``, not offered
-    here). Block scales are
-    dynamic: ``scale`` must be None with them; ``scale_ub`` bounds each block's max|y| (fp8 only)."""
+    contiguous ``(nb, rows)`` tensor, strides ``(1, rows)``: the MN-major layout of fp8 GEMMs with 1 x 128 scaling).
+    ``scales_alignment`` (column-major only; default 1) rounds that block stride up to a multiple of it, in the
+    storage of a contiguous ``(nb, padded rows)`` tensor: 4 starts each block's column on 16 bytes, as TMA loads of
+    the scales want (the padding is not written). Block scales are dynamic: ``scale`` must be None with them;
+    ``scale_ub`` bounds each block's max|y| (fp8 only)."""
     op = "rmsnorm.rms_norm_quant"
     blocks = _check_block_args(op, group_size, column_major_scales, scale)
+    _check_scales_alignment(op, column_major_scales, scales_alignment)
     normalized_shape = _normalized_dims(op, input, normalized_shape)
     k = len(normalized_shape)
     shape = input.shape
@@ -538,7 +556,8 @@ def rms_norm_quant(
     with contextlib.nullcontext() if _is_compiling() else _below_autograd():
         if blocks:
             q, scales = torch.ops.rmsnorm.forward_block_quant.default(x, w, eps, flags, dtype, group_size,
-                                                                      bool(column_major_scales), scale_ub)
+                                                                      bool(column_major_scales), scale_ub,
+                                                                      scales_alignment)
         else:
             q, scales = torch.ops.rmsnorm.forward_quant.default(x, w, eps, flags, dtype, scale, scale_ub)
     return (q.view(shape) if k > 1 else q), scales
@@ -564,13 +583,15 @@ def add_rms_norm_quant(
     round_xhat: bool = False,
     group_size: int | None = None,
     column_major_scales: bool = False,
+    scales_alignment: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The pre-norm residual step with a quantized output: ``h = input + residual`` (fp32 sum, one rounding), then
     ``rms_norm_quant(h, ...)``; returns ``(q, scales, h)``, bit for bit ``add_rms_norm``'s h and ``rms_norm_quant``
-    of it (block scales with ``group_size``, laid out per ``column_major_scales``). Arguments as in ``add_rms_norm``
-    and ``rms_norm_quant``. Not differentiable."""
+    of it (block scales with ``group_size``, laid out per ``column_major_scales`` and ``scales_alignment``).
+    Arguments as in ``add_rms_norm`` and ``rms_norm_quant``. Not differentiable."""
     op = "rmsnorm.add_rms_norm_quant"
     blocks = _check_block_args(op, group_size, column_major_scales, scale)
+    _check_scales_alignment(op, column_major_scales, scales_alignment)
     normalized_shape = _normalized_dims(op, input, normalized_shape)
     k = len(normalized_shape)
     shape = input.shape
@@ -585,7 +606,7 @@ def add_rms_norm_quant(
     with contextlib.nullcontext() if _is_compiling() else _below_autograd():
         if blocks:
             q, scales, h = torch.ops.rmsnorm.add_forward_block_quant.default(
-                x, r, w, eps, flags, dtype, group_size, bool(column_major_scales), scale_ub)
+                x, r, w, eps, flags, dtype, group_size, bool(column_major_scales), scale_ub, scales_alignment)
         else:
             q, scales, h = torch.ops.rmsnorm.add_forward_quant.default(x, r, w, eps, flags, dtype, scale, scale_ub)
     return (q.view(shape), scales, h.view(shape)) if k > 1 else (q, scales, h)

@@ -455,6 +455,46 @@ def test_block_quant_compiles():
                            c.view(torch.uint8) if c.element_size() == 1 else c)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_block_quant_scales_alignment(device):
+    # Column-major scales with the block stride padded to a multiple of 4 (16 bytes): the same values as without
+    # padding, the leading dims dense, every padded column in the storage.
+    for shape, group_size in (((5, 300), 128), ((2, 3, 130), 64), ((1, 100), 64), ((9, 256), 128)):
+        x, r, w = _inputs(shape, torch.bfloat16, device, seed=94)
+        D = shape[-1]
+        rows = 1
+        for n in shape[:-1]:
+            rows *= n
+        nb, padded = -(-D // group_size), -(-rows // 4) * 4
+        want_q, want_s = rmsnorm.rms_norm_quant(x, D, w, 1e-5, group_size=group_size, column_major_scales=True)
+        q, s = rmsnorm.rms_norm_quant(x, D, w, 1e-5, group_size=group_size, column_major_scales=True,
+                                      scales_alignment=4)
+        assert tuple(s.shape) == tuple(shape[:-1]) + (nb,)
+        assert s.stride(-1) == padded, (shape, s.stride())
+        assert s.untyped_storage().nbytes() >= nb * padded * 4
+        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s)
+        _, s2, h = rmsnorm.add_rms_norm_quant(x, r, D, w, 1e-5, group_size=group_size, column_major_scales=True,
+                                              scales_alignment=4)
+        _, want_s2 = rmsnorm.rms_norm_quant(h, D, w, 1e-5, group_size=group_size, column_major_scales=True)
+        assert s2.stride(-1) == padded and torch.equal(s2, want_s2)
+    x, r, w = _inputs((4, 130), torch.float32, device, seed=95)
+    for call in (lambda: rmsnorm.rms_norm_quant(x, 130, w, group_size=64, scales_alignment=4),
+                 lambda: rmsnorm.rms_norm_quant(x, 130, w, group_size=64, column_major_scales=True, scales_alignment=0),
+                 lambda: rmsnorm.rms_norm_quant(x, 130, w, group_size=64, column_major_scales=True,
+                                                scales_alignment=True),
+                 lambda: rmsnorm.add_rms_norm_quant(x, r, 130, w, group_size=64, column_major_scales=True,
+                                                    scales_alignment=2048)):
+        with pytest.raises(ValueError, match="scales_alignment"):
+            call()
+    with pytest.raises(RuntimeError, match="scales_alignment"):
+        torch.ops.rmsnorm.forward_block_quant(x, w, 1e-5, 0, torch.int8, 64, False, None, 4)
+    for column_major, align in ((True, 4), (True, 3), (False, 1)):
+        torch.library.opcheck(torch.ops.rmsnorm.forward_block_quant,
+                              (x, w, 1e-5, 0, torch.float8_e4m3fn, 64, column_major, None, align))
+        torch.library.opcheck(torch.ops.rmsnorm.add_forward_block_quant,
+                              (x, r, w, 1e-5, 0, torch.int8, 128, column_major, None, align))
+
+
 def test_quant_outputs_carry_no_autograd_history_when_compiled():
     # A parameter weight (requires grad): eager and compiled, every quantized form returns outputs that do not
     # require grad, so that nothing can seem to backpropagate through them.
