@@ -1096,6 +1096,155 @@ TYPED_TEST(CppTest, AddForwardAndBackwardAreTheCAbis) {
   EXPECT_NE(std::string(rmsnorm::last_error()).find("g_h"), std::string::npos) << rmsnorm::last_error();
 }
 
+// forward_quant / add_forward_quant through rmsnorm.hpp give the C ABI's bits for every scale rule (the values
+// themselves are checked in fused_test), padding included, and check the shapes first.
+TYPED_TEST(CppTest, QuantizedForwardsAreTheCAbis) {
+  using T = TypeParam;
+  constexpr int32_t dt = rmsnorm::dtype_of_v<T>;
+  const int64_t rows = 5, cols = 200;
+  std::mt19937_64 rng(44);
+  std::normal_distribution<float> n01(0.f, 1.f);
+  std::vector<T> x(rows * cols), res(rows * cols), w(cols);
+  for (auto* v : {&x, &res})
+    for (auto& e : *v) e = from_float<T>(n01(rng) + 0.01f);
+  for (auto& e : w) e = from_float<T>(1.0f + 0.25f * n01(rng));
+  const rmsnorm::Backend be = rmsnorm::Backend::cpu(1);
+  const rmsnorm::Options opt;
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = rows;
+  p.cols = cols;
+  p.dtype = dt;
+  const rmsnorm_backend_t cbe = rmsnorm_backend_cpu(1);
+  const float scale = 0.05f, ub = 0.5f;
+  const auto xv = rmsnorm::make_matrix(static_cast<const T*>(x.data()), rows, cols);
+  const auto wv = rmsnorm::make_vector(static_cast<const T*>(w.data()), cols);
+  struct Out {
+    std::vector<uint8_t> q = std::vector<uint8_t>(5 * 200, 0xAB);
+    std::vector<float> scales = std::vector<float>(64, std::nanf(""));
+    std::vector<float> rstd = std::vector<float>(5, std::nanf(""));
+    std::vector<T> h = std::vector<T>(5 * 200);
+  };
+  auto expect_same = [](const Out& a, const Out& b, const char* what) {
+    EXPECT_EQ(a.q, b.q) << what;
+    EXPECT_EQ(0, std::memcmp(a.scales.data(), b.scales.data(), a.scales.size() * sizeof(float))) << what;
+    EXPECT_EQ(0, std::memcmp(a.rstd.data(), b.rstd.data(), a.rstd.size() * sizeof(float))) << what;
+    EXPECT_EQ(0, std::memcmp(a.h.data(), b.h.data(), a.h.size() * sizeof(T))) << what;
+  };
+  auto qv = [&](Out& o) { return rmsnorm::make_matrix(o.q.data(), rows, cols); };
+  auto rv = [&](Out& o) { return rmsnorm::make_vector(o.rstd.data(), rows); };
+  {  // static fp8
+    Out a, b;
+    ASSERT_EQ(rmsnorm::Status::kSuccess,
+              rmsnorm::forward_quant(xv, wv, rmsnorm::QuantKind::kFp8E4m3, rmsnorm::QuantScales::fixed(&scale), qv(a),
+                                     rv(a), opt, be))
+        << rmsnorm::last_error();
+    const rmsnorm_quant_t qt{RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_STATIC, &scale, nullptr, nullptr};
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+              rmsnorm_forward_quant(&p, x.data(), cols, w.data(), &qt, b.q.data(), cols, b.rstd.data(), &cbe));
+    expect_same(a, b, "static");
+  }
+  {  // int8 per row
+    Out a, b;
+    ASSERT_EQ(rmsnorm::Status::kSuccess,
+              rmsnorm::forward_quant(xv, wv, rmsnorm::QuantKind::kInt8,
+                                     rmsnorm::QuantScales::per_row(rmsnorm::make_vector(a.scales.data(), rows)), qv(a),
+                                     rv(a), opt, be))
+        << rmsnorm::last_error();
+    const rmsnorm_quant_t qt{RMSNORM_QUANT_INT8, RMSNORM_QUANT_PER_ROW, nullptr, b.scales.data(), nullptr};
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+              rmsnorm_forward_quant(&p, x.data(), cols, w.data(), &qt, b.q.data(), cols, b.rstd.data(), &cbe));
+    expect_same(a, b, "per row");
+  }
+  {  // fp8 blocks of 64, row-major with a padding float per row, scale_ub
+    Out a, b;
+    const int64_t nb = 4;
+    ASSERT_EQ(rmsnorm::Status::kSuccess,
+              rmsnorm::forward_quant(xv, wv, rmsnorm::QuantKind::kFp8E4m3,
+                                     rmsnorm::QuantScales::per_block(
+                                         64, rmsnorm::make_matrix(a.scales.data(), rows, nb, nb + 1), &ub),
+                                     qv(a), rv(a), opt, be))
+        << rmsnorm::last_error();
+    const rmsnorm_block_quant_t bq{RMSNORM_QUANT_FP8_E4M3, 64, b.scales.data(), nb + 1, 1, &ub};
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+              rmsnorm_forward_block_quant(&p, x.data(), cols, w.data(), &bq, b.q.data(), cols, b.rstd.data(), &cbe));
+    expect_same(a, b, "blocks, row-major");
+  }
+  {  // int8 blocks of 128 transposed (blocks x rows, two padding floats per block), then the add form
+    Out a, b;
+    const int64_t nb = 2;
+    const auto sc = rmsnorm::QuantScales::per_block_transposed(
+        128, rmsnorm::make_matrix(a.scales.data(), nb, rows, rows + 2));
+    ASSERT_EQ(rmsnorm::Status::kSuccess,
+              rmsnorm::forward_quant(xv, wv, rmsnorm::QuantKind::kInt8, sc, qv(a), rv(a), opt, be))
+        << rmsnorm::last_error();
+    const rmsnorm_block_quant_t bq{RMSNORM_QUANT_INT8, 128, b.scales.data(), 1, rows + 2, nullptr};
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+              rmsnorm_forward_block_quant(&p, x.data(), cols, w.data(), &bq, b.q.data(), cols, b.rstd.data(), &cbe));
+    expect_same(a, b, "blocks, transposed");
+    Out c, d;
+    ASSERT_EQ(rmsnorm::Status::kSuccess,
+              rmsnorm::add_forward_quant(xv, rmsnorm::make_matrix(static_cast<const T*>(res.data()), rows, cols), wv,
+                                         rmsnorm::make_matrix(c.h.data(), rows, cols), rmsnorm::QuantKind::kInt8,
+                                         rmsnorm::QuantScales::per_block_transposed(
+                                             128, rmsnorm::make_matrix(c.scales.data(), nb, rows, rows + 2)),
+                                         qv(c), rv(c), opt, be))
+        << rmsnorm::last_error();
+    const rmsnorm_block_quant_t bq2{RMSNORM_QUANT_INT8, 128, d.scales.data(), 1, rows + 2, nullptr};
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+              rmsnorm_add_forward_block_quant(&p, x.data(), cols, res.data(), cols, w.data(), d.h.data(), cols, &bq2,
+                                              d.q.data(), cols, d.rstd.data(), &cbe));
+    expect_same(c, d, "add, blocks, transposed");
+  }
+  {  // static fp8 after the add
+    Out a, b;
+    ASSERT_EQ(rmsnorm::Status::kSuccess,
+              rmsnorm::add_forward_quant(xv, rmsnorm::make_matrix(static_cast<const T*>(res.data()), rows, cols), wv,
+                                         rmsnorm::make_matrix(a.h.data(), rows, cols), rmsnorm::QuantKind::kFp8E4m3,
+                                         rmsnorm::QuantScales::fixed(&scale), qv(a), rv(a), opt, be))
+        << rmsnorm::last_error();
+    const rmsnorm_quant_t qt{RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_STATIC, &scale, nullptr, nullptr};
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+              rmsnorm_add_forward_quant(&p, x.data(), cols, res.data(), cols, w.data(), b.h.data(), cols, &qt,
+                                        b.q.data(), cols, b.rstd.data(), &cbe));
+    expect_same(a, b, "add, static");
+  }
+  // Shapes first, each refusal naming the operand and writing nothing.
+  Out o;
+  const Out untouched;
+  auto refused = [&](rmsnorm::Status got, const char* name) {
+    EXPECT_EQ(rmsnorm::Status::kInvalidShape, got) << name;
+    EXPECT_NE(std::string(rmsnorm::last_error()).find(name), std::string::npos) << rmsnorm::last_error();
+    expect_same(o, untouched, name);
+  };
+  refused(rmsnorm::forward_quant(xv, wv, rmsnorm::QuantKind::kFp8E4m3, rmsnorm::QuantScales::fixed(&scale),
+                                 rmsnorm::make_matrix(o.q.data(), rows, cols - 1), rv(o), opt, be),
+          "q");
+  refused(rmsnorm::forward_quant(xv, wv, rmsnorm::QuantKind::kInt8,
+                                 rmsnorm::QuantScales::per_row(rmsnorm::make_vector(o.scales.data(), rows - 1)), qv(o),
+                                 rv(o), opt, be),
+          "row_scales");
+  refused(rmsnorm::forward_quant(xv, wv, rmsnorm::QuantKind::kInt8,
+                                 rmsnorm::QuantScales::per_block(64, rmsnorm::make_matrix(o.scales.data(), rows, 3)),
+                                 qv(o), rv(o), opt, be),
+          "scales (blocks)");
+  refused(rmsnorm::forward_quant(xv, wv, rmsnorm::QuantKind::kInt8,
+                                 rmsnorm::QuantScales::per_block_transposed(
+                                     128, rmsnorm::make_matrix(o.scales.data(), 2, rows + 1, rows + 2)),
+                                 qv(o), rv(o), opt, be),
+          "scales (rows)");
+  refused(rmsnorm::add_forward_quant(xv, rmsnorm::make_matrix(static_cast<const T*>(res.data()), rows, cols), wv,
+                                     rmsnorm::make_matrix(o.h.data(), rows - 1, cols), rmsnorm::QuantKind::kInt8,
+                                     rmsnorm::QuantScales::fixed(&scale), qv(o), rv(o), opt, be),
+          "h");
+  // A block size the library refuses reaches it (its message names the field).
+  EXPECT_EQ(rmsnorm::Status::kInvalidOption,
+            rmsnorm::forward_quant(xv, wv, rmsnorm::QuantKind::kInt8,
+                                   rmsnorm::QuantScales::per_block(32, rmsnorm::make_matrix(o.scales.data(), rows, 7)),
+                                   qv(o), rv(o), opt, be));
+  EXPECT_NE(std::string(rmsnorm::last_error()).find("block_cols"), std::string::npos) << rmsnorm::last_error();
+  expect_same(o, untouched, "block_cols 32");
+}
+
 // Forward with rstd, then backward (rstd given, gw as f32 and in T, and
 // accumulated) through rmsnorm.hpp, against the float64 reference. The
 // tolerance is loose on purpose (a few units of T): the per-element bounds

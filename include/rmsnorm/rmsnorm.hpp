@@ -359,6 +359,166 @@ Status add_forward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced
                                                  &backend.c()));
 }
 
+// ---- quantized outputs (rmsnorm_forward_quant, rmsnorm_forward_block_quant) -------------------
+
+enum class QuantKind : int32_t { kFp8E4m3 = RMSNORM_QUANT_FP8_E4M3, kInt8 = RMSNORM_QUANT_INT8 };
+
+// How q is scaled (the rules: rmsnorm.h, docs/fusions.md). Built only through
+// the named constructors. Every pointer is memory of the backend (device
+// memory on CUDA); scale_ub (fp8 only) may be null.
+//   fixed(scale)                     one static scale (one float)
+//   per_row(row_scales, scale_ub)    one scale per row, written
+//   per_block(block_cols, scales)    one scale per block of 64 or 128 columns: scales is rows x blocks, row-major
+//                                    with its row stride (blocks = ceil(cols / block_cols)), written
+//   per_block_transposed(block_cols, scales_t)
+//                                    the same scales stored column-major: scales_t is blocks x rows with its row
+//                                    stride (>= rows), the layout fp8 GEMMs with MN-major block scales read
+class QuantScales {
+ public:
+  static QuantScales fixed(const float* scale) noexcept {
+    QuantScales q;
+    q.mode_ = Mode::kFixed;
+    q.scale_ = scale;
+    return q;
+  }
+  static QuantScales per_row(VectorView<float> row_scales, const float* scale_ub = nullptr) noexcept {
+    QuantScales q;
+    q.mode_ = Mode::kPerRow;
+    q.scales_ = row_scales.data;
+    q.rows_ = row_scales.size;
+    q.scale_ub_ = scale_ub;
+    return q;
+  }
+  static QuantScales per_block(int block_cols, MatrixView<float> scales, const float* scale_ub = nullptr) noexcept {
+    QuantScales q;
+    q.mode_ = Mode::kPerBlock;
+    q.block_cols_ = block_cols;
+    q.scales_ = scales.data;
+    q.rows_ = scales.rows;
+    q.blocks_ = scales.cols;
+    q.row_stride_ = scales.row_stride;
+    q.block_stride_ = 1;
+    q.scale_ub_ = scale_ub;
+    return q;
+  }
+  static QuantScales per_block_transposed(int block_cols, MatrixView<float> scales_t,
+                                          const float* scale_ub = nullptr) noexcept {
+    QuantScales q;
+    q.mode_ = Mode::kPerBlock;
+    q.block_cols_ = block_cols;
+    q.scales_ = scales_t.data;
+    q.rows_ = scales_t.cols;
+    q.blocks_ = scales_t.rows;
+    q.row_stride_ = 1;
+    q.block_stride_ = scales_t.row_stride;
+    q.scale_ub_ = scale_ub;
+    return q;
+  }
+
+  enum class Mode { kFixed, kPerRow, kPerBlock };
+  Mode mode() const noexcept { return mode_; }
+  int block_cols() const noexcept { return block_cols_; }
+  const float* scale() const noexcept { return scale_; }
+  float* scales() const noexcept { return scales_; }
+  const float* scale_ub() const noexcept { return scale_ub_; }
+  int64_t rows() const noexcept { return rows_; }
+  int64_t blocks() const noexcept { return blocks_; }
+  int64_t row_stride() const noexcept { return row_stride_; }
+  int64_t block_stride() const noexcept { return block_stride_; }
+
+ private:
+  QuantScales() noexcept = default;
+  Mode mode_ = Mode::kFixed;
+  int block_cols_ = 0;
+  const float* scale_ = nullptr;
+  float* scales_ = nullptr;
+  const float* scale_ub_ = nullptr;
+  int64_t rows_ = 0, blocks_ = 0, row_stride_ = 0, block_stride_ = 0;
+};
+
+namespace detail {
+
+// As check_forward_views, with q in place of y; they clear the C++ error first.
+template <class X, class W>
+Status check_quant_views(const MatrixView<X>& x, const W& weight, const MatrixView<uint8_t>& q,
+                         const VectorView<float>& rstd) noexcept {
+  clear_cpp_error();
+  Status s = check_same_shape("q", q, x);
+  if (s == Status::kSuccess) s = check_optional("weight", weight, x.cols, "cols");
+  if (s == Status::kSuccess) s = check_optional("rstd", rstd, x.rows, "rows");
+  return s;
+}
+
+// The scales' shape against x's (per row: rows; per block: rows x ceil(cols / block_cols)); null scales and the
+// block size itself are the library's to refuse, naming them.
+template <class X>
+Status check_quant_scales(const QuantScales& sc, const MatrixView<X>& x) noexcept {
+  if (sc.scales() == nullptr) return Status::kSuccess;
+  if (sc.mode() == QuantScales::Mode::kPerRow) return check_size("row_scales", sc.rows(), "rows", x.rows);
+  if (sc.mode() != QuantScales::Mode::kPerBlock || sc.block_cols() <= 0) return Status::kSuccess;
+  Status s = check_size("scales (rows)", sc.rows(), "rows", x.rows);
+  if (s == Status::kSuccess)
+    s = check_size("scales (blocks)", sc.blocks(), "ceil(cols / block_cols)",
+                   (x.cols + sc.block_cols() - 1) / sc.block_cols());
+  return s;
+}
+
+// One call of the C ABI for q's scale rule; residual and h null for the plain form.
+inline Status quant_call(const rmsnorm_problem_t& p, const void* x, int64_t x_stride, const void* residual,
+                         int64_t residual_stride, const void* weight, void* h, int64_t h_stride, QuantKind kind,
+                         const QuantScales& sc, MatrixView<uint8_t> q, float* rstd, const Backend& backend) noexcept {
+  const bool add = residual != nullptr || h != nullptr;
+  if (sc.mode() == QuantScales::Mode::kPerBlock) {
+    const rmsnorm_block_quant_t bq{static_cast<int32_t>(kind), sc.block_cols(), sc.scales(), sc.row_stride(),
+                                   sc.block_stride(), sc.scale_ub()};
+    return static_cast<Status>(
+        add ? rmsnorm_add_forward_block_quant(&p, x, x_stride, residual, residual_stride, weight, h, h_stride, &bq,
+                                              q.data, q.row_stride, rstd, &backend.c())
+            : rmsnorm_forward_block_quant(&p, x, x_stride, weight, &bq, q.data, q.row_stride, rstd, &backend.c()));
+  }
+  const bool per_row = sc.mode() == QuantScales::Mode::kPerRow;
+  const rmsnorm_quant_t qt{static_cast<int32_t>(kind), per_row ? RMSNORM_QUANT_PER_ROW : RMSNORM_QUANT_STATIC,
+                           sc.scale(), per_row ? sc.scales() : nullptr, sc.scale_ub()};
+  return static_cast<Status>(add ? rmsnorm_add_forward_quant(&p, x, x_stride, residual, residual_stride, weight, h,
+                                                             h_stride, &qt, q.data, q.row_stride, rstd, &backend.c())
+                                 : rmsnorm_forward_quant(&p, x, x_stride, weight, &qt, q.data, q.row_stride, rstd,
+                                                         &backend.c()));
+}
+
+}  // namespace detail
+
+// q = quant(y), y exactly forward's (rmsnorm_forward_quant / rmsnorm_forward_block_quant by the scale rule): q is
+// a rows x cols matrix of codes, fp8 e4m3fn or int8 by kind. weight and rstd may be empty views.
+// T is taken from x.
+template <class X, class T = std::remove_const_t<X>>
+Status forward_quant(MatrixView<X> x, detail::nondeduced<VectorView<const T>> weight, QuantKind kind,
+                     const QuantScales& scales, MatrixView<uint8_t> q, VectorView<float> rstd, const Options& opt,
+                     const Backend& backend) noexcept {
+  Status s = detail::check_quant_views(x, weight, q, rstd);
+  if (s == Status::kSuccess) s = detail::check_quant_scales(scales, x);
+  if (s != Status::kSuccess) return s;
+  const rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
+  return detail::quant_call(p, x.data, x.row_stride, nullptr, 0, weight.data, nullptr, 0, kind, scales, q,
+                            rstd.data, backend);
+}
+
+// h = T(x + residual) (rmsnorm_add_forward_quant / rmsnorm_add_forward_block_quant: h may be x or residual itself),
+// then q and the scales as forward_quant of h.
+template <class X, class T = std::remove_const_t<X>>
+Status add_forward_quant(MatrixView<X> x, detail::nondeduced<MatrixView<const T>> residual,
+                         detail::nondeduced<VectorView<const T>> weight, detail::nondeduced<MatrixView<T>> h,
+                         QuantKind kind, const QuantScales& scales, MatrixView<uint8_t> q, VectorView<float> rstd,
+                         const Options& opt, const Backend& backend) noexcept {
+  Status s = detail::check_quant_views(x, weight, q, rstd);
+  if (s == Status::kSuccess) s = detail::check_same_shape("residual", residual, x);
+  if (s == Status::kSuccess) s = detail::check_same_shape("h", h, x);
+  if (s == Status::kSuccess) s = detail::check_quant_scales(scales, x);
+  if (s != Status::kSuccess) return s;
+  const rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
+  return detail::quant_call(p, x.data, x.row_stride, residual.data, residual.row_stride, weight.data, h.data,
+                            h.row_stride, kind, scales, q, rstd.data, backend);
+}
+
 // Bytes of workspace backward needs for rows x cols of T with this gw mode.
 // The mixed-dtype backwards name their other dtypes here too, since on CUDA
 // they run other kernels with another workspace: Y, gy's dtype (backward_from<Y,
