@@ -561,8 +561,9 @@ static rmsnorm_status_t forward_quant_run(const rmsnorm_problem_t* problem, cons
 #endif
 }
 
-// rmsnorm_quant_t's rules into qa; `rows` for the rule that row_scales is needed only with rows.
-static rmsnorm_status_t read_quant(const rmsnorm_quant_t* quant, int64_t rows, QuantArgs* qa) {
+// rmsnorm_quant_t's rules into qa; `rows` for the rule that row_scales is needed only with rows (cols unused: the
+// signature is read_block_quant's, for quant_entry).
+static rmsnorm_status_t read_quant(const rmsnorm_quant_t* quant, int64_t rows, int64_t, QuantArgs* qa) {
   if (quant == nullptr) return fail(RMSNORM_STATUS_NULL_POINTER, "quant", "must not be NULL");
   if (quant->kind != RMSNORM_QUANT_FP8_E4M3 && quant->kind != RMSNORM_QUANT_INT8)
     return fail(RMSNORM_STATUS_INVALID_OPTION, "quant.kind", "unknown kind " + num(quant->kind));
@@ -633,10 +634,6 @@ static rmsnorm_status_t quant_entry(const rmsnorm_problem_t* problem, const rmsn
 }
 }  // extern "C++"
 
-static rmsnorm_status_t read_row_quant(const rmsnorm_quant_t* quant, int64_t rows, int64_t, QuantArgs* qa) {
-  return read_quant(quant, rows, qa);
-}
-
 // With rows, the add forms need residual and h (the shared run takes two null pointers for the plain form).
 static rmsnorm_status_t check_add_pointers(const rmsnorm_problem_t* problem, const void* residual, const void* h) {
   const bool rows_present = problem != nullptr && problem->rows > 0;
@@ -653,7 +650,7 @@ static const char kBlockQuantNames[] = "rmsnorm_forward_block_quant and rmsnorm_
 rmsnorm_status_t rmsnorm_forward_quant(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
                                        const void* weight, const rmsnorm_quant_t* quant, void* q, int64_t q_row_stride,
                                        float* rstd, const rmsnorm_backend_t* backend) {
-  return quant_entry(problem, backend, quant, read_row_quant, x, x_row_stride, nullptr, 0, weight, nullptr, 0, q,
+  return quant_entry(problem, backend, quant, read_quant, x, x_row_stride, nullptr, 0, weight, nullptr, 0, q,
                      q_row_stride, rstd, kRowQuantNames);
 }
 
@@ -680,7 +677,7 @@ rmsnorm_status_t rmsnorm_add_forward_quant(const rmsnorm_problem_t* problem, con
                                            int64_t q_row_stride, float* rstd, const rmsnorm_backend_t* backend) {
   // With no rows nothing is read or written (as in rmsnorm_add_forward).
   RMSNORM_TRY(check_add_pointers(problem, residual, h));
-  return quant_entry(problem, backend, quant, read_row_quant, x, x_row_stride, residual, residual_row_stride, weight, h,
+  return quant_entry(problem, backend, quant, read_quant, x, x_row_stride, residual, residual_row_stride, weight, h,
                      h_row_stride, q, q_row_stride, rstd, kRowQuantNames);
 }
 

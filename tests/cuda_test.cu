@@ -1310,6 +1310,15 @@ TEST_F(Cuda, ForwardQuantNanRow) {
     }
 }
 
+// Row `pos` of in as a batch of one, in the same layout (the weight shared).
+Inputs row_alone(const Case& c, const Inputs& in, int64_t pos) {
+  Inputs one;
+  one.x = HostMatrix(c.dtype, 1, c.cols, stride_of(c), offset_of(c));
+  for (int64_t k = 0; k < c.cols; ++k) one.x.set(0, k, in.x.get(pos, k));
+  one.w = in.w;
+  return one;
+}
+
 // q, the row scales and rstd of a row are the same bits alone as in a batch, on both paths.
 TEST_F(Cuda, ForwardQuantBatchInvariance) {
   std::mt19937_64 rng(45);
@@ -1330,10 +1339,7 @@ TEST_F(Cuda, ForwardQuantBatchInvariance) {
       for (int64_t pos : {int64_t{0}, c.rows / 2, c.rows - 1}) {
         Case one = c;
         one.rows = 1;
-        Inputs in1;
-        in1.x = HostMatrix(c.dtype, 1, d, stride_of(c), offset_of(c));
-        for (int64_t k = 0; k < d; ++k) in1.x.set(0, k, in.x.get(pos, k));
-        in1.w = in.w;
+        const Inputs in1 = row_alone(c, in, pos);
         QuantOut small;
         gpu_forward_quant(one, in1, qs, &small);
         ASSERT_FALSE(HasFatalFailure());
@@ -1593,10 +1599,7 @@ TEST_F(Cuda, ForwardBlockQuantBatchInvariance) {
       for (int64_t pos : {int64_t{0}, c.rows / 2, c.rows - 1}) {
         Case one = c;
         one.rows = 1;
-        Inputs in1;
-        in1.x = HostMatrix(c.dtype, 1, d, stride_of(c), offset_of(c));
-        for (int64_t k = 0; k < d; ++k) in1.x.set(0, k, in.x.get(pos, k));
-        in1.w = in.w;
+        const Inputs in1 = row_alone(c, in, pos);
         QuantOut small;
         gpu_forward_block_quant(one, in1, bs, &small);
         ASSERT_FALSE(HasFatalFailure());

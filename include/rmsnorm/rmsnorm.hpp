@@ -294,13 +294,13 @@ Status check_optional(const char* name, const V& v, int64_t n, const char* what)
   return v.data == nullptr ? Status::kSuccess : check_size(name, v.size, what, n);
 }
 
-// The view checks of forward (y, weight, rstd against x) and backward (gy, gx, weight, rstd, gw), shared by
-// every form of them; they clear the C++ error first.
+// The view checks of forward (y, weight, rstd against x; y_name: the output's name, q for the quantized forms) and
+// backward (gy, gx, weight, rstd, gw), shared by every form of them; they clear the C++ error first.
 template <class X, class Y, class W>
 Status check_forward_views(const MatrixView<X>& x, const W& weight, const MatrixView<Y>& y,
-                           const VectorView<float>& rstd) noexcept {
+                           const VectorView<float>& rstd, const char* y_name = "y") noexcept {
   clear_cpp_error();
-  Status s = check_same_shape("y", y, x);
+  Status s = check_same_shape(y_name, y, x);
   if (s == Status::kSuccess) s = check_optional("weight", weight, x.cols, "cols");
   if (s == Status::kSuccess) s = check_optional("rstd", rstd, x.rows, "rows");
   return s;
@@ -438,17 +438,6 @@ class QuantScales {
 
 namespace detail {
 
-// As check_forward_views, with q in place of y; they clear the C++ error first.
-template <class X, class W>
-Status check_quant_views(const MatrixView<X>& x, const W& weight, const MatrixView<uint8_t>& q,
-                         const VectorView<float>& rstd) noexcept {
-  clear_cpp_error();
-  Status s = check_same_shape("q", q, x);
-  if (s == Status::kSuccess) s = check_optional("weight", weight, x.cols, "cols");
-  if (s == Status::kSuccess) s = check_optional("rstd", rstd, x.rows, "rows");
-  return s;
-}
-
 // The scales' shape against x's (per row: rows; per block: rows x ceil(cols / block_cols)); null scales and the
 // block size itself are the library's to refuse, naming them.
 template <class X>
@@ -494,7 +483,7 @@ template <class X, class T = std::remove_const_t<X>>
 Status forward_quant(MatrixView<X> x, detail::nondeduced<VectorView<const T>> weight, QuantKind kind,
                      const QuantScales& scales, MatrixView<uint8_t> q, VectorView<float> rstd, const Options& opt,
                      const Backend& backend) noexcept {
-  Status s = detail::check_quant_views(x, weight, q, rstd);
+  Status s = detail::check_forward_views(x, weight, q, rstd, "q");
   if (s == Status::kSuccess) s = detail::check_quant_scales(scales, x);
   if (s != Status::kSuccess) return s;
   const rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
@@ -509,7 +498,7 @@ Status add_forward_quant(MatrixView<X> x, detail::nondeduced<MatrixView<const T>
                          detail::nondeduced<VectorView<const T>> weight, detail::nondeduced<MatrixView<T>> h,
                          QuantKind kind, const QuantScales& scales, MatrixView<uint8_t> q, VectorView<float> rstd,
                          const Options& opt, const Backend& backend) noexcept {
-  Status s = detail::check_quant_views(x, weight, q, rstd);
+  Status s = detail::check_forward_views(x, weight, q, rstd, "q");
   if (s == Status::kSuccess) s = detail::check_same_shape("residual", residual, x);
   if (s == Status::kSuccess) s = detail::check_same_shape("h", h, x);
   if (s == Status::kSuccess) s = detail::check_quant_scales(scales, x);
