@@ -1541,6 +1541,54 @@ TEST_F(Cuda, ForwardBlockQuant) {
   EXPECT_GT(looped, 0);
 }
 
+// Rows whose y overflow, and signed zeros: the kernels' correction-only quotient runs only for rows (and blocks) whose
+// quotients are all finite (QuantRow::finite), and every other row takes the guarded form. Column 5's weight is
+// 3e38, so y there is +-inf where |x r| > 1.13 and finite but huge elsewhere: max|y| = inf gives s = inf without
+// scale_ub (finite y / inf = +-0, inf / inf = NaN -> 448) and y / s past FLT_MAX with it (+-inf -> +-448). Row 1's
+// column 5 is large and positive, row 2's negative (y = +inf and -inf); row 3 is zeros of both signs (y = -0 where
+// x = -0 and w > 0: e4m3 code 0x80). Every q and scale by the documented rule (true division for fp8 per row),
+// on the fused and looped paths, per-row and block scales.
+TEST_F(Cuda, ForwardQuantOverflowAndSignedZeros) {
+  std::mt19937_64 rng(57);
+  for (int64_t d : {64, 4096, 4099})
+    for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32})
+      for (Layout lay : {Layout::kAligned, Layout::kOffset}) {
+        Case c;
+        c.dtype = dt;
+        c.cols = d;
+        c.rows = 6;
+        c.layout = lay;
+        c.weight = true;
+        Inputs in = make_inputs(c, rng);
+        in.w.set(0, 5, 3e38);
+        for (int64_t k = 0; k < c.cols; ++k) {
+          in.x.set(3, k, k % 2 == 0 ? -0.0 : 0.0);
+          in.w.set(0, k, k == 5 ? 3e38 : std::fabs(static_cast<double>(in.w.get(0, k))) + 0.25);
+        }
+        in.x.set(1, 5, 50.0);
+        in.x.set(2, 5, -50.0);
+        for (const QuantSpec& qs : kQuantSpecs) {
+          SCOPED_TRACE(describe(c) + describe(qs));
+          QuantOut out;
+          gpu_forward_quant(c, in, qs, &out);
+          ASSERT_FALSE(HasFatalFailure());
+          expect_quant_rule(c, qs, out, YFromRstd{c, in, out.rstd});
+          ASSERT_FALSE(HasFatalFailure());
+          if (qs.kind == RMSNORM_QUANT_FP8_E4M3)
+            for (int64_t k = 0; k < c.cols; k += 2)
+              ASSERT_EQ(int(out.q[static_cast<size_t>(3 * q_stride_of(c) + k)]), 0x80) << "-0 at col " << k;
+        }
+        for (const BlockSpec& bs : kBlockSpecs) {
+          SCOPED_TRACE(describe(c) + describe(bs));
+          QuantOut out;
+          gpu_forward_block_quant(c, in, bs, &out);
+          ASSERT_FALSE(HasFatalFailure());
+          expect_block_rule(c, bs, out, YFromRstd{c, in, out.rstd});
+          ASSERT_FALSE(HasFatalFailure());
+        }
+      }
+}
+
 // rmsnorm_add_forward_block_quant: h exactly by the rule, and q, every scale and rstd bit for bit this device's
 // rmsnorm_forward_block_quant of that h, h in its own buffer, over the residual and over x.
 TEST_F(Cuda, AddForwardBlockQuant) {

@@ -397,6 +397,20 @@ TEST(Quant, Int8RoundsHalfToEvenAndSaturates) {
 // The bit check is the one with teeth: the uncorrected y * (1 / s) gives the same codes on these inputs (a review
 // counted 0 code and 7.7 M bit mismatches), and a code can differ only where y / s sits on an e4m3 tie.
 TEST(Quant, QuotientByInverseGivesTheDividedCode) {
+  // The sign of zero: -0 / s is -0 (e4m3 code 0x80), which y - q0 s as the remainder would have lost.
+  for (float s : {quant::kFp8MinScale, 1.0f, 1e30f}) {
+    EXPECT_TRUE(std::signbit(quant::quotient_by_inverse(-0.0f, s, 1.0f / s))) << "s = " << s;
+    EXPECT_TRUE(std::signbit(quant::corrected_quotient(-0.0f, s, 1.0f / s))) << "s = " << s;
+    EXPECT_FALSE(std::signbit(quant::corrected_quotient(0.0f, s, 1.0f / s))) << "s = " << s;
+  }
+  // Where the correction alone is not y / s, quotients_finite says so.
+  EXPECT_FALSE(quant::quotients_finite(INFINITY, 1.0f));
+  EXPECT_FALSE(quant::quotients_finite(INFINITY, 0.0f));
+  EXPECT_FALSE(quant::quotients_finite(1e30f, 1e9f));
+  EXPECT_TRUE(quant::quotients_finite(448.0f, 1.0f));
+  EXPECT_TRUE(std::isnan(quant::corrected_quotient(INFINITY, 1.0f, 1.0f)));
+  EXPECT_EQ(quant::quotient_by_inverse(-INFINITY, 1.0f, 1.0f), -INFINITY);
+  EXPECT_EQ(quant::quotient_by_inverse(-3e38f, 1e-5f, 1e5f), -INFINITY);
   std::mt19937_64 rng(73);
   std::vector<float> scales = {quant::kFp8MinScale, 1.0f, 0.5f, 3.0f, 1.0f / 448.0f, 1e-3f, 7.25e5f, 1e30f};
   std::uniform_real_distribution<float> lg(-20.0f, 40.0f);
@@ -422,11 +436,19 @@ TEST(Quant, QuotientByInverseGivesTheDividedCode) {
       const float want = y / s, got = quant::quotient_by_inverse(y, s, inv);
       const uint8_t cw = quant::fp8_e4m3_saturated(want), cg = quant::fp8_e4m3_saturated(got);
       ASSERT_EQ(cg, cw) << "y = " << y << ", s = " << s << ": " << got << " against " << want;
+      // The correction alone, as the device runs it for a row whose max|y| passes quotients_finite (y's own
+      // |y| standing for the row's max: the largest quotient the rule admits).
+      const bool finite = quant::quotients_finite(std::isnan(y) ? 0.0f : std::fabs(y), inv);
+      const float fast = quant::corrected_quotient(y, s, inv);
+      if (finite)
+        ASSERT_EQ(quant::fp8_e4m3_saturated(fast), cw) << "y = " << y << ", s = " << s << ": corrected " << fast;
       if (!(std::fabs(want) >= 0x1p-60f) || std::isnan(want)) continue;
-      uint32_t uw, ug;
+      uint32_t uw, ug, uf;
       std::memcpy(&uw, &want, 4);
       std::memcpy(&ug, &got, 4);
+      std::memcpy(&uf, &fast, 4);
       ASSERT_EQ(ug, uw) << "y = " << y << ", s = " << s << ": " << got << " against " << want;
+      if (finite) ASSERT_EQ(uf, uw) << "y = " << y << ", s = " << s << ": corrected " << fast << " against " << want;
     }
   }
 }

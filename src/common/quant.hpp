@@ -62,22 +62,39 @@ RMSNORM_QHD inline float row_scale(float absmax, const float* ub, bool fp8) {
 
 // y / s for a row's scale s > 0 and inv = 1 / s (correctly rounded), without a
 // divide per element: q0 = y inv is within an ulp of y / s, the FMA gives the
-// exact remainder y - q0 s, and q0 + remainder * inv rounds to y / s
-// (Markstein's correction). Where the remainder underflows (|y / s| far below
-// anything an 8-bit format keeps) the result can be an ulp off, and the sign is
-// y's in any case, so fp8_e4m3_saturated of it equals that of y / s for every
-// finite y (Quant.QuotientByInverseGivesTheDividedCode, tests/fused_test.cpp,
-// checks every 16-bit y against many scales, the quotient bit for bit).
-// y = +-inf, NaN, or a quotient past FLT_MAX: the correction gives NaN and q0
+// exact remainder y - q0 s (negated: t = q0 s - y), and q0 - t inv rounds to
+// y / s (Markstein's correction). The negated remainder keeps the sign of
+// zero: y = -0 gives -0 + -0 = -0 where y - q0 s would give +0. Where the
+// remainder underflows (|y / s| far below anything an 8-bit format keeps) the
+// result can be an ulp off, and the sign is y's in any case, so
+// fp8_e4m3_saturated of it equals that of y / s for every finite y
+// (Quant.QuotientByInverseGivesTheDividedCode, tests/fused_test.cpp, checks
+// every 16-bit y against many scales, the quotient bit for bit).
+// corrected_quotient is the correction alone: y / s for finite y whose
+// quotient is finite, NaN for NaN y. quotient_by_inverse also covers
+// y = +-inf and quotients past FLT_MAX, where the correction gives NaN and q0
 // (+-inf or NaN) is kept, as y / s would give.
-RMSNORM_QHD inline float quotient_by_inverse(float y, float s, float inv) {
+RMSNORM_QHD inline float corrected_quotient(float y, float s, float inv) {
 #if defined(__CUDA_ARCH__)
   const float q0 = __fmul_rn(y, inv);  // not contracted into the FMA below
 #else
   const float q0 = y * inv;
 #endif
-  const float q1 = fmaf(fmaf(-q0, s, y), inv, q0);
-  return q1 == q1 ? copysignf(q1, y) : q0;
+  return fmaf(-fmaf(q0, s, -y), inv, q0);
 }
+RMSNORM_QHD inline float quotient_by_inverse(float y, float s, float inv) {
+  const float q1 = corrected_quotient(y, s, inv);
+#if defined(__CUDA_ARCH__)
+  return q1 == q1 ? q1 : __fmul_rn(y, inv);
+#else
+  return q1 == q1 ? q1 : y * inv;
+#endif
+}
+
+// Whether corrected_quotient is y / s for every y of a row (or block) whose
+// max|y| (NaN ignored) is absmax: absmax finite and every quotient at most
+// absmax inv <= 1e38, far from FLT_MAX (so that neither q0 s nor the
+// correction overflows). False for absmax = inf, and for inv = 0 (s = inf).
+RMSNORM_QHD inline bool quotients_finite(float absmax, float inv) { return absmax * inv <= 1e38f; }
 
 }  // namespace rmsnorm::quant

@@ -76,6 +76,7 @@ __device__ __forceinline__ float chunk_absmax(float m, const Chunk<T>& y, int n)
 struct QuantRow {
   float s = 1.0f;
   float mul = 1.0f;
+  bool finite = false;  // divided kinds: every y / s of the row finite (quant::quotients_finite)
 };
 
 // The scalars a kernel reads once, right after pdl_enter() and before its
@@ -103,6 +104,7 @@ __device__ __forceinline__ QuantRow per_row_quant(const QuantParams& q, const Qu
   QuantRow r;
   r.s = quant::bounded_row_scale(k.has_ub ? fminf(absmax, k.ub) : absmax, q.fp8);
   r.mul = 1.0f / r.s;
+  r.finite = quant::quotients_finite(absmax, r.mul);
   return r;
 }
 
@@ -114,35 +116,72 @@ struct QuantBytes {
   uint32_t w[kN / 4];
 };
 
-// kQ: e4m3 or int8; v = y / s for fp8 per row (vLLM divides there), else
-// v = y * mul. fp8: fminf maps NaN and +inf to 448; the conversion's satfinite
-// takes everything below -448 (-inf included) to -448 and rounds to nearest even.
-template <QuantKind kQ, typename T>
-__device__ __forceinline__ QuantBytes<T> quantize_chunk(const Chunk<T>& y, const QuantRow& r) {
+// int8 code of v in the low byte (the rest is its sign extension): the
+// conversion rounds to nearest even, clamps to [-128, 127] and gives 0 for NaN,
+// which is quant::int8_saturated's rule in one instruction (its selects and
+// clamps took five).
+__device__ __forceinline__ uint32_t int8_code(float v) {
+  int32_t c;
+  asm("cvt.rni.s8.f32 %0, %1;" : "=r"(c) : "f"(v));
+  return static_cast<uint32_t>(c);
+}
+
+// Whether kQ's v is y / s (fp8 with per-row or block scales: vLLM divides there) rather than y * mul.
+__host__ __device__ constexpr bool quant_divides(QuantKind k) {
+  return quant_fp8(k) && (quant_per_row(k) || quant_per_block(k));
+}
+
+// kQ: e4m3 or int8; v = y / s for the dividing kinds, else v = y * mul.
+// kFinite: the row's quotients are finite (QuantRow::finite), so the
+// correction alone gives y / s (quant::corrected_quotient). fp8: fminf maps
+// NaN and +inf to 448; the conversion's satfinite takes everything below -448
+// (-inf included) to -448 and rounds to nearest even.
+template <QuantKind kQ, bool kFinite, typename T>
+__device__ __forceinline__ QuantBytes<T> quantize_chunk_as(const Chunk<T>& y, const QuantRow& r) {
   static_assert(kQ != QuantKind::kNone, "a quantized kind");
-  constexpr bool kFp8 = quant_fp8(kQ);
-  constexpr bool kDivide = kFp8 && (quant_per_row(kQ) || quant_per_block(kQ));
   constexpr int kN = Chunk<T>::kN;
+  static_assert(kN % 4 == 0, "whole words of q bytes");
+  float v[kN];
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+    const float yv = y.get(j);
+    if constexpr (!quant_divides(kQ))
+      v[j] = yv * r.mul;
+    else if constexpr (kFinite)
+      v[j] = quant::corrected_quotient(yv, r.s, r.mul);
+    else
+      v[j] = quant::quotient_by_inverse(yv, r.s, r.mul);
+  }
   QuantBytes<T> b;
 #pragma unroll
-  for (int k = 0; k < kN / 4; ++k) b.w[k] = 0;
+  for (int k = 0; k < kN / 4; ++k) {
+    const float* u = v + 4 * k;
+    if constexpr (quant_fp8(kQ)) {
+      uint32_t pair[2];
 #pragma unroll
-  for (int j = 0; j < kN; j += 2) {
-    float v[2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k)
-      v[k] = kDivide ? quant::quotient_by_inverse(y.get(j + k), r.s, r.mul) : y.get(j + k) * r.mul;
-    uint32_t pair;
-    if constexpr (kFp8) {
-      const float2 c = make_float2(fminf(v[0], quant::kFp8Max), fminf(v[1], quant::kFp8Max));
-      pair = static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(c, __NV_SATFINITE, __NV_E4M3));
+      for (int h = 0; h < 2; ++h) {
+        const float2 c = make_float2(fminf(u[2 * h], quant::kFp8Max), fminf(u[2 * h + 1], quant::kFp8Max));
+        pair[h] = static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(c, __NV_SATFINITE, __NV_E4M3));
+      }
+      b.w[k] = pair[0] | (pair[1] << 16);
     } else {
-      pair = (static_cast<uint32_t>(static_cast<uint8_t>(quant::int8_saturated(v[0])))) |
-             (static_cast<uint32_t>(static_cast<uint8_t>(quant::int8_saturated(v[1]))) << 8);
+      // Bytes 0 of four codes into one word (byte j = element j), as two byte permutes of pairs and one of those.
+      const uint32_t lo = __byte_perm(int8_code(u[0]), int8_code(u[1]), 0x0040);
+      const uint32_t hi = __byte_perm(int8_code(u[2]), int8_code(u[3]), 0x0040);
+      b.w[k] = __byte_perm(lo, hi, 0x5410);
     }
-    b.w[j / 4] |= pair << (8 * (j % 4));
   }
   return b;
+}
+
+// A chunk's q bytes under its row's rule: the correction-only form where the row's quotients are finite (a
+// branch that is uniform across the row), the guarded one otherwise.
+template <QuantKind kQ, typename T>
+__device__ __forceinline__ QuantBytes<T> quantize_chunk(const Chunk<T>& y, const QuantRow& r) {
+  if constexpr (quant_divides(kQ)) {
+    if (r.finite) return quantize_chunk_as<kQ, true>(y, r);
+  }
+  return quantize_chunk_as<kQ, false>(y, r);
 }
 // Stores the bytes of chunk `chunk` of a q row: the first n (elements past
 // the row's end are not written). vec: q's rows are aligned to kN bytes, so
