@@ -260,7 +260,10 @@ RMSNORM_API rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* proble
  * qmax 448 (fp8) or 127 (int8); min_scale 1 / (448 * 512) (fp8) or
  * FLT_EPSILON (int8); max|y| ignores NaN; scale_ub (optional) only with fp8
  * per row. These are vLLM's rules (docs/fusions.md). scale and scale_ub are
- * memory of the backend (device memory on CUDA). q: rows x cols bytes with
+ * memory of the backend (device memory on CUDA), read by the kernels and not
+ * checked: a static scale of 0 makes 1 / scale = inf (nonzero y saturate, y = 0
+ * gives NaN: 448 or 0), a negative one flips the signs; scale_ub <= 0 gives
+ * min_scale and a NaN scale_ub is ignored (fminf). q: rows x cols bytes with
  * its own row stride. rstd (optional) is written as by rmsnorm_forward, and
  * y is always T(x * rstd * w') (or T(T(x * rstd) * w') with ROUND_XHAT) of
  * the rstd this call computes. CUDA: where rmsnorm_forward would run its

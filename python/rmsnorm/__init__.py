@@ -468,6 +468,17 @@ def _check_scales_alignment(op, column_major_scales, scales_alignment, error=Val
         raise error(f"{op}: scales_alignment pads column-major scales; it needs column_major_scales=True")
 
 
+def _check_scale_tensors(op, scale, scale_ub):
+    """scale and scale_ub are tensors (or None): the kernels read them from the input's memory, so that a scale
+    that changes between calls costs no host sync and no recompile; a Python number is refused here, by name."""
+    for name, t in (("scale", scale), ("scale_ub", scale_ub)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            hint = (f"; e.g. torch.tensor([{float(t)!r}], device=input.device)"
+                    if isinstance(t, (int, float)) and not isinstance(t, bool) else "")
+            raise TypeError(f"{op}: {name} must be a one-element float32 tensor on the input's device (or None), "
+                            f"got {type(t).__name__}{hint}")
+
+
 def _check_block_args(op, group_size, column_major_scales, scale):
     """rms_norm_quant's and add_rms_norm_quant's rules for group_size and column_major_scales: whether block scales
     were asked for."""
@@ -520,7 +531,8 @@ def rms_norm_quant(
     scales_alignment: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``rms_norm`` with its output quantized to ``dtype`` (``torch.float8_e4m3fn`` or ``torch.int8``), by vLLM's
-    rules (``docs/fusions.md``): with ``scale`` (a one-element float32 tensor) ``q = quant(y * (1 / scale))``;
+    rules (``docs/fusions.md``): with ``scale`` (a one-element float32 tensor on ``input``'s device, read there
+    and not checked) ``q = quant(y * (1 / scale))``;
     without it a per-row scale ``s = max(min(max|y|, scale_ub) / qmax, min_scale)``, returned as the second value
     (float32, ``input``'s shape without the normalized dims; empty with a static scale). ``y`` is exactly
     ``rms_norm``'s output (``round_xhat=True`` gives vLLM's y). Not differentiable.
@@ -536,6 +548,7 @@ def rms_norm_quant(
     the scales want (the padding is not written). Block scales are dynamic: ``scale`` must be None with them;
     ``scale_ub`` bounds each block's max|y| (fp8 only)."""
     op = "rmsnorm.rms_norm_quant"
+    _check_scale_tensors(op, scale, scale_ub)
     blocks = _check_block_args(op, group_size, column_major_scales, scale)
     _check_scales_alignment(op, column_major_scales, scales_alignment)
     normalized_shape = _normalized_dims(op, input, normalized_shape)
@@ -590,6 +603,7 @@ def add_rms_norm_quant(
     of it (block scales with ``group_size``, laid out per ``column_major_scales`` and ``scales_alignment``).
     Arguments as in ``add_rms_norm`` and ``rms_norm_quant``. Not differentiable."""
     op = "rmsnorm.add_rms_norm_quant"
+    _check_scale_tensors(op, scale, scale_ub)
     blocks = _check_block_args(op, group_size, column_major_scales, scale)
     _check_scales_alignment(op, column_major_scales, scales_alignment)
     normalized_shape = _normalized_dims(op, input, normalized_shape)

@@ -175,6 +175,14 @@ def test_quant_errors():
         (RuntimeError, "scale_ub", lambda: rmsnorm.rms_norm_quant(x, 16, w, dtype=torch.int8,
                                                                  scale_ub=torch.ones(1))),
         (RuntimeError, "normalized_shape=[8]", lambda: rmsnorm.rms_norm_quant(x, 8, w)),
+        (TypeError, "scale must be a one-element float32 tensor on the input's device (or None), got float; "
+                    "e.g. torch.tensor([0.1], device=input.device)",
+         lambda: rmsnorm.rms_norm_quant(x, 16, w, scale=0.1)),
+        (TypeError, "scale_ub must be a one-element float32 tensor on the input's device (or None), got int",
+         lambda: rmsnorm.rms_norm_quant(x, 16, w, scale_ub=1)),
+        (TypeError, "scale_ub must be", lambda: rmsnorm.rms_norm_quant(x, 16, w, scale_ub=2.0, group_size=64)),
+        (TypeError, "rmsnorm.add_rms_norm_quant: scale must be",
+         lambda: rmsnorm.add_rms_norm_quant(x, x.clone(), 16, w, scale=0.5)),
     ]
     for exc, text, fn in cases:
         with pytest.raises(exc) as info:
