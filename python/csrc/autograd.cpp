@@ -12,6 +12,7 @@
 // torch.compile, functorch transforms and direct calls of rmsnorm::forward keep its registered Python autograd;
 // this operator is for eager calls (with grad mode on and an input that requires grad). Below autograd it is the
 // forward's y (CompositeExplicitAutograd).
+#include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -58,7 +59,26 @@ struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
     const bool has_weight = weight.has_value() && weight->defined();
     ctx->save_for_backward({x, has_weight ? *weight : at::Tensor(), rstd});
     ctx->saved_data["flags"] = flags;
+    ctx->saved_data["eps"] = eps;
     return y;
+  }
+
+  // The backward under create_graph=True (double backward): rmsnorm._backward_formula's float32 ATen ops, which
+  // autograd can differentiate (the kernels' backward cannot). Values match the kernels' to float32 rounding.
+  static variable_list differentiable_backward(const at::Tensor& gy, const at::Tensor& x, const at::Tensor& w,
+                                               double eps, int64_t flags, bool need_gx, bool need_gw) {
+    const at::Tensor xf = x.to(at::kFloat);
+    const at::Tensor r = (xf.pow(2).mean(-1, /*keepdim=*/true) + eps).rsqrt();
+    const at::Tensor xh = xf * r;
+    at::Tensor g = gy.to(at::kFloat);
+    at::Tensor gw;
+    if (w.defined()) {
+      gw = (g * xh).reshape({-1, x.size(-1)}).sum(0).to(w.scalar_type());
+      const at::Tensor wf = w.to(at::kFloat);
+      g = g * ((flags & 1) != 0 ? wf + 1.0 : wf);  // RMSNORM_FLAG_WEIGHT_OFFSET: w' = 1 + w
+    }
+    const at::Tensor gx = (r * (g - xh * (g * xh).mean(-1, /*keepdim=*/true))).to(x.scalar_type());
+    return {need_gx ? gx : at::Tensor(), need_gw ? gw : at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -70,6 +90,8 @@ struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
     // Edges exist for the tensor inputs only: x is edge 0, the weight (when given) edge 1.
     const bool need_gx = ctx->needs_input_grad(0);
     const bool need_gw = w.defined() && ctx->needs_input_grad(1);
+    if (at::GradMode::is_enabled())
+      return differentiable_backward(grads[0], x, w, ctx->saved_data["eps"].toDouble(), flags, need_gx, need_gw);
     std::optional<at::Tensor> w_opt;
     if (w.defined()) w_opt = w;
     // round_xhat changes the forward's rounding only; the gradient is that of the exact formula (as in Python).

@@ -13,6 +13,7 @@ dim that is not contiguous) is copied once into a contiguous tensor first. Outpu
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import warnings
 from collections.abc import Sequence
@@ -128,21 +129,44 @@ def _backward_fake(gy, x, weight, rstd, flags, gw_dtype):
 _backward_op = torch.ops.rmsnorm.backward.default
 
 
+def _backward_formula(gy, x, weight, eps, flags):
+    """gx and gw of y = x r w' (r = 1 / sqrt(mean(x^2) + eps), w' = w or 1 + w) in float32 torch ops, for a
+    backward that records a graph (create_graph=True: double backward, gradient penalties, Hessian-vector
+    products). The kernels' backward is not differentiable; this is, in x, w and gy, at the cost of torch's
+    separate passes. Its values match the kernels' to float32 rounding, not bit for bit. gw is None without a
+    weight; the leading dims of x are summed over for it."""
+    xf = x.float()
+    r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    xh = xf * r
+    g = gy.float()
+    gw = None
+    if weight is not None:
+        gw = (g * xh).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+        g = g * (weight.float() + 1.0 if flags & FLAG_WEIGHT_OFFSET else weight.float())
+    gx = r * (g - xh * (g * xh).mean(-1, keepdim=True))
+    return gx.to(x.dtype), gw
+
+
 def _setup_context(ctx, inputs, output):
-    x, weight, _eps, flags = inputs
+    x, weight, eps, flags = inputs
     _y, rstd = output
     ctx.mark_non_differentiable(rstd)
     ctx.save_for_backward(x, weight, rstd)
     ctx.flags = flags
+    ctx.eps = eps
 
 
 def _backward(ctx, gy, _grstd):
     x, weight, rstd = ctx.saved_tensors
-    need_gw = weight is not None and ctx.needs_input_grad[1]
+    needs = ctx.needs_input_grad
+    if _grad_enabled():  # create_graph=True: the backward itself is differentiated
+        gx, gw = _backward_formula(gy, x, weight, ctx.eps, ctx.flags)
+        return (gx if needs[0] else None), (gw if needs[1] else None), None, None
+    need_gw = weight is not None and needs[1]
     # round_xhat only changes the forward's rounding; the gradient is that of the exact formula, as the HF Llama
     # norm's autograd gives in fp32.
     gx, gw = _backward_op(gy, x, weight, rstd, ctx.flags, weight.dtype if need_gw else None)
-    return (gx if ctx.needs_input_grad[0] else None), gw, None, None
+    return (gx if needs[0] else None), gw, None, None
 
 
 torch.library.register_autograd("rmsnorm::forward", _backward, setup_context=_setup_context)
@@ -166,6 +190,7 @@ class _EagerRMSNorm(torch.autograd.Function):
             y, rstd = _forward_op(x, weight, eps, flags)
         ctx.save_for_backward(x, weight, rstd)
         ctx.flags = flags
+        ctx.eps = eps
         return y
 
     @staticmethod
@@ -173,6 +198,9 @@ class _EagerRMSNorm(torch.autograd.Function):
         # _backward inlined: this runs once per training step and layer, and every Python call counts here.
         x, weight, rstd = ctx.saved_tensors
         needs = ctx.needs_input_grad
+        if _grad_enabled():  # create_graph=True, as in _backward
+            gx, gw = _backward_formula(gy, x, weight, ctx.eps, ctx.flags)
+            return (gx if needs[0] else None), (gw if needs[1] else None), None, None
         gx, gw = _backward_op(gy, x, weight, rstd, ctx.flags, weight.dtype if weight is not None and needs[1] else None)
         return (gx if needs[0] else None), gw, None, None
 
@@ -189,10 +217,29 @@ def _forward(x, weight, eps, flags):
     return _forward_eager(x, weight, eps, flags)
 
 
+def _forward_formula(x, weight, eps, flags, y_dtype, check=True):
+    """y = T(x r w') (or T(T(x r) w') with round_xhat) in float32 torch ops, under torch.func transforms (grad,
+    vmap, jacrev, hessian, ...): the kernels' operators cannot run there (torch's registered autograd is not a
+    functorch autograd.Function). The same arithmetic in the same order as the kernels; r comes from torch's sum,
+    so y matches the kernels' to the last bit or so, not bit for bit. check: the operator's argument rules (the
+    add form has checked its own, which differ for an fp32 h)."""
+    if check:
+        _check_fake_args("rmsnorm.rms_norm", x, weight)
+    if not (eps >= 0.0 and math.isfinite(eps)):
+        raise RuntimeError(f"rmsnorm.rms_norm: RMSNORM_STATUS_INVALID_EPS: eps: must be finite and >= 0 (got {eps})")
+    xf = x.float()
+    xh = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if flags & FLAG_ROUND_XHAT:
+        xh = xh.to(x.dtype).float()
+    if weight is not None:
+        xh = xh * (weight.float() + 1.0 if flags & FLAG_WEIGHT_OFFSET else weight.float())
+    return xh.to(y_dtype)
+
+
 def _forward_eager(x, weight, eps, flags):
     """_forward outside torch.compile (rms_norm's fast path has checked that already)."""
     if _functorch_active():
-        return _forward_op(x, weight, eps, flags)[0]
+        return _forward_formula(x, weight, eps, flags, _y_dtype(x, flags))
     if _grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
         if cpp_autograd:
             return _forward_autograd_op(x, weight, eps, flags)
@@ -316,11 +363,12 @@ def _add_backward_fake(gy, g_h, h, weight, rstd, flags, gw_dtype):
 
 
 def _add_setup_context(ctx, inputs, output):
-    x, _residual, weight, _eps, flags = inputs
+    x, _residual, weight, eps, flags = inputs
     _y, h, rstd = output
     ctx.mark_non_differentiable(rstd)
     ctx.save_for_backward(h, weight, rstd)
     ctx.flags = flags
+    ctx.eps = eps
     ctx.x_dtype = x.dtype
 
 
@@ -331,11 +379,15 @@ def _add_backward(ctx, gy, g_h, _grstd):
     wide = h.dtype != ctx.x_dtype  # the fp32 residual stream: h float32, y and gy in x's dtype
     if gy is None:
         gy = torch.zeros(h.shape, dtype=ctx.x_dtype, device=h.device)
-    if g_h is None and wide:
-        g_h = torch.full_like(h, -0.0)  # the add form carries the mixed dtypes; + (-0.0) changes no bit
-    if g_h is None:  # h has no other consumer: the plain backward
+    if _grad_enabled():  # create_graph=True: differentiable, as in _backward (h in the residual's dtype)
+        gx, gw = _backward_formula(gy, h, weight, ctx.eps, ctx.flags)
+        gx = gx if g_h is None else gx + g_h
+        gw = gw if need_gw else None
+    elif g_h is None and not wide:  # h has no other consumer: the plain backward
         gx, gw = _backward_op(gy, h, weight, rstd, ctx.flags, gw_dtype)
     else:
+        if g_h is None:
+            g_h = torch.full_like(h, -0.0)  # the add form carries the mixed dtypes; + (-0.0) changes no bit
         gx, gw = torch.ops.rmsnorm.add_backward.default(gy, g_h, h, weight, rstd, ctx.flags, gw_dtype)
     # h = x + residual: both get gx (x's rounded to its dtype, as autograd of x.float() + residual gives).
     gx_x = (gx.to(ctx.x_dtype) if wide else gx) if ctx.needs_input_grad[0] else None
@@ -358,6 +410,7 @@ class _EagerAddRMSNorm(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(h, weight, rstd)
         ctx.flags = flags
+        ctx.eps = eps
         ctx.x_dtype = x.dtype
         return y, h
 
@@ -416,7 +469,10 @@ def add_rms_norm(
     needs_grad = _grad_enabled() and (
         input.requires_grad or residual.requires_grad or (weight is not None and weight.requires_grad)
     )
-    if _is_compiling() or _functorch_active():
+    if _functorch_active():  # as in _forward_eager: h rounded to the residual's dtype, y in the input's
+        h = (x.float() + r.float()).to(r.dtype)
+        y = _forward_formula(h, w, eps, flags, dtype, check=False)
+    elif _is_compiling():
         y, h, _rstd = torch.ops.rmsnorm.add_forward(x, r, w, eps, flags)
     elif needs_grad:
         y, h = _EagerAddRMSNorm.apply(x, r, w, eps, flags)

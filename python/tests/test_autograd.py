@@ -78,3 +78,110 @@ def test_opcheck_forward_autograd(device):
                (x.detach(), w, 1e-5, rmsnorm.FLAG_WEIGHT_OFFSET), (x.detach(), w.detach(), 1e-5, rmsnorm.FLAG_ROUND_XHAT)]
     for args in samples:
         torch.library.opcheck(torch.ops.rmsnorm.forward_autograd.default, args)
+
+
+def _formula64(x, weight, eps, weight_offset):
+    """The exact formula in float64 torch ops: the reference for higher-order gradients."""
+    xd = x.double()
+    y = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * (weight.double() + 1.0 if weight_offset else weight.double())
+    return y
+
+
+def _penalty_grads(fn, inputs, probe):
+    """A gradient penalty: d/d(inputs) of sum(g^2), g = d(y . probe)/d(inputs) taken with create_graph=True."""
+    y = fn(*inputs)
+    g = torch.autograd.grad((y.double() * probe).sum(), inputs, create_graph=True)
+    return torch.autograd.grad(sum(t.double().pow(2).sum() for t in g), inputs)
+
+
+def _assert_rel(got, want, tol, what):
+    err = ((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+    assert err <= tol, f"{what}: max relative error {err:.3g} > {tol}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("path", ["public", "python_function", "registered"])
+def test_double_backward_matches_the_formula(device, path):
+    # The kernels' backward is not differentiable; under create_graph=True each autograd path (the C++ node or
+    # the Python Function behind rms_norm, and the operator's registered autograd that torch.compile and direct
+    # op calls use) computes the backward with differentiable torch ops instead. Without it, a gradient penalty
+    # through rms_norm silently lost the norm's second-order terms (None where allow_unused, else an error).
+    gen = torch.Generator().manual_seed(11)
+    ops = {
+        "public": lambda x, w, f: rmsnorm.rms_norm(x, x.shape[-1], w, 1e-5,
+                                                   weight_offset=bool(f & rmsnorm.FLAG_WEIGHT_OFFSET)),
+        "python_function": lambda x, w, f: rmsnorm._EagerRMSNorm.apply(x, w, 1e-5, f),
+        "registered": lambda x, w, f: torch.ops.rmsnorm.forward.default(x, w, 1e-5, f)[0],
+    }
+    op = ops[path]
+    for shape, has_w, flags in [((4, 64), True, 0), ((2, 3, 40), True, rmsnorm.FLAG_WEIGHT_OFFSET), ((5, 33), False, 0)]:
+        x = randn(*shape, device=device, gen=gen).requires_grad_()
+        w = randn(shape[-1], device=device, gen=gen).requires_grad_() if has_w else None
+        inputs = [x] + ([w] if has_w else [])
+        probe = randn(*shape, device=device, gen=gen).double()
+        got = _penalty_grads(lambda *a: op(a[0], a[1] if has_w else None, flags), inputs, probe)
+        xd = x.detach().double().requires_grad_()
+        wd = w.detach().double().requires_grad_() if has_w else None
+        want = _penalty_grads(lambda *a: _formula64(a[0], a[1] if has_w else None, 1e-5,
+                                                    bool(flags & rmsnorm.FLAG_WEIGHT_OFFSET)),
+                              [xd] + ([wd] if has_w else []), probe)
+        for g, e, name in zip(got, want, ["x", "w"]):
+            _assert_rel(g, e, 1e-4, f"{path} {shape} flags={flags}: d(penalty)/d{name}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_add_double_backward_matches_the_formula(device):
+    gen = torch.Generator().manual_seed(12)
+    x, r = (randn(3, 48, device=device, gen=gen).requires_grad_() for _ in range(2))
+    w = randn(48, device=device, gen=gen).requires_grad_()
+    probe = randn(3, 48, device=device, gen=gen).double()
+
+    def ours(a, b, c):
+        y, h = rmsnorm.add_rms_norm(a, b, 48, c, 1e-5)
+        return y + h.pow(2)  # h's other consumer: the backward's g_h
+
+    def formula(a, b, c):
+        h = a + b
+        return _formula64(h, c, 1e-5, False) + h.pow(2)
+
+    got = _penalty_grads(ours, [x, r, w], probe)
+    want = _penalty_grads(formula, [t.detach().double().requires_grad_() for t in (x, r, w)], probe)
+    for g, e, name in zip(got, want, ["x", "residual", "w"]):
+        _assert_rel(g, e, 1e-4, f"add_rms_norm: d(penalty)/d{name}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_func_transforms(device):
+    # torch.func (grad, vmap, jacrev, hessian) cannot run the kernels' operators; rms_norm and add_rms_norm take
+    # the same formula in torch ops there. Before, torch.func.grad of rms_norm raised from inside torch.
+    from torch.func import grad, hessian, jacrev, vmap
+
+    gen = torch.Generator().manual_seed(13)
+    x = randn(3, 16, device=device, gen=gen)
+    w = randn(16, device=device, gen=gen)
+
+    def f(a):
+        return rmsnorm.rms_norm(a, 16, w, 1e-5).pow(3).sum()
+
+    def f64(a):
+        return _formula64(a, w, 1e-5, False).pow(3).sum()
+
+    _assert_rel(grad(f)(x), grad(f64)(x.double()), 1e-5, "grad")
+    _assert_rel(jacrev(grad(f))(x), jacrev(grad(f64))(x.double()), 1e-4, "jacrev(grad)")
+    _assert_rel(hessian(f)(x[0]), hessian(f64)(x[0].double()), 1e-4, "hessian")
+    _assert_rel(vmap(lambda a: rmsnorm.rms_norm(a, 16, w, 1e-5))(x), _formula64(x, w, 1e-5, False), 1e-6, "vmap")
+
+    def fa(a, b):
+        y, h = rmsnorm.add_rms_norm(a, b, 16, w, 1e-5)
+        return y.pow(2).sum() + h.pow(2).sum()
+
+    def fa64(a, b):
+        h = a + b
+        return _formula64(h, w, 1e-5, False).pow(2).sum() + h.pow(2).sum()
+
+    r = randn(3, 16, device=device, gen=gen)
+    _assert_rel(grad(fa)(x, r), grad(fa64)(x.double(), r.double()), 1e-5, "add_rms_norm grad")
+    with pytest.raises(RuntimeError, match="weight has shape"):
+        grad(lambda a: rmsnorm.rms_norm(a, 16, torch.ones(3, device=device)).sum())(x)
