@@ -72,13 +72,13 @@ struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
     const at::Tensor xh = xf * r;
     at::Tensor g = gy.to(at::kFloat);
     at::Tensor gw;
+    if (need_gw) gw = (g * xh).reshape({-1, x.size(-1)}).sum(0).to(w.scalar_type());
     if (w.defined()) {
-      gw = (g * xh).reshape({-1, x.size(-1)}).sum(0).to(w.scalar_type());
       const at::Tensor wf = w.to(at::kFloat);
       g = g * ((flags & 1) != 0 ? wf + 1.0 : wf);  // RMSNORM_FLAG_WEIGHT_OFFSET: w' = 1 + w
     }
     const at::Tensor gx = (r * (g - xh * (g * xh).mean(-1, /*keepdim=*/true))).to(x.scalar_type());
-    return {need_gx ? gx : at::Tensor(), need_gw ? gw : at::Tensor(), at::Tensor(), at::Tensor()};
+    return {need_gx ? gx : at::Tensor(), gw, at::Tensor(), at::Tensor()};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

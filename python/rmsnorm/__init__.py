@@ -129,19 +129,20 @@ def _backward_fake(gy, x, weight, rstd, flags, gw_dtype):
 _backward_op = torch.ops.rmsnorm.backward.default
 
 
-def _backward_formula(gy, x, weight, eps, flags):
+def _backward_formula(gy, x, weight, eps, flags, need_gw):
     """gx and gw of y = x r w' (r = 1 / sqrt(mean(x^2) + eps), w' = w or 1 + w) in float32 torch ops, for a
     backward that records a graph (create_graph=True: double backward, gradient penalties, Hessian-vector
     products). The kernels' backward is not differentiable; this is, in x, w and gy, at the cost of torch's
-    separate passes. Its values match the kernels' to float32 rounding, not bit for bit. gw is None without a
-    weight; the leading dims of x are summed over for it."""
+    separate passes. Its values match the kernels' to float32 rounding, not bit for bit. gw (the leading dims of
+    x summed over) is None unless need_gw, which needs a weight."""
     xf = x.float()
     r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     xh = xf * r
     g = gy.float()
     gw = None
-    if weight is not None:
+    if need_gw:
         gw = (g * xh).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+    if weight is not None:
         g = g * (weight.float() + 1.0 if flags & FLAG_WEIGHT_OFFSET else weight.float())
     gx = r * (g - xh * (g * xh).mean(-1, keepdim=True))
     return gx.to(x.dtype), gw
@@ -159,10 +160,10 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, gy, _grstd):
     x, weight, rstd = ctx.saved_tensors
     needs = ctx.needs_input_grad
-    if _grad_enabled():  # create_graph=True: the backward itself is differentiated
-        gx, gw = _backward_formula(gy, x, weight, ctx.eps, ctx.flags)
-        return (gx if needs[0] else None), (gw if needs[1] else None), None, None
     need_gw = weight is not None and needs[1]
+    if _grad_enabled():  # create_graph=True: the backward itself is differentiated
+        gx, gw = _backward_formula(gy, x, weight, ctx.eps, ctx.flags, need_gw)
+        return (gx if needs[0] else None), gw, None, None
     # round_xhat only changes the forward's rounding; the gradient is that of the exact formula, as the HF Llama
     # norm's autograd gives in fp32.
     gx, gw = _backward_op(gy, x, weight, rstd, ctx.flags, weight.dtype if need_gw else None)
@@ -199,8 +200,8 @@ class _EagerRMSNorm(torch.autograd.Function):
         x, weight, rstd = ctx.saved_tensors
         needs = ctx.needs_input_grad
         if _grad_enabled():  # create_graph=True, as in _backward
-            gx, gw = _backward_formula(gy, x, weight, ctx.eps, ctx.flags)
-            return (gx if needs[0] else None), (gw if needs[1] else None), None, None
+            gx, gw = _backward_formula(gy, x, weight, ctx.eps, ctx.flags, weight is not None and needs[1])
+            return (gx if needs[0] else None), gw, None, None
         gx, gw = _backward_op(gy, x, weight, rstd, ctx.flags, weight.dtype if weight is not None and needs[1] else None)
         return (gx if needs[0] else None), gw, None, None
 
@@ -380,9 +381,8 @@ def _add_backward(ctx, gy, g_h, _grstd):
     if gy is None:
         gy = torch.zeros(h.shape, dtype=ctx.x_dtype, device=h.device)
     if _grad_enabled():  # create_graph=True: differentiable, as in _backward (h in the residual's dtype)
-        gx, gw = _backward_formula(gy, h, weight, ctx.eps, ctx.flags)
+        gx, gw = _backward_formula(gy, h, weight, ctx.eps, ctx.flags, need_gw)
         gx = gx if g_h is None else gx + g_h
-        gw = gw if need_gw else None
     elif g_h is None and not wide:  # h has no other consumer: the plain backward
         gx, gw = _backward_op(gy, h, weight, rstd, ctx.flags, gw_dtype)
     else:

@@ -74,21 +74,21 @@ RMSNORM_QHD inline float row_scale(float absmax, const float* ub, bool fp8) {
 // quotient is finite, NaN for NaN y. quotient_by_inverse also covers
 // y = +-inf and quotients past FLT_MAX, where the correction gives NaN and q0
 // (+-inf or NaN) is kept, as y / s would give.
-RMSNORM_QHD inline float corrected_quotient(float y, float s, float inv) {
+// q0 = y inv, rounded on its own (the device must not contract it into the FMA that follows).
+RMSNORM_QHD inline float first_quotient(float y, float inv) {
 #if defined(__CUDA_ARCH__)
-  const float q0 = __fmul_rn(y, inv);  // not contracted into the FMA below
+  return __fmul_rn(y, inv);
 #else
-  const float q0 = y * inv;
+  return y * inv;
 #endif
+}
+RMSNORM_QHD inline float corrected_quotient(float y, float s, float inv) {
+  const float q0 = first_quotient(y, inv);
   return fmaf(-fmaf(q0, s, -y), inv, q0);
 }
 RMSNORM_QHD inline float quotient_by_inverse(float y, float s, float inv) {
   const float q1 = corrected_quotient(y, s, inv);
-#if defined(__CUDA_ARCH__)
-  return q1 == q1 ? q1 : __fmul_rn(y, inv);
-#else
-  return q1 == q1 ? q1 : y * inv;
-#endif
+  return q1 == q1 ? q1 : first_quotient(y, inv);
 }
 
 // Whether corrected_quotient is y / s for every y of a row (or block) whose
