@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -518,6 +519,47 @@ TEST_F(Cuda, ForwardSpecialRows) {
       }));
     }
   }
+}
+
+// A zero weight keeps its sign: w' = w (and 1 + w with the offset), so y = x r w' is -0 or +0 by the signs of x
+// and w', as on the CPU backend. Every forward kernel: the rows band's 16-byte and element paths, the cluster
+// band, the looped band; with and without the offset (w = -1 there gives w' = +0), x_hat rounded or not.
+TEST_F(Cuda, ForwardSignedZeroWeights) {
+  std::mt19937_64 rng(58);
+  for (int64_t d : {64, 4096, 4099, 40000, 300000})
+    for (int32_t dt : kDtypes)
+      for (Layout lay : {Layout::kAligned, Layout::kOffset})
+        for (int variant = 0; variant < 3; ++variant) {
+          Case c;
+          c.dtype = dt;
+          c.cols = d;
+          c.rows = 3;
+          c.layout = lay;
+          c.weight_offset = variant >= 1;
+          c.round_xhat = variant == 2;
+          SCOPED_TRACE(describe(c));
+          Inputs in = make_inputs(c, rng);
+          // w' = -0 (no offset) or +0 (offset) at k % 4 == 0, +0 at k % 4 == 1 (both forms).
+          for (int64_t k = 0; k < d; k += 4) {
+            in.w.set(0, k, c.weight_offset ? -1.0 : -0.0);
+            if (k + 1 < d) in.w.set(0, k + 1, c.weight_offset ? -1.0 : 0.0);
+          }
+          for (int64_t k = 0; k < d; ++k) in.x.set(2, k, k % 8 < 4 ? -0.0 : 0.0);  // zero x of both signs too
+          HostMatrix y;
+          std::vector<float> rstd;
+          gpu_forward(c, in, &y, &rstd);
+          ASSERT_FALSE(HasFatalFailure());
+          for (int64_t r = 0; r < c.rows; ++r)
+            for (int64_t k = 0; k < d; ++k) {
+              if (k % 4 >= 2) continue;
+              const bool w_neg = !c.weight_offset && k % 4 == 0;  // w' = -0
+              const bool want_neg = std::signbit(in.x.get(r, k)) != w_neg;
+              const double v = y.get(r, k);
+              ASSERT_TRUE(v == 0.0 && std::signbit(v) == want_neg)
+                  << "row " << r << " col " << k << ": y = " << v << " (signbit " << std::signbit(v) << "), x = "
+                  << in.x.get(r, k) << ", w = " << in.w.get(0, k) << "; want " << (want_neg ? "-0" : "+0");
+            }
+        }
 }
 
 // Bitwise batch invariance: a row's y and rstd do not depend on how many

@@ -854,7 +854,7 @@ BackwardParams<T> backward_params(const BackwardArgs& a, const plan::Launch& l) 
   p.gy_stride = a.gy_stride;
   p.gx_stride = a.gx_stride;
   p.eps = a.eps;
-  p.w_offset = a.weight_offset ? 1.0f : 0.0f;
+  p.w_offset = a.weight_offset ? 1.0f : -0.0f;  // as the forward's: w + -0 == w
   p.vector_io = l.io == plan::Io::kVector;
   p.with_gw = l.with_gw;
   p.gw.gw = a.gw;

@@ -38,7 +38,7 @@ struct ForwardParams {
   int64_t x_stride;
   int64_t y_stride;
   float eps;
-  float w_offset;  // 1.0f with the Gemma offset, else 0
+  float w_offset;  // w' = w + w_offset: 1.0f with the Gemma offset, else -0.0f (w' = w exactly)
   bool round_xhat;
   bool vector_io;
   int stages;  // cp.async pipeline depth (16-byte I/O)
@@ -633,7 +633,7 @@ ForwardParams<T> forward_params(const ForwardArgs& a, const plan::Launch& l) {
   p.x_stride = a.x_stride;
   p.y_stride = a.y_stride;
   p.eps = a.eps;
-  p.w_offset = a.weight_offset ? 1.0f : 0.0f;
+  p.w_offset = a.weight_offset ? 1.0f : -0.0f;  // w + -0 == w for every w, -0 included (w + +0 is +0 there)
   p.round_xhat = a.round_xhat;
   p.vector_io = l.io == plan::Io::kVector;
   p.stages = l.stages;
