@@ -112,7 +112,7 @@ reference::Options ref_options(const MixedCase& c) {
 
 // w' of column k as the kernels compute it: fp32 w (+ 1 with the offset), or 1 without a weight.
 float w_prime(const MixedCase& c, const HostMatrix& w, int64_t k) {
-  return c.weight ? static_cast<float>(w.get(0, k)) + (c.weight_offset ? 1.0f : 0.0f) : 1.0f;
+  return c.weight ? static_cast<float>(w.get(0, k)) + (c.weight_offset ? 1.0f : -0.0f) : 1.0f;  // w + -0 == w
 }
 
 void check_mixed(const MixedCase& c, std::mt19937_64& rng) {

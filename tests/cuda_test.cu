@@ -1070,7 +1070,7 @@ struct YFromRstd {
   const Inputs& in;
   const std::vector<float>& rstd;
   float operator()(int64_t r, int64_t k) const {
-    const float wp = c.weight ? static_cast<float>(in.w.get(0, k)) + (c.weight_offset ? 1.0f : 0.0f) : 1.0f;
+    const float wp = c.weight ? static_cast<float>(in.w.get(0, k)) + (c.weight_offset ? 1.0f : -0.0f) : 1.0f;  // w + -0 == w
     const float xh = static_cast<float>(in.x.get(r, k)) * rstd[static_cast<size_t>(r)];
     const float v = c.round_xhat ? static_cast<float>(round_to(c.dtype, xh)) * wp : xh * wp;
     return static_cast<float>(round_to(c.dtype, v));
