@@ -7,7 +7,7 @@
  * nothing.
  *
  * Maths (per row of length D = cols, all arithmetic in fp32):
- *   w' = w, or 1 + w with RMSNORM_FLAG_WEIGHT_OFFSET, or 1 with weight == NULL
+ *   w' = w (exactly: a -0 weight gives -0), or 1 + w with RMSNORM_FLAG_WEIGHT_OFFSET, or 1 with weight == NULL
  *   r  = 1 / sqrt(mean(x^2) + eps)       x_hat = x * r
  *   y  = T(x_hat * w')                   one rounding to the output dtype
  *   y  = T(T(x_hat) * w')                with RMSNORM_FLAG_ROUND_XHAT
