@@ -423,6 +423,38 @@ TEST(CpuSemantics, AllZeroRowsGiveZero) {
     }
 }
 
+// w' = w exactly: a -0 weight gives y = x r (-0), whose sign is the opposite of x's; 1 + (-1) = +0 with the
+// offset gives x's sign. The CUDA backend's Cuda.ForwardSignedZeroWeights asks the same of every kernel.
+TEST(CpuSemantics, SignedZeroWeights) {
+  std::mt19937_64 rng(48);
+  for (int d = 0; d < 3; ++d)
+    for (WeightKind wk : {WeightKind::kPlain, WeightKind::kOffset})
+      for (bool round_xhat : {false, true}) {
+        Case c;
+        c.rows = 3;
+        c.cols = 37;
+        c.dtype = kDtypes[d];
+        c.weight = wk;
+        c.round_xhat = round_xhat;
+        SCOPED_TRACE(describe(c));
+        Inputs in = make_inputs(c, rng);
+        const bool offset = wk == WeightKind::kOffset;
+        for (int64_t j = 0; j < c.cols; j += 2) in.w.set(0, j, offset ? -1.0 : (j % 4 == 0 ? -0.0 : 0.0));
+        for (int64_t j = 0; j < c.cols; ++j) in.x.set(2, j, j % 3 == 0 ? -0.0 : 0.0);
+        HostMatrix y;
+        run_forward(c, in, y);
+        for (int64_t r = 0; r < c.rows; ++r)
+          for (int64_t j = 0; j < c.cols; j += 2) {
+            const bool w_neg = !offset && j % 4 == 0;
+            const bool want_neg = std::signbit(in.x.get(r, j)) != w_neg;
+            const double v = y.get(r, j);
+            ASSERT_TRUE(v == 0.0 && std::signbit(v) == want_neg)
+                << "row " << r << " col " << j << ": y = " << v << ", x = " << in.x.get(r, j) << ", w = "
+                << in.w.get(0, j) << "; want " << (want_neg ? "-0" : "+0");
+          }
+      }
+}
+
 // One value per row far above the rest: its square dominates the sum, the
 // other entries normalise to tiny values. Chosen so that the squares stay
 // finite in fp32 (1e15^2 = 1e30) and, for f16, the value fits (3e4).
