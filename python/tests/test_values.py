@@ -187,6 +187,28 @@ def test_semantics(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [64, 4096, 4099, 40000])
+def test_zero_weights_keep_their_sign(device, dtype, D):
+    # w' = w exactly, so a -0 weight gives y = -0 where x > 0; with weight_offset, w = -1 gives w' = +0.
+    gen = torch.Generator().manual_seed(D)
+    x = randn(3, D, dtype=dtype, device=device, gen=gen)
+    w = randn(D, dtype=dtype, device=device, gen=gen)
+    k = torch.arange(D, device=device) % 4
+    cols = k < 2
+    for offset in (False, True):
+        zero_w = torch.where(k == 0, -0.0, 0.0).to(dtype)  # w' = -0 at k == 0, +0 at k == 1
+        wt = torch.where(cols, torch.full_like(w, -1.0) if offset else zero_w, w)
+        y = rmsnorm.rms_norm(x, D, wt, 1e-5, weight_offset=offset)
+        w_neg = (k == 0) & (not offset)
+        want_neg = torch.signbit(x) ^ w_neg
+        got = y[:, cols]
+        assert torch.equal(got, torch.zeros_like(got)), f"offset={offset}: a zero w' gave a non-zero y"
+        bad = torch.signbit(got) != want_neg[:, cols]
+        assert not bad.any(), f"offset={offset}: {int(bad.sum())} zeros with the wrong sign, first at {bad.nonzero()[0].tolist()}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_state_dict_round_trip(device):
     theirs = torch.nn.RMSNorm((4, 8), eps=1e-5, device=device)
     with torch.no_grad():
