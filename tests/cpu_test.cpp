@@ -423,6 +423,17 @@ TEST(CpuSemantics, AllZeroRowsGiveZero) {
     }
 }
 
+// A forward case of one dtype, weight kind and rounding (the semantics tests' loops).
+Case forward_case(int32_t dtype, WeightKind wk, bool round_xhat, int64_t rows, int64_t cols) {
+  Case c;
+  c.rows = rows;
+  c.cols = cols;
+  c.dtype = dtype;
+  c.weight = wk;
+  c.round_xhat = round_xhat;
+  return c;
+}
+
 // w' = w exactly: a -0 weight gives y = x r (-0), whose sign is the opposite of x's; 1 + (-1) = +0 with the
 // offset gives x's sign. The CUDA backend's Cuda.ForwardSignedZeroWeights asks the same of every kernel.
 TEST(CpuSemantics, SignedZeroWeights) {
@@ -430,12 +441,7 @@ TEST(CpuSemantics, SignedZeroWeights) {
   for (int d = 0; d < 3; ++d)
     for (WeightKind wk : {WeightKind::kPlain, WeightKind::kOffset})
       for (bool round_xhat : {false, true}) {
-        Case c;
-        c.rows = 3;
-        c.cols = 37;
-        c.dtype = kDtypes[d];
-        c.weight = wk;
-        c.round_xhat = round_xhat;
+        const Case c = forward_case(kDtypes[d], wk, round_xhat, 3, 37);
         SCOPED_TRACE(describe(c));
         Inputs in = make_inputs(c, rng);
         const bool offset = wk == WeightKind::kOffset;
@@ -532,12 +538,7 @@ TEST(CpuSemantics, ForwardIsExactGivenRstd) {
   for (int d = 0; d < 3; ++d)
     for (WeightKind wk : {WeightKind::kNone, WeightKind::kPlain, WeightKind::kOffset})
       for (bool round_xhat : {false, true}) {
-        Case c;
-        c.rows = 4;
-        c.cols = 1000;
-        c.dtype = kDtypes[d];
-        c.weight = wk;
-        c.round_xhat = round_xhat;
+        Case c = forward_case(kDtypes[d], wk, round_xhat, 4, 1000);
         c.use_rstd = true;
         SCOPED_TRACE(describe(c));
         const Inputs in = make_inputs(c, rng);
