@@ -37,6 +37,10 @@
 # benchmark's targets are reported, never part of it.
 #
 # Knobs (environment): STEPS (all), BUILD_DIR (build-gpu), JOBS (16), CTEST_JOBS (8),
+# BUILD_TARGETS (all; e.g. "rmsnorm_cuda_test") and CTEST_REGEX (all; a ctest -R expression) for a short
+# device budget: STEPS="build ctest" BUILD_TARGETS=rmsnorm_cuda_test CTEST_REGEX='Cuda\.Forward' (the
+# tests of targets not built would fail as not found, so narrow both together; a selection of no test
+# fails the step),
 # BENCH_ARGS (e.g. "--quick"), TORCH_ARGS, GTEST_SRC (a googletest source tree
 # to build when find_package(GTest) fails; default .carry/googletest),
 # RMSNORM_COMMIT (recorded instead of git's commit).
@@ -62,7 +66,9 @@ BUDGET="${GPU_CHECK_BUDGET_S:-530}"
 START="$(date +%s)"
 STATE="$(mktemp -d)"  # flags passed between steps (kept out of $OUT)
 trap 'rm -rf "$STATE"' EXIT
-export ROOT OUT BUILD_DIR JOBS CTEST_JOBS GTEST_SRC STATE PYTHONUNBUFFERED=1
+BUILD_TARGETS="${BUILD_TARGETS:-}"
+CTEST_REGEX="${CTEST_REGEX:-}"
+export ROOT OUT BUILD_DIR JOBS CTEST_JOBS GTEST_SRC STATE BUILD_TARGETS CTEST_REGEX PYTHONUNBUFFERED=1
 
 # The commit the results belong to; "-dirty" when the tree has changes, since
 # such results cannot be traced to sources.
@@ -207,14 +213,15 @@ run_step build '
   fi
   # -k 0: build every target that can be built, so one broken target does not
   # hide the others (the step still fails).
-  cmake --build "$BUILD_DIR" -j "$JOBS" -- -k 0'
+  # shellcheck disable=SC2086  # BUILD_TARGETS: target names, split on spaces
+  cmake --build "$BUILD_DIR" -j "$JOBS" ${BUILD_TARGETS:+--target $BUILD_TARGETS} -- -k 0'
 
 # ---- (c) tests ---------------------------------------------------------------------------------
 run_step ctest '
   if [ -f "$STATE/tests_disabled" ]; then echo "tests were not built (configuring with tests failed: GTest missing, or a broken tests/CMakeLists.txt; see the build step)"; exit 1; fi
   [ -f "$BUILD_DIR/CTestTestfile.cmake" ] || { echo "no $BUILD_DIR/CTestTestfile.cmake: the build step failed"; exit 1; }
   ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 600 -j "$CTEST_JOBS" \
-        --output-junit "$OUT/ctest.xml"'
+        --no-tests=error ${CTEST_REGEX:+-R "$CTEST_REGEX"} --output-junit "$OUT/ctest.xml"'
 
 # ---- (d) compute-sanitizer ---------------------------------------------------------------------
 # Over the CudaSanitizer suite (a subset of tests/cuda_test.cu that covers
