@@ -129,6 +129,17 @@ def _backward_fake(gy, x, weight, rstd, flags, gw_dtype):
 _backward_op = torch.ops.rmsnorm.backward.default
 
 
+def _formula_rstd(xf, eps):
+    """r = 1 / sqrt(mean(x^2) + eps) of float32 x in torch ops (the formula paths below)."""
+    return torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _formula_w_prime(weight, flags):
+    """w' in float32: w, or 1 + w with RMSNORM_FLAG_WEIGHT_OFFSET."""
+    wf = weight.float()
+    return wf + 1.0 if flags & FLAG_WEIGHT_OFFSET else wf
+
+
 def _backward_formula(gy, x, weight, eps, flags, need_gw):
     """gx and gw of y = x r w' (r = 1 / sqrt(mean(x^2) + eps), w' = w or 1 + w) in float32 torch ops, for a
     backward that records a graph (create_graph=True: double backward, gradient penalties, Hessian-vector
@@ -136,14 +147,14 @@ def _backward_formula(gy, x, weight, eps, flags, need_gw):
     separate passes. Its values match the kernels' to float32 rounding, not bit for bit. gw (the leading dims of
     x summed over) is None unless need_gw, which needs a weight."""
     xf = x.float()
-    r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    r = _formula_rstd(xf, eps)
     xh = xf * r
     g = gy.float()
     gw = None
     if need_gw:
         gw = (g * xh).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
     if weight is not None:
-        g = g * (weight.float() + 1.0 if flags & FLAG_WEIGHT_OFFSET else weight.float())
+        g = g * _formula_w_prime(weight, flags)
     gx = r * (g - xh * (g * xh).mean(-1, keepdim=True))
     return gx.to(x.dtype), gw
 
@@ -229,11 +240,11 @@ def _forward_formula(x, weight, eps, flags, y_dtype, check=True):
     if not (eps >= 0.0 and math.isfinite(eps)):
         raise RuntimeError(f"rmsnorm.rms_norm: RMSNORM_STATUS_INVALID_EPS: eps: must be finite and >= 0 (got {eps})")
     xf = x.float()
-    xh = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    xh = xf * _formula_rstd(xf, eps)
     if flags & FLAG_ROUND_XHAT:
         xh = xh.to(x.dtype).float()
     if weight is not None:
-        xh = xh * (weight.float() + 1.0 if flags & FLAG_WEIGHT_OFFSET else weight.float())
+        xh = xh * _formula_w_prime(weight, flags)
     return xh.to(y_dtype)
 
 
