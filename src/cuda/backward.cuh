@@ -285,7 +285,7 @@ __device__ __forceinline__ Chunk<T> shifted_chunk(const uint4* buf, const uint4*
   const uint4 hi = pos + 1 < kTpr       ? buf[it * kCtaThreads + threadIdx.x + 1]
                    : it + 1 < kCpt ? buf[(it + 1) * kCtaThreads + slot * kTpr]
                                    : extra[slot];
-  return shift_pair<T>(lo, hi, shift);
+  return shift_pair_select<T>(lo, hi, shift);
 }
 
 // gx of a staged misaligned row in gx's aligned 16-byte blocks. A row whose
@@ -317,32 +317,6 @@ __device__ __forceinline__ void store_gx_block(T* __restrict__ row, int first, i
     return;
   }
   store_gx_elems(row, first, 0, kN, cols, b);
-}
-
-// shift_pair for a gx block, with the offset's word index as a switch: each
-// case is four funnel shifts of fixed words, where shift_pair's run-time word
-// window (window5) held 17 words at once and spilled the kernels at the 128
-// registers of one 512-thread CTA per SM.
-template <typename T>
-__device__ __forceinline__ Chunk<T> shift_pair_lean(const Chunk<T>& lo, const Chunk<T>& hi, int offset) {
-  const unsigned sh = static_cast<unsigned>(offset & 3) * 8;
-  Chunk<T> r;
-  auto take = [&](auto q) {
-    constexpr int kQ = decltype(q)::value;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t a = i + kQ < 4 ? lo.w[i + kQ] : hi.w[i + kQ - 4];
-      const uint32_t b = i + kQ + 1 < 4 ? lo.w[i + kQ + 1] : hi.w[i + kQ - 3];
-      r.w[i] = __funnelshift_r(a, b, sh);
-    }
-  };
-  switch (offset >> 2) {
-    case 0: take(std::integral_constant<int, 0>{}); break;
-    case 1: take(std::integral_constant<int, 1>{}); break;
-    case 2: take(std::integral_constant<int, 2>{}); break;
-    default: take(std::integral_constant<int, 3>{}); break;
-  }
-  return r;
 }
 
 template <typename T>
@@ -685,7 +659,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
           store_gx_block(gxr, c * kN, p.cols, g);
           continue;
         }
-        store_gx_block(gxr, c * kN - lead, p.cols, shift_pair_lean(prev, g, 16 - shift));
+        store_gx_block(gxr, c * kN - lead, p.cols, shift_pair(prev, g, 16 - shift));
         // The row's last block: the last chunk's tail.
         if (c == p.chunks - 1) store_gx_elems(gxr, c * kN, kN - lead, kN, p.cols, g);
       }

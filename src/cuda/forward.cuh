@@ -112,17 +112,19 @@ __device__ __forceinline__ Chunk<T> normalized_window(const T* __restrict__ xr, 
 // Element I/O: the y of a thread's chunk `chunk` goes out in y's aligned
 // 16-byte blocks (plan::store_head_cols / store_blocks): this thread writes
 // block `chunk` (columns that straddle chunks `chunk` and `chunk` + 1), plus
-// the head for chunk 0 and the tail for the last chunk, by element. x and w'
-// of those columns are loaded again as windows (L1 hits: the row was just
-// read), so the chunks held for the row's sum are dead by here: holding them
-// as well spilled at 64 registers. Every y is x r w' computed element by
-// element as on every path: the split changes no bit. One 16-byte store per
-// block, where a chunk 2 bytes off alignment took five.
+// the head for chunk 0 and the tail for the last chunk, by element. block_x(first)
+// gives the x of the block at column `first`: held from the sum where x and y
+// share their misalignment (paired_squares), else loaded again as a window
+// (an L1 hit: the row was just read). w' is loaded as a window at each use.
+// Every y is x r w' computed element by element as on every path: the split
+// changes no bit. One 16-byte store per block, where a chunk 2 bytes off
+// alignment took five.
 // W: the weight's dtype (T, or float with RMSNORM_FLAG_WEIGHT_F32), passed as T*.
-template <typename T, typename W = T>
+template <typename T, typename W, typename BlockX>
 __device__ __forceinline__ void store_normalized_blocks(const T* __restrict__ xr, T* __restrict__ yr,
                                                         const T* __restrict__ w, int chunk, int chunks, int cols,
-                                                        float w_offset, bool round_xhat, float r) {
+                                                        float w_offset, bool round_xhat, float r,
+                                                        const BlockX& block_x) {
   constexpr int kN = Chunk<T>::kN;
   const int head = plan::store_head_cols(static_cast<int>(reinterpret_cast<uintptr_t>(yr) & 15), sizeof(T));
   const int blocks = static_cast<int>(plan::store_blocks(cols, head, sizeof(T)));
@@ -134,13 +136,50 @@ __device__ __forceinline__ void store_normalized_blocks(const T* __restrict__ xr
   };
   if (chunk < blocks) {
     const int first = head + chunk * kN;
-    store16(yr + first, y_at(first));
+    float wf[kN];
+    weights_at_any<W>(w, first, cols, w_offset, wf);
+    const Chunk<T> x = block_x(first);
+    store16(yr + first, round_xhat ? normalize_chunk<T, true>(x, wf, r) : normalize_chunk<T, false>(x, wf, r));
   }
   if (chunk == 0 && head > 0) store_elems(0, head < cols ? head : cols, y_at(0));
   if (chunk == chunks - 1) {
     const int tail = head + blocks * kN;
     if (tail < cols) store_elems(tail, cols - tail, y_at(tail));
   }
+}
+
+// The rows band's sum of squares where a row's x starts at the same offset
+// in its 16-byte block as its y: x of y's block c (columns head + c kN ..,
+// plan::store_blocks) is one aligned 16-byte load, held in held[it] for the
+// store; chunk c (the sum's order, as on every path) is blocks c - 1 and c
+// funnel-shifted. The row's first chunk (its lower block starts before the
+// row) and chunks past the last whole block are loaded as windows
+// (load_window: by element where they would leave the row).
+template <typename T, typename Map, int kCpt>
+__device__ __forceinline__ float paired_squares(const T* __restrict__ xr, const Map& m, int chunks, int cols,
+                                                Chunk<T> (&held)[kCpt]) {
+  constexpr int kN = Chunk<T>::kN;
+  const int offset = static_cast<int>(reinterpret_cast<uintptr_t>(xr) & 15);
+  const int head = plan::store_head_cols(offset, sizeof(T));
+  const int blocks = static_cast<int>(plan::store_blocks(cols, head, sizeof(T)));
+  float ss = 0.0f;
+#pragma unroll
+  for (int it = 0; it < kCpt; ++it) {
+    const int c = m.chunk(it);
+    if (c < chunks) {
+      const uint4* b = reinterpret_cast<const uint4*>(xr + head + c * kN);
+      if (c < blocks) held[it] = as_chunk<T>(b[0]);
+      Chunk<T> x;
+      if (c < blocks && offset == 0)
+        x = held[it];
+      else if (c < blocks && c > 0)
+        x = shift_pair<T>(b[-1], b[0], offset);
+      else
+        x = load_window(xr, c * kN, cols);
+      ss = add_squares(ss, x);
+    }
+  }
+  return ss;
 }
 
 // ---- kCluster with 16-byte I/O: the cluster exchange overlapped with the next row -------------
@@ -469,14 +508,25 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     for (int64_t g = g0; g < gend; g += step, parity ^= 1) {
       const int64_t row = g * kSlots + m.slot;
       const bool valid = row < p.rows;
+      const T* xrow = p.x + row * p.x_stride;
+      T* yrow = p.y + row * p.y_stride;
+      // x and y at the same offset in their 16-byte blocks (one misaligned base for both, or odd D with equal
+      // strides): the rows band holds x of y's aligned blocks from the sum to the store.
+      const bool paired = !kClustered && ((reinterpret_cast<uintptr_t>(xrow) ^ reinterpret_cast<uintptr_t>(yrow)) & 15) == 0;
       Chunk<T> xr[kCpt];
-      load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, xr);
-      float ss = row_sum<kTpr, kSlots>(thread_squares(xr, m, p.chunks, valid), scratch, parity);
+      float part = 0.0f;
+      if (paired) {
+        if (valid) part = paired_squares(xrow, m, p.chunks, p.cols, xr);
+      } else {
+        load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, xr);
+        part = thread_squares(xr, m, p.chunks, valid);
+      }
+      float ss = row_sum<kTpr, kSlots>(part, scratch, parity);
       if constexpr (kClustered) ss = cluster_sum(ss, exchange, parity);
       if (valid) {
         const float r = rms_from_sum(ss, p.cols, p.eps);  // no rescaled path in this band: rstd.cuh
         if (p.rstd != nullptr && m.pos == 0) p.rstd[row] = r;
-        T* yr = p.y + row * p.y_stride;
+        T* yr = yrow;
 #pragma unroll
         for (int it = 0; it < kCpt; ++it) {
           const int c = m.chunk(it);
@@ -488,8 +538,9 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
               wv.get(it, w);
               store_normalized(yr, c, p.cols, false, p.round_xhat, xr[it], w, r);
             } else {
-              store_normalized_blocks<T, W>(p.x + row * p.x_stride, yr, p.w, c, p.chunks, p.cols, p.w_offset,
-                                            p.round_xhat, r);
+              const Chunk<T> held = xr[it];
+              store_normalized_blocks<T, W>(xrow, yr, p.w, c, p.chunks, p.cols, p.w_offset, p.round_xhat, r,
+                                            [&](int first) { return paired ? held : load_window(xrow, first, p.cols); });
             }
           }
         }
