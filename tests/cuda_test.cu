@@ -1984,61 +1984,87 @@ TEST_F(Cuda, AlignmentDoesNotChangeBits) {
 // x, y and w each at their own offset and row stride: the element-I/O
 // forward holds x of y's aligned blocks only where a row's x and y start at
 // the same offset in their 16-byte blocks, and loads windows otherwise. Every
-// pairing of offsets (elements 0..3 past a 16-byte boundary, strides that
-// move each row's offset or keep it) gives y within the float64 reference's
-// tolerance and bit for bit the y and rstd of the aligned call.
+// pairing of offsets (0..7 elements past a 16-byte boundary; strides that keep
+// one offset for every row or move it row by row, so that rows of one warp
+// differ at small D), with and without a weight, with the Gemma offset and the
+// rounded x_hat, gives y within the float64 reference's tolerance and bit for
+// bit the y and rstd of the aligned call.
 TEST_F(Cuda, ForwardOperandsAtDifferentOffsets) {
   std::mt19937_64 rng(61);
   struct Layouts {
     int64_t x_off, y_off, w_off, x_pad, y_pad;
   };
   const Layouts kLayouts[] = {{1, 0, 0, 0, 0}, {0, 1, 0, 0, 0}, {1, 1, 0, 0, 0}, {1, 3, 2, 0, 0}, {2, 1, 1, 8, 0},
-                              {3, 3, 3, 1, 1}, {1, 1, 1, 1, 9}, {0, 0, 1, 3, 3}};
-  for (int64_t d : {int64_t{8}, int64_t{33}, int64_t{1000}, int64_t{2048}, int64_t{4095}, int64_t{4096},
-                    int64_t{8200}, int64_t{40000}}) {
+                              {3, 3, 3, 1, 1}, {1, 1, 1, 1, 9}, {0, 0, 1, 3, 3}, {2, 2, 0, 0, 0}, {3, 3, 0, 1, 1},
+                              {4, 4, 0, 0, 8}, {5, 5, 0, 0, 0}, {6, 6, 0, 5, 5}, {7, 7, 0, 3, 3}, {0, 0, 0, 1, 1},
+                              {1, 1, 0, 2, 2}};
+  struct Options {
+    bool weight, weight_offset, round_xhat;
+  };
+  const Options kOptions[] = {{true, false, false}, {false, false, false}, {true, true, true}};
+  for (int64_t d : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{17}, int64_t{33}, int64_t{1000},
+                    int64_t{2048}, int64_t{4095}, int64_t{4096}, int64_t{16383}, int64_t{40000}}) {
     for (int32_t dt : kDtypes) {
-      Case a;
-      a.dtype = dt;
-      a.cols = d;
-      a.rows = d > 10000 ? 5 : 37;
-      a.with_rstd = true;
-      a.hetero = true;
-      const Inputs in_a = make_inputs(a, rng);
-      HostMatrix y_a;
-      std::vector<float> r_a;
-      gpu_forward(a, in_a, &y_a, &r_a);
-      ASSERT_FALSE(HasFatalFailure());
-      const std::vector<double> xd = in_a.x.to_double(), wd = in_a.w.to_double();
-      std::vector<double> yr(static_cast<size_t>(a.rows * d)), rr(static_cast<size_t>(a.rows));
-      reference::forward(a.rows, d, xd.data(), wd.data(), ref_options(a), yr.data(), rr.data(), nullptr);
-      for (const Layouts& l : kLayouts) {
-        SCOPED_TRACE(std::string(dtype_name(dt)) + " D " + std::to_string(d) + ": x +" + std::to_string(l.x_off) +
-                     " stride +" + std::to_string(l.x_pad) + ", y +" + std::to_string(l.y_off) + " stride +" +
-                     std::to_string(l.y_pad) + ", w +" + std::to_string(l.w_off));
-        HostMatrix x(dt, a.rows, d, d + l.x_pad, l.x_off), w(dt, 1, d, d, l.w_off);
-        for (int64_t r = 0; r < a.rows; ++r)
-          for (int64_t k = 0; k < d; ++k) x.set(r, k, in_a.x.get(r, k));
-        for (int64_t k = 0; k < d; ++k) w.set(0, k, in_a.w.get(0, k));
-        HostMatrix y(dt, a.rows, d, d + l.y_pad, l.y_off);  // NaN-poisoned
-        Arena::get().reset();
-        const Dev dx = upload(x), dw = upload(w), dy = upload(y);
-        float* drstd = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(a.rows) * 4 + 4));
-        ASSERT_EQ(cudaSuccess, cudaMemset(drstd, 0xFF, static_cast<size_t>(a.rows) * 4));
-        poison_shared_memory();
-        const rmsnorm_problem_t p = problem_of(a);
-        const rmsnorm_backend_t b = cuda_backend();
-        ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward(&p, dx.data(), x.stride, dw.data(), dy.data(), y.stride,
-                                                          drstd, &b))
-            << rmsnorm_last_error();
-        CUDA_OK(cudaDeviceSynchronize());
-        download(dy, y);
-        std::vector<float> r_o(static_cast<size_t>(a.rows));
-        CUDA_OK(cudaMemcpy(r_o.data(), drstd, static_cast<size_t>(a.rows) * 4, cudaMemcpyDeviceToHost));
-        EXPECT_TRUE(check_matrix("y", y, yr, [&](int64_t r, int64_t k) { return y_tol(dt, yr[r * d + k], d); }));
-        ASSERT_EQ(0, std::memcmp(r_a.data(), r_o.data(), r_a.size() * sizeof(float))) << "rstd differs";
-        for (int64_t r = 0; r < a.rows; ++r)
-          for (int64_t k = 0; k < d; ++k)
-            ASSERT_EQ(y_a.get(r, k), y.get(r, k)) << "y differs from the aligned call's, row " << r << " col " << k;
+      for (const Options& o : kOptions) {
+        Case a;
+        a.dtype = dt;
+        a.cols = d;
+        a.rows = d > 10000 ? 5 : 37;
+        a.with_rstd = true;
+        a.hetero = true;
+        a.weight = o.weight;
+        a.weight_offset = o.weight_offset;
+        a.round_xhat = o.round_xhat;
+        const Inputs in_a = make_inputs(a, rng);
+        HostMatrix y_a;
+        std::vector<float> r_a;
+        gpu_forward(a, in_a, &y_a, &r_a);
+        ASSERT_FALSE(HasFatalFailure());
+        const std::vector<double> xd = in_a.x.to_double(), wd = in_a.w.to_double();
+        const size_t n = static_cast<size_t>(a.rows * d);
+        std::vector<double> yr(n), xh(n), rr(static_cast<size_t>(a.rows));
+        reference::forward(a.rows, d, xd.data(), a.weight ? wd.data() : nullptr, ref_options(a), yr.data(), rr.data(),
+                           xh.data());
+        // With round_xhat, y is T(T(x_hat) w'): the reference rounds the same way and the tolerance allows for
+        // x_hat that lie at a rounding boundary (as in check_forward).
+        auto wprime = [&](int64_t col) { return a.weight ? wd[col] + (a.weight_offset ? 1.0 : 0.0) : 1.0; };
+        if (a.round_xhat)
+          for (int64_t r = 0; r < a.rows; ++r)
+            for (int64_t k = 0; k < d; ++k)
+              yr[r * d + k] = round_to(dt, round_to(dt, xh[r * d + k]) * wprime(k));
+        auto tol = [&](int64_t r, int64_t k) {
+          return a.round_xhat ? y_round_xhat_tol(dt, yr[r * d + k], xh[r * d + k], wprime(k), d)
+                              : y_tol(dt, yr[r * d + k], d);
+        };
+        for (const Layouts& l : kLayouts) {
+          SCOPED_TRACE(describe(a) + ": x +" + std::to_string(l.x_off) + " stride +" + std::to_string(l.x_pad) +
+                       ", y +" + std::to_string(l.y_off) + " stride +" + std::to_string(l.y_pad) + ", w +" +
+                       std::to_string(l.w_off));
+          HostMatrix x(dt, a.rows, d, d + l.x_pad, l.x_off), w(dt, 1, d, d, l.w_off);
+          for (int64_t r = 0; r < a.rows; ++r)
+            for (int64_t k = 0; k < d; ++k) x.set(r, k, in_a.x.get(r, k));
+          for (int64_t k = 0; k < d; ++k) w.set(0, k, in_a.w.get(0, k));
+          HostMatrix y(dt, a.rows, d, d + l.y_pad, l.y_off);  // NaN-poisoned
+          Arena::get().reset();
+          const Dev dx = upload(x), dw = upload(w), dy = upload(y);
+          float* drstd = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(a.rows) * 4 + 4));
+          ASSERT_EQ(cudaSuccess, cudaMemset(drstd, 0xFF, static_cast<size_t>(a.rows) * 4));
+          poison_shared_memory();
+          const rmsnorm_problem_t p = problem_of(a);
+          const rmsnorm_backend_t b = cuda_backend();
+          ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward(&p, dx.data(), x.stride, a.weight ? dw.data() : nullptr,
+                                                            dy.data(), y.stride, drstd, &b))
+              << rmsnorm_last_error();
+          CUDA_OK(cudaDeviceSynchronize());
+          download(dy, y);
+          std::vector<float> r_o(static_cast<size_t>(a.rows));
+          CUDA_OK(cudaMemcpy(r_o.data(), drstd, static_cast<size_t>(a.rows) * 4, cudaMemcpyDeviceToHost));
+          EXPECT_TRUE(check_matrix("y", y, yr, tol));
+          ASSERT_EQ(0, std::memcmp(r_a.data(), r_o.data(), r_a.size() * sizeof(float))) << "rstd differs";
+          for (int64_t r = 0; r < a.rows; ++r)
+            for (int64_t k = 0; k < d; ++k)
+              ASSERT_EQ(y_a.get(r, k), y.get(r, k)) << "y differs from the aligned call's, row " << r << " col " << k;
+        }
       }
     }
   }
