@@ -62,6 +62,7 @@ const char* kernel_name(Kernel k) {
   switch (k) {
     case Kernel::kForwardRows: return "forward rows";
     case Kernel::kForwardRowsElement: return "forward rows, element I/O";
+    case Kernel::kForwardRowsPaired: return "forward rows, x and y at one offset (one row group per CTA)";
     case Kernel::kForwardCluster: return "forward cluster";
     case Kernel::kForwardClusterElement: return "forward cluster, element I/O";
     case Kernel::kForwardLooped: return "forward looped";
@@ -114,8 +115,12 @@ Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device
   l.io = io;
   l.row = row_plan(cols, esize, Direction::kForward, dev);
   l.kernel = kernel_of(l.direction, l.row.band, io);
+  // Paired x and y at one offset for every row. Rows whose offset changes row by row keep the element path:
+  // there the paired kernel's eight offsets' code ran at once and lost (docs/performance.md, "Misaligned
+  // forward: the offset as a constant").
+  if (l.row.band == Band::kRows && io == Io::kPaired) l.kernel = Kernel::kForwardRowsPaired;
   const int64_t groups = (rows + l.row.rows_per_cta - 1) / l.row.rows_per_cta;
-  if (l.kernel == Kernel::kForwardRows || l.row.band == Band::kLooped) {
+  if (l.kernel == Kernel::kForwardRows || l.kernel == Kernel::kForwardRowsPaired || l.row.band == Band::kLooped) {
     // One row group (kLooped: one row) per CTA, the hardware's CTA scheduler
     // filling the SMs; past kMaxGrid the CTAs loop.
     l.grid = std::max<int64_t>(1, std::min(groups, kMaxGrid));
@@ -163,7 +168,8 @@ Launch add_launch(int64_t rows, const Device& dev) {
 }
 
 Launch weight_f32_forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev) {
-  const Launch l = forward_launch(rows, cols, esize, io, dev);
+  // kForwardRowsPaired reads the weight in x's dtype: an fp32 weight takes the element path.
+  const Launch l = forward_launch(rows, cols, esize, io == Io::kVector ? io : Io::kElement, dev);
   return l.row.band != Band::kLooped ? l : looped_forward_launch(rows, cols, esize, io, dev);
 }
 

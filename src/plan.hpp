@@ -14,7 +14,10 @@
 //   band      D, 16-bit        D, fp32          Io::kVector (all rows 16-byte   Io::kElement (any other alignment)
 //                                               aligned)
 //   kRows     1..16384         1..8192          kForwardRows (one row group    kForwardRowsElement (y in aligned
-//                                               per CTA, no stages) /          16-byte blocks) / kBackwardRowsShifted
+//                                               per CTA, no stages) /          16-byte blocks; kForwardRowsPaired
+//                                                                              where x and y share one offset
+//                                                                              in every row: Io) /
+//                                                                              kBackwardRowsShifted
 //                                               kBackwardRows (kBackwardRows-
 //                                               Direct, no stages, where no
 //                                               CTA has a second row group;
@@ -86,7 +89,13 @@ enum class Band : int { kRows = 0, kCluster = 1, kLooped = 2 };
 // kVector: every row start of every operand is 16-byte aligned (and so is
 // the weight): whole chunks move as single 16-byte loads and stores.
 // kElement: anything else.
-enum class Io : int { kVector = 0, kElement = 1 };
+// The forward's x and y may also be paired (forward_io): each row of x at the
+// same offset in its 16-byte block as the same row of y, the weight 16-byte
+// aligned or none; kPaired: one offset for every row, kPairedRows: the offset
+// changes from row to row (odd row strides). The rows-band forward runs
+// kForwardRowsPaired with kPaired; every other kernel, and every kernel with
+// kPairedRows, treats them as kElement.
+enum class Io : int { kVector = 0, kElement = 1, kPaired = 2, kPairedRows = 3 };
 
 enum class Direction : int { kForward = 0, kBackward = 1 };
 
@@ -94,6 +103,7 @@ enum class Direction : int { kForward = 0, kBackward = 1 };
 enum class Kernel : int {
   kForwardRows,
   kForwardRowsElement,
+  kForwardRowsPaired,
   kForwardCluster,
   kForwardClusterElement,
   kForwardLooped,
@@ -290,6 +300,16 @@ inline Io io_of(std::initializer_list<RowsOperand> operands, int esize) {
   for (const RowsOperand& o : operands)
     if (!rows_aligned16(o.data, o.stride, esize)) return Io::kElement;
   return Io::kVector;
+}
+// The plain forward's I/O path (x, y and the weight; plan.hpp's Io).
+inline Io forward_io(RowsOperand x, RowsOperand y, const void* w, int esize) {
+  const Io io = io_of({x, y, {w, 0}}, esize);
+  if (io == Io::kVector || !rows_aligned16(w, 0, esize)) return io;
+  const auto xo = reinterpret_cast<uintptr_t>(x.data) % kChunkBytes;
+  const auto yo = reinterpret_cast<uintptr_t>(y.data) % kChunkBytes;
+  if (xo != yo || xo % static_cast<uintptr_t>(esize) != 0 || ((x.stride - y.stride) * esize) % kChunkBytes != 0)
+    return Io::kElement;
+  return (x.stride * esize) % kChunkBytes == 0 ? Io::kPaired : Io::kPairedRows;
 }
 
 // The grid of the persistent forward kernels (the cluster band and the rows

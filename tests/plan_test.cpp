@@ -850,6 +850,91 @@ TEST(Plan, NoRowsLaunchOnlyTheFinalize) {
   }
 }
 
+// forward_io: kVector only where every row of x, y and the weight is 16-byte
+// aligned; paired where each row of x starts at the same offset in its
+// 16-byte block as the same row of y and the weight is aligned (or none):
+// kPaired with one offset for every row, kPairedRows with strides that move it.
+TEST(Plan, ForwardIoPairsXAndYAtOneOffset) {
+  auto at = [](uintptr_t a) { return reinterpret_cast<const void*>(a); };
+  constexpr uintptr_t kBase = 1 << 20;
+  for (int esize : {2, 4}) {
+    const int vec = vec_elems(esize);
+    for (uintptr_t off = 0; off < 16; off += static_cast<uintptr_t>(esize)) {
+      for (int64_t pad : {0, 1, 3, vec}) {
+        const int64_t stride = 4096 + pad;
+        const Io io = forward_io({at(kBase + off), stride}, {at(2 * kBase + off), stride}, at(3 * kBase), esize);
+        const bool rows_move = (stride * esize) % 16 != 0;
+        const Io want = off == 0 && !rows_move ? Io::kVector : rows_move ? Io::kPairedRows : Io::kPaired;
+        ASSERT_EQ(io, want) << esize << " " << off << " " << pad;
+        // No weight: the same.
+        ASSERT_EQ(forward_io({at(kBase + off), stride}, {at(2 * kBase + off), stride}, nullptr, esize), want);
+        // A misaligned weight, x and y at different offsets, or strides whose offsets drift apart: kElement
+        // (kVector needs all three aligned).
+        if (want != Io::kVector) {
+          ASSERT_EQ(forward_io({at(kBase + off), stride}, {at(2 * kBase + off), stride}, at(3 * kBase + esize), esize),
+                    Io::kElement);
+        }
+        ASSERT_EQ(forward_io({at(kBase + off), stride}, {at(2 * kBase + (off + esize) % 16), stride}, at(3 * kBase),
+                             esize),
+                  Io::kElement);
+        ASSERT_EQ(forward_io({at(kBase + off), stride}, {at(2 * kBase + off), stride + 1}, at(3 * kBase), esize),
+                  Io::kElement);
+      }
+    }
+  }
+}
+
+// Paired x and y: the rows band's forward runs kForwardRowsPaired with the
+// 16-byte rows kernel's geometry and grid where every row has one offset
+// (kPaired); everywhere else (kPairedRows, the other bands, the backward, an
+// fp32 weight) the launch is kElement's.
+TEST(Plan, PairedForwardIsTheRowsBandsPairedKernel) {
+  for (const Device& dev : {hopper(16), hopper(8), ampere()}) {
+    for (int esize : {2, 4}) {
+      for (int64_t d = 1; d <= kMaxD; d += d < 20000 ? 1 : 97) {
+        for (int64_t rows : {int64_t{1}, int64_t{1000}, (int64_t{1} << 25) + 1}) {
+          const Launch v = forward_launch(rows, d, esize, Io::kVector, dev);
+          const Launch e = forward_launch(rows, d, esize, Io::kElement, dev);
+          for (Io io : {Io::kPaired, Io::kPairedRows}) {
+            const Launch f = forward_launch(rows, d, esize, io, dev);
+            const bool paired = f.row.band == Band::kRows && io == Io::kPaired;
+            ASSERT_EQ(f.io, io);
+            if (paired) {
+              ASSERT_EQ(f.kernel, Kernel::kForwardRowsPaired) << d;
+              ASSERT_EQ(v.kernel, Kernel::kForwardRows) << d;
+              ASSERT_EQ(f.grid, v.grid) << d;
+              ASSERT_EQ(f.groups_per_cta, 0) << d;
+              ASSERT_EQ(f.row.threads_per_row, v.row.threads_per_row) << d;
+              ASSERT_EQ(f.row.chunks_per_thread, v.row.chunks_per_thread) << d;
+              ASSERT_EQ(f.row.cta_threads, v.row.cta_threads) << d;
+              ASSERT_EQ(f.smem, 0u) << d;
+            } else {
+              ASSERT_EQ(f.kernel, e.kernel) << d;
+              ASSERT_EQ(f.grid, e.grid) << d;
+              ASSERT_EQ(f.groups_per_cta, e.groups_per_cta) << d;
+              ASSERT_EQ(f.smem, e.smem) << d;
+            }
+            if (esize == 2) {
+              const Launch w = weight_f32_forward_launch(rows, d, esize, io, dev);
+              const Launch we = weight_f32_forward_launch(rows, d, esize, Io::kElement, dev);
+              ASSERT_EQ(w.kernel, we.kernel) << d;
+              ASSERT_EQ(w.grid, we.grid) << d;
+            }
+            if (rows == 1000 && d % 7 == 0) {
+              const Launch b = backward_launch(rows, d, esize, io, true, dev);
+              const Launch be = backward_launch(rows, d, esize, Io::kElement, true, dev);
+              ASSERT_EQ(b.kernel, be.kernel) << d;
+              ASSERT_EQ(b.grid, be.grid) << d;
+              ASSERT_EQ(b.smem, be.smem) << d;
+              ASSERT_EQ(b.workspace, be.workspace) << d;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 // Element-I/O forward stores: head, whole aligned blocks, tail cover a row's
 // columns exactly once; every block starts on a 16-byte boundary and has an

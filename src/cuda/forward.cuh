@@ -462,6 +462,240 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   }
 }
 
+// ---- kRows, x and y at one offset: one row group per CTA, the offset a constant -------------
+// forward_rows_paired_kernel (plan::Kernel::kForwardRowsPaired): where each
+// row of x starts at the same offset in its 16-byte block as the same row of
+// y, every row at the same offset (plan::Io::kPaired), and the weight is
+// 16-byte aligned. A row at offset kO elements (0 <= kO < kN) has kHead =
+// (kN - kO) % kN columns before its first 16-byte boundary, then
+// plan::store_blocks whole aligned blocks (block b: columns kHead + b kN ..),
+// then a tail. Chunk c of the sum (columns c kN .., the order of every other
+// path) is the last kN - kO columns of block c - 1 and the first kO of block
+// c; the thread that owns chunk c stores y block c, whose w' is the last kO
+// columns of w's chunk c and the first kN - kO of chunk c + 1. With kO a
+// template constant, taking a chunk's elements out of two blocks is register
+// selection (no funnel shifts), and every access but the head's and the
+// tail's is one aligned 16-byte load or store; the kernel switches on the
+// row's offset once per row (the same branch in every row). Columns
+// outside the blocks (the head, the tail, a row shorter than its head) go by
+// element, loaded and stored by the owner of their chunk. Every x read that
+// another thread's y store may overwrite (y == x in place) happens before the
+// row's reduction; after it a thread reads only the head and tail columns
+// that it alone writes.
+
+// Columns [first + kJ0, first + kJ1) of a row by element into a chunk's
+// elements kJ0..kJ1 - 1 (columns outside [0, cols) and the other elements: 0).
+template <typename T, int kJ0, int kJ1>
+__device__ __forceinline__ Chunk<T> load_elems(const T* __restrict__ row, int first, int cols) {
+  Chunk<T> p = zero_chunk<T>();
+#pragma unroll
+  for (int j = kJ0; j < kJ1; ++j)
+    if (first + j >= 0 && first + j < cols) p.set_elem(j, row[first + j]);
+  return p;
+}
+
+// Element e (0 <= e < 2 kN, a constant after unrolling) of two consecutive blocks.
+template <typename T>
+__device__ __forceinline__ float pair_elem(const Chunk<T>& lo, const Chunk<T>& hi, int e) {
+  return e < Chunk<T>::kN ? lo.get(e) : hi.get(e - Chunk<T>::kN);
+}
+
+// Whole aligned blocks of a row at offset kO.
+template <typename T, int kO>
+__device__ __forceinline__ int offset_blocks(int cols) {
+  constexpr int kN = Chunk<T>::kN;
+  return static_cast<int>(plan::store_blocks(cols, (kN - kO) % kN, sizeof(T)));
+}
+
+// This thread's part of the row's sum of squares (chunk by chunk, element by
+// element, as add_squares), and in held[it] the x of block m.chunk(it) where
+// it is whole (y's block, stored after the reduction). Every whole block is
+// loaded first, all of them in flight at once (predicated loads, no
+// branches), then the columns outside them by element (the head's and tail's
+// chunks only), then the sum.
+template <typename T, int kO, typename Map, int kCpt>
+__device__ __forceinline__ float offset_squares(const T* __restrict__ xr, bool valid, const Map& m, int chunks,
+                                                int cols, Chunk<T> (&held)[kCpt]) {
+  constexpr int kN = Chunk<T>::kN;
+  constexpr int kHead = (kN - kO) % kN;
+  const int blocks = offset_blocks<T, kO>(cols);
+  // kO > 0: chunk c is block c - 1 (lo, from column kHead + (c - 1) kN; before the row for c = 0) and block c
+  // (held). kO == 0: chunk c is block c.
+  Chunk<T> lo[kCpt];
+#pragma unroll
+  for (int it = 0; it < kCpt; ++it) {
+    const int c = m.chunk(it);
+    lo[it] = zero_chunk<T>();
+    held[it] = zero_chunk<T>();
+    const T* b = xr + kHead + c * kN;  // block c
+    if (valid && c < blocks) held[it] = as_chunk<T>(*reinterpret_cast<const uint4*>(b));
+    if (kO != 0 && valid && c >= 1 && c <= blocks) lo[it] = as_chunk<T>(*reinterpret_cast<const uint4*>(b - kN));
+  }
+#pragma unroll
+  for (int it = 0; it < kCpt; ++it) {
+    const int c = m.chunk(it);
+    if (!valid || c >= chunks) continue;
+    const int first = kHead + (c - 1) * kN;
+    if (c >= blocks) held[it] = kO == 0 ? load_elems<T, 0, kN>(xr, c * kN, cols) : load_elems<T, 0, kO>(xr, first + kN, cols);
+    if (kO != 0 && (c == 0 || c > blocks)) lo[it] = load_elems<T, kO, kN>(xr, first, cols);
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int it = 0; it < kCpt; ++it) {
+    if (!valid || m.chunk(it) >= chunks) continue;
+    if constexpr (kO == 0) {
+      ss = add_squares(ss, held[it]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        const float v = pair_elem(lo[it], held[it], kO + j);
+        ss += v * v;
+      }
+    }
+  }
+  return ss;
+}
+
+// y of one element, as normalize_chunk computes it.
+template <typename T, bool kRoundXhat>
+__device__ __forceinline__ T y_elem(float x, float w, float r) {
+  const float xh = x * r;
+  return from_float<T>(kRoundXhat ? to_float(from_float<T>(xh)) * w : xh * w);
+}
+
+// y of this thread's chunks of one row at offset kO (offset_squares's held blocks): block c by one 16-byte
+// store, the head (c = 0) and tail columns of chunk c by element. offset: added to w (0 without a weight,
+// which reads as 1). The weight's chunks are loaded first, all in flight at once.
+template <typename T, int kO, bool kRoundXhat, typename Map, int kCpt>
+__device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __restrict__ yr,
+                                                 const T* __restrict__ w, float offset, float r, const Map& m,
+                                                 int chunks, int cols, const Chunk<T> (&held)[kCpt]) {
+  constexpr int kN = Chunk<T>::kN;
+  constexpr int kHead = (kN - kO) % kN;
+  const int blocks = offset_blocks<T, kO>(cols);
+  const int tail = kHead + blocks * kN;  // first column after the blocks
+  // wc: w's chunk c; wn: chunk c + 1 (kO > 0; it exists where c < blocks, block c ending inside the row).
+  Chunk<T> wc[kCpt], wn[kCpt];
+  const bool has_w = w != nullptr;
+#pragma unroll
+  for (int it = 0; it < kCpt; ++it) {
+    const int c = m.chunk(it);
+    wc[it] = one_chunk<T>();
+    wn[it] = one_chunk<T>();
+    if (has_w && c < blocks) {
+      wc[it] = as_chunk<T>(reinterpret_cast<const uint4*>(w)[c]);
+      if (kO != 0 && (c + 2) * kN <= cols) wn[it] = as_chunk<T>(reinterpret_cast<const uint4*>(w)[c + 1]);
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < kCpt; ++it) {
+    const int c = m.chunk(it);
+    if (!has_w || c >= chunks) continue;
+    if (c >= blocks) wc[it] = load_elems<T, 0, kN>(w, c * kN, cols);
+    if (kO != 0 && c < blocks && (c + 2) * kN > cols) wn[it] = load_elems<T, 0, kN>(w, (c + 1) * kN, cols);
+  }
+#pragma unroll
+  for (int it = 0; it < kCpt; ++it) {
+    const int c = m.chunk(it);
+    if (c < blocks) {
+      float wf[kN];
+#pragma unroll
+      for (int j = 0; j < kN; ++j) wf[j] = (kO == 0 ? wc[it].get(j) : pair_elem(wc[it], wn[it], kN - kO + j)) + offset;
+      store16(yr + kHead + c * kN, normalize_chunk<T, kRoundXhat>(held[it], wf, r));
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < kCpt; ++it) {
+    const int c = m.chunk(it);
+    if (c < chunks && ((kO != 0 && c == 0) || c >= blocks)) {
+      // The head and tail columns of chunk c: no block holds them, and only this thread reads or writes them.
+      const int first = c * kN;
+      Chunk<T> x = zero_chunk<T>();
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        const int col = first + j;
+        if (col < cols && (col < kHead || col >= tail)) x.set_elem(j, xr[col]);
+      }
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        const int col = first + j;
+        if (col < cols && (col < kHead || col >= tail))
+          yr[col] = y_elem<T, kRoundXhat>(x.get(j), wc[it].get(j) + offset, r);
+      }
+    }
+  }
+}
+
+// f(std::integral_constant<int, o>) for o in 0..kN - 1 (the row's offset in elements).
+template <typename T, typename F>
+__device__ __forceinline__ void with_row_offset(int o, F&& f) {
+  using std::integral_constant;
+  if constexpr (Chunk<T>::kN == 4) {
+    switch (o) {
+      case 0: f(integral_constant<int, 0>{}); break;
+      case 1: f(integral_constant<int, 1>{}); break;
+      case 2: f(integral_constant<int, 2>{}); break;
+      default: f(integral_constant<int, 3>{}); break;
+    }
+  } else {
+    switch (o) {
+      case 0: f(integral_constant<int, 0>{}); break;
+      case 1: f(integral_constant<int, 1>{}); break;
+      case 2: f(integral_constant<int, 2>{}); break;
+      case 3: f(integral_constant<int, 3>{}); break;
+      case 4: f(integral_constant<int, 4>{}); break;
+      case 5: f(integral_constant<int, 5>{}); break;
+      case 6: f(integral_constant<int, 6>{}); break;
+      default: f(integral_constant<int, 7>{}); break;
+    }
+  }
+}
+
+// The geometry (threads per row, chunks per thread, row slots, grid) is the
+// 16-byte rows kernel's: the same chunks per thread, summed in the same
+// order, so rstd and y are bitwise that kernel's (Cuda.AlignmentDoesNotChangeBits).
+template <typename T, int kTpr, int kCpt>
+__global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr, kCpt))
+    forward_rows_paired_kernel(const ForwardParams<T> p) {
+  constexpr int kCtaThreads = plan::forward_cta_threads(kTpr);
+  constexpr int kSlots = kCtaThreads / kTpr;
+  static_assert(kSlots * kTpr == kCtaThreads, "plan: rows_per_cta * threads_per_row == cta_threads");
+  static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
+  static_assert(kCpt == plan::kFewChunksPerThread || kCpt == plan::kMaxChunksPerThread, "plan: chunks per thread");
+  static_assert(Chunk<T>::kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
+  __shared__ RowScratch<float, kTpr, kSlots> scratch;
+  pdl_enter();
+  const RowMap<kTpr, false> m;
+  const int64_t groups = (p.rows + kSlots - 1) / kSlots;
+  // A null weight reads as 1: no offset then.
+  const float offset = p.w != nullptr ? p.w_offset : 0.0f;
+  int parity = 0;
+  for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
+    const int64_t row = g * kSlots + m.slot;
+    const bool valid = row < p.rows;
+    const T* xrow = p.x + row * p.x_stride;
+    T* yrow = p.y + row * p.y_stride;
+    const int o = static_cast<int>((reinterpret_cast<uintptr_t>(xrow) & 15) / sizeof(T));
+    Chunk<T> held[kCpt];
+    float part = 0.0f;
+    with_row_offset<T>(o, [&](auto k) {
+      part = offset_squares<T, decltype(k)::value>(xrow, valid, m, p.chunks, p.cols, held);
+    });
+    const float ss = row_sum<kTpr, kSlots>(part, scratch, parity);
+    if (valid) {
+      const float r = rms_from_sum(ss, p.cols, p.eps);  // no rescaled path in this band: rstd.cuh
+      if (p.rstd != nullptr && m.pos == 0) p.rstd[row] = r;
+      with_row_offset<T>(o, [&](auto k) {
+        constexpr int kO = decltype(k)::value;
+        if (p.round_xhat)
+          store_offset_row<T, kO, true>(xrow, yrow, p.w, offset, r, m, p.chunks, p.cols, held);
+        else
+          store_offset_row<T, kO, false>(xrow, yrow, p.w, offset, r, m, p.chunks, p.cols, held);
+      });
+    }
+  }
+}
+
 // ---- kCluster (both I/O paths) and kRows with element I/O: persistent -------------------------
 // kClustered == false: rows_per_cta row slots of kTpr threads per CTA, element
 // I/O (the 16-byte path is forward_rows_direct_kernel).
@@ -765,7 +999,7 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
                                          {a.y, a.y_stride},
                                          {a.weight, 0}},
                                         kEs)
-                          : plan::io_of({{a.x, a.x_stride}, {a.y, a.y_stride}, {a.weight, 0}}, kEs);
+                          : plan::forward_io({a.x, a.x_stride}, {a.y, a.y_stride}, a.weight, kEs);
   // An fp32 weight with 16-bit x: the rows band's kernels with the weight read as fp32, else the looped
   // kernel's fp32-weight form (plan::weight_f32_forward_launch).
   const plan::Launch l = a.weight_f32 ? plan::weight_f32_forward_launch(a.rows, a.cols, kEs, io, dev)
@@ -780,6 +1014,12 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
   auto launch = [&](auto kernel, int cta_threads) { return launch_planned(kernel, cta_threads, l, pdl, stream, p); };
   using plan::Kernel;
   switch (l.kernel) {
+    case Kernel::kForwardRowsPaired:
+      if (a.weight_f32) break;  // plan::weight_f32_forward_launch: never paired
+      return dispatch_rows(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) {
+        constexpr int kTpr = decltype(tpr)::value;
+        return launch(forward_rows_paired_kernel<T, kTpr, decltype(cpt)::value>, plan::forward_cta_threads(kTpr));
+      });
     case Kernel::kForwardRows:
     case Kernel::kForwardRowsElement:
       return dispatch_rows(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
