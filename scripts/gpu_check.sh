@@ -36,7 +36,8 @@
 # that were selected), and the python step's tests when it was selected; the
 # benchmark's targets are reported, never part of it.
 #
-# Knobs (environment): STEPS (all), BUILD_DIR (build-gpu), JOBS (16), CTEST_JOBS (8),
+# Knobs (environment): STEPS (all), BUILD_DIR (build-gpu), JOBS (16), CTEST_JOBS (8), SAN_FILTER (*Sanitizer*:
+#   the sanitizer steps' gtest filter, e.g. CudaSanitizer.PairedForward for one case),
 # BUILD_TARGETS (all; e.g. "rmsnorm_cuda_test") and CTEST_REGEX (all; a ctest -R expression) for a short
 # device budget: STEPS="build ctest" BUILD_TARGETS=rmsnorm_cuda_test CTEST_REGEX='Cuda\.Forward' (the
 # tests of targets not built would fail as not found, so narrow both together; a selection of no test
@@ -235,7 +236,7 @@ SAN_BODY='
   # One run per *Sanitizer* test (CudaSanitizer.RowsBand, .PersistentReuse, ..., CudaMixedSanitizer.*: the
   # list comes from the binary, suite and test names joined), each with a share of the step limit, so a slow
   # one cannot hide the others.
-  bands="$("$exe" --gtest_list_tests --gtest_filter="*Sanitizer*" | awk "/^[^ ]/{s=\$1} /^  /{print s \$1}")"
+  bands="$("$exe" --gtest_list_tests --gtest_filter="${SAN_FILTER:-*Sanitizer*}" | awk "/^[^ ]/{s=\$1} /^  /{print s \$1}")"
   [ -n "$bands" ] || { echo "no *Sanitizer* test listed"; exit 1; }
   rc=0
   : >"$STATE/san_$tool.txt"

@@ -2070,6 +2070,104 @@ TEST_F(Cuda, ForwardOperandsAtDifferentOffsets) {
   }
 }
 
+// The paired forward (plan::Io::kPaired: x and y at one offset `off` elements
+// past a 16-byte boundary in every row, the weight aligned or none): y within
+// the float64 reference's tolerance and bit for bit the y and rstd of the same
+// values in contiguous rows, and in place (y == x) the same y. Checks that the
+// call is planned as kForwardRowsPaired where the row is in the rows band.
+void check_paired_forward(int32_t dt, int64_t d, int64_t rows, int64_t off, const Case& opts, std::mt19937_64& rng) {
+  Case a = opts;
+  a.dtype = dt;
+  a.cols = d;
+  a.rows = rows;
+  a.with_rstd = true;
+  a.hetero = true;
+  SCOPED_TRACE(describe(a) + ": x and y +" + std::to_string(off));
+  const Inputs in_a = make_inputs(a, rng);
+  HostMatrix y_a;
+  std::vector<float> r_a;
+  gpu_forward(a, in_a, &y_a, &r_a);
+  if (::testing::Test::HasFatalFailure()) return;
+  const std::vector<double> xd = in_a.x.to_double(), wd = in_a.w.to_double();
+  const size_t n = static_cast<size_t>(rows * d);
+  std::vector<double> yr(n), xh(n), rr(static_cast<size_t>(rows));
+  reference::forward(rows, d, xd.data(), a.weight ? wd.data() : nullptr, ref_options(a), yr.data(), rr.data(),
+                     xh.data());
+  auto wprime = [&](int64_t col) { return a.weight ? wd[col] + (a.weight_offset ? 1.0 : 0.0) : 1.0; };
+  if (a.round_xhat)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < d; ++k) yr[r * d + k] = round_to(dt, round_to(dt, xh[r * d + k]) * wprime(k));
+  auto tol = [&](int64_t r, int64_t k) {
+    return a.round_xhat ? y_round_xhat_tol(dt, yr[r * d + k], xh[r * d + k], wprime(k), d) : y_tol(dt, yr[r * d + k], d);
+  };
+  const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
+  const int64_t vec = 16 / esize;
+  // A row stride of whole 16-byte blocks (one more block at some D): every row at the same offset.
+  const int64_t stride = (d + vec - 1) / vec * vec + (d % 3 == 0 ? vec : 0);
+  HostMatrix x(dt, rows, d, stride, off), w(dt, 1, d, d, 0), y(dt, rows, d, stride, off);  // y NaN-poisoned
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < d; ++k) x.set(r, k, in_a.x.get(r, k));
+  for (int64_t k = 0; k < d; ++k) w.set(0, k, in_a.w.get(0, k));
+  Arena::get().reset();
+  const Dev dx = upload(x), dw = upload(w), dy = upload(y);
+  const void* wp = a.weight ? dw.data() : nullptr;
+  const plan::Io io = plan::forward_io({dx.data(), x.stride}, {dy.data(), y.stride}, wp, esize);
+  ASSERT_EQ(io, plan::Io::kPaired);
+  const plan::Launch l = plan::forward_launch(rows, d, esize, io, current_plan_device());
+  if (l.row.band == plan::Band::kRows) {
+    ASSERT_EQ(l.kernel, plan::Kernel::kForwardRowsPaired);
+  }
+  float* drstd = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(rows) * 4 + 4));
+  ASSERT_EQ(cudaSuccess, cudaMemset(drstd, 0xFF, static_cast<size_t>(rows) * 4));
+  poison_shared_memory();
+  const rmsnorm_problem_t p = problem_of(a);
+  const rmsnorm_backend_t b = cuda_backend();
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+            rmsnorm_forward(&p, dx.data(), x.stride, wp, dy.data(), y.stride, drstd, &b))
+      << rmsnorm_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  download(dy, y);
+  std::vector<float> r_o(static_cast<size_t>(rows));
+  CUDA_OK(cudaMemcpy(r_o.data(), drstd, static_cast<size_t>(rows) * 4, cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(check_matrix("y", y, yr, tol));
+  ASSERT_EQ(0, std::memcmp(r_a.data(), r_o.data(), r_a.size() * sizeof(float))) << "rstd differs";
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < d; ++k)
+      ASSERT_EQ(y_a.get(r, k), y.get(r, k)) << "y differs from the contiguous call's, row " << r << " col " << k;
+  // In place (y == x): the same bits.
+  const Dev dxy = upload(x);
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward(&p, dxy.data(), x.stride, wp, dxy.data(), x.stride, nullptr, &b))
+      << rmsnorm_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  HostMatrix yin = x;
+  download(dxy, yin);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < d; ++k)
+      ASSERT_EQ(y.get(r, k), yin.get(r, k)) << "y in place differs, row " << r << " col " << k;
+}
+
+// Every D of the rows band's small and middle sizes, and the band's top, at
+// every offset in turn (D picks it), with a weight, without one, and with
+// the Gemma offset and the rounded x_hat: the paired kernel's head (the
+// columns before the first boundary), blocks and tail (a row shorter than
+// its head included) at each offset.
+TEST_F(Cuda, PairedForwardEveryD) {
+  std::mt19937_64 rng(67);
+  std::vector<int64_t> ds;
+  for (int64_t d = 1; d <= 2100; ++d) ds.push_back(d);
+  for (int64_t d : {4095, 4096, 4097, 7168, 8191, 8192, 8200, 12288, 16383, 16384, 16385}) ds.push_back(d);
+  for (int64_t d : ds)
+    for (int32_t dt : kDtypes) {
+      const int64_t vec = dt == RMSNORM_DTYPE_F32 ? 4 : 8;
+      Case opts;
+      opts.weight = d % 5 != 0;
+      opts.weight_offset = d % 7 == 0;
+      opts.round_xhat = d % 7 == 0;
+      check_paired_forward(dt, d, d > 8192 ? 5 : 1 + d % 11, 1 + d % (vec - 1), opts, rng);
+      if (HasFailure()) return;
+    }
+}
+
 // In place: forward with y == x and backward with gx == gy give the same
 // bits as out of place, in every band, with aligned rows and with every row
 // one element off alignment (the element-I/O kernels, whose forward reloads
@@ -2643,6 +2741,24 @@ void sanitizer_cases(std::initializer_list<int64_t> ds, std::mt19937_64& rng) {
 TEST_F(CudaSanitizer, RowsBand) {
   std::mt19937_64 rng(11);
   sanitizer_cases({1, 8, 33, 64, 384, 1000, 4096, 8192, 16384}, rng);
+}
+
+// The paired forward (x and y at one offset, the weight aligned) at each
+// offset, with a row that is shorter than its head, a tail, and a row of whole
+// blocks; in place too (y == x: the block stores overwrite x that the
+// neighbouring chunks read before the row's reduction).
+TEST_F(CudaSanitizer, PairedForward) {
+  std::mt19937_64 rng(71);
+  for (int64_t d : {3, 33, 1000, 4096, 8200})
+    for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32}) {
+      const int64_t vec = dt == RMSNORM_DTYPE_F32 ? 4 : 8;
+      for (int64_t off = 1; off < vec; off += 2) {
+        Case opts;
+        opts.weight = off != 3;
+        check_paired_forward(dt, d, 6, off, opts, rng);
+        if (HasFailure()) return;
+      }
+    }
 }
 
 // Enough rows that every persistent CTA (cluster) walks at least three row
