@@ -1981,6 +1981,38 @@ TEST_F(Cuda, AlignmentDoesNotChangeBits) {
   }
 }
 
+// y's float64 reference for a's inputs and its per-element tolerance. With
+// round_xhat, y is T(T(x_hat) w'): the reference rounds the same way and the
+// tolerance allows for x_hat that lie at a rounding boundary (as in
+// check_forward).
+struct ForwardExpected {
+  int32_t dtype;
+  int64_t cols;
+  bool round_xhat;
+  std::vector<double> y, xh, wprime;
+  double tol(int64_t r, int64_t k) const {
+    const size_t i = static_cast<size_t>(r * cols + k);
+    return round_xhat ? y_round_xhat_tol(dtype, y[i], xh[i], wprime[static_cast<size_t>(k)], cols)
+                      : y_tol(dtype, y[i], cols);
+  }
+};
+ForwardExpected forward_expected(const Case& a, const Inputs& in) {
+  const int64_t d = a.cols;
+  const std::vector<double> xd = in.x.to_double(), wd = in.w.to_double();
+  const size_t n = static_cast<size_t>(a.rows * d);
+  ForwardExpected e{a.dtype, d, a.round_xhat, std::vector<double>(n), std::vector<double>(n),
+                    std::vector<double>(static_cast<size_t>(d))};
+  std::vector<double> rr(static_cast<size_t>(a.rows));
+  reference::forward(a.rows, d, xd.data(), a.weight ? wd.data() : nullptr, ref_options(a), e.y.data(), rr.data(),
+                     e.xh.data());
+  for (int64_t k = 0; k < d; ++k) e.wprime[k] = a.weight ? wd[k] + (a.weight_offset ? 1.0 : 0.0) : 1.0;
+  if (a.round_xhat)
+    for (int64_t r = 0; r < a.rows; ++r)
+      for (int64_t k = 0; k < d; ++k)
+        e.y[r * d + k] = round_to(a.dtype, round_to(a.dtype, e.xh[r * d + k]) * e.wprime[k]);
+  return e;
+}
+
 // x, y and w each at their own offset and row stride: the element-I/O
 // forward holds x of y's aligned blocks only where a row's x and y start at
 // the same offset in their 16-byte blocks, and loads windows otherwise. Every
@@ -2020,22 +2052,8 @@ TEST_F(Cuda, ForwardOperandsAtDifferentOffsets) {
         std::vector<float> r_a;
         gpu_forward(a, in_a, &y_a, &r_a);
         ASSERT_FALSE(HasFatalFailure());
-        const std::vector<double> xd = in_a.x.to_double(), wd = in_a.w.to_double();
-        const size_t n = static_cast<size_t>(a.rows * d);
-        std::vector<double> yr(n), xh(n), rr(static_cast<size_t>(a.rows));
-        reference::forward(a.rows, d, xd.data(), a.weight ? wd.data() : nullptr, ref_options(a), yr.data(), rr.data(),
-                           xh.data());
-        // With round_xhat, y is T(T(x_hat) w'): the reference rounds the same way and the tolerance allows for
-        // x_hat that lie at a rounding boundary (as in check_forward).
-        auto wprime = [&](int64_t col) { return a.weight ? wd[col] + (a.weight_offset ? 1.0 : 0.0) : 1.0; };
-        if (a.round_xhat)
-          for (int64_t r = 0; r < a.rows; ++r)
-            for (int64_t k = 0; k < d; ++k)
-              yr[r * d + k] = round_to(dt, round_to(dt, xh[r * d + k]) * wprime(k));
-        auto tol = [&](int64_t r, int64_t k) {
-          return a.round_xhat ? y_round_xhat_tol(dt, yr[r * d + k], xh[r * d + k], wprime(k), d)
-                              : y_tol(dt, yr[r * d + k], d);
-        };
+        const ForwardExpected want = forward_expected(a, in_a);
+        auto tol = [&](int64_t r, int64_t k) { return want.tol(r, k); };
         for (const Layouts& l : kLayouts) {
           SCOPED_TRACE(describe(a) + ": x +" + std::to_string(l.x_off) + " stride +" + std::to_string(l.x_pad) +
                        ", y +" + std::to_string(l.y_off) + " stride +" + std::to_string(l.y_pad) + ", w +" +
@@ -2059,7 +2077,7 @@ TEST_F(Cuda, ForwardOperandsAtDifferentOffsets) {
           download(dy, y);
           std::vector<float> r_o(static_cast<size_t>(a.rows));
           CUDA_OK(cudaMemcpy(r_o.data(), drstd, static_cast<size_t>(a.rows) * 4, cudaMemcpyDeviceToHost));
-          EXPECT_TRUE(check_matrix("y", y, yr, tol));
+          EXPECT_TRUE(check_matrix("y", y, want.y, tol));
           ASSERT_EQ(0, std::memcmp(r_a.data(), r_o.data(), r_a.size() * sizeof(float))) << "rstd differs";
           for (int64_t r = 0; r < a.rows; ++r)
             for (int64_t k = 0; k < d; ++k)
@@ -2088,18 +2106,8 @@ void check_paired_forward(int32_t dt, int64_t d, int64_t rows, int64_t off, cons
   std::vector<float> r_a;
   gpu_forward(a, in_a, &y_a, &r_a);
   if (::testing::Test::HasFatalFailure()) return;
-  const std::vector<double> xd = in_a.x.to_double(), wd = in_a.w.to_double();
-  const size_t n = static_cast<size_t>(rows * d);
-  std::vector<double> yr(n), xh(n), rr(static_cast<size_t>(rows));
-  reference::forward(rows, d, xd.data(), a.weight ? wd.data() : nullptr, ref_options(a), yr.data(), rr.data(),
-                     xh.data());
-  auto wprime = [&](int64_t col) { return a.weight ? wd[col] + (a.weight_offset ? 1.0 : 0.0) : 1.0; };
-  if (a.round_xhat)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t k = 0; k < d; ++k) yr[r * d + k] = round_to(dt, round_to(dt, xh[r * d + k]) * wprime(k));
-  auto tol = [&](int64_t r, int64_t k) {
-    return a.round_xhat ? y_round_xhat_tol(dt, yr[r * d + k], xh[r * d + k], wprime(k), d) : y_tol(dt, yr[r * d + k], d);
-  };
+  const ForwardExpected want = forward_expected(a, in_a);
+  auto tol = [&](int64_t r, int64_t k) { return want.tol(r, k); };
   const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
   const int64_t vec = 16 / esize;
   // A row stride of whole 16-byte blocks (one more block at some D): every row at the same offset.
@@ -2129,7 +2137,7 @@ void check_paired_forward(int32_t dt, int64_t d, int64_t rows, int64_t off, cons
   download(dy, y);
   std::vector<float> r_o(static_cast<size_t>(rows));
   CUDA_OK(cudaMemcpy(r_o.data(), drstd, static_cast<size_t>(rows) * 4, cudaMemcpyDeviceToHost));
-  EXPECT_TRUE(check_matrix("y", y, yr, tol));
+  EXPECT_TRUE(check_matrix("y", y, want.y, tol));
   ASSERT_EQ(0, std::memcmp(r_a.data(), r_o.data(), r_a.size() * sizeof(float))) << "rstd differs";
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t k = 0; k < d; ++k)
