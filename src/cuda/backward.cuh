@@ -460,7 +460,7 @@ __global__ void __launch_bounds__(kDecode ? plan::backward_decode_cta_threads(kT
   sums = row_sum<kTpr, kSlots>(sums, scratch, 0);
   if (valid) {
     const RowScalars s = plain_row_scalars(p, given_r, sums);  // no rescaled path in this band (rstd.cuh)
-    T* gxr = p.gx + row * p.gx_stride;
+    T* const gxr = held_address(p.gx + row * p.gx_stride);
     const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {

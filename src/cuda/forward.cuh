@@ -396,6 +396,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     Chunk<T> xr[kCpt];
     HeldWeight<T, W> wr[kCpt];
     const T* xrow = p.x + row * p.x_stride;
+    T* const yrow = held_address(p.y + row * p.y_stride);
     auto load_w = [&] {
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
@@ -453,11 +454,10 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
       if (p.rstd != nullptr && m.pos == 0) p.rstd[row] = r;
       // A null weight was loaded as 1: no offset then.
       const float offset = p.w != nullptr ? p.w_offset : 0.0f;
-      T* yr = p.y + row * p.y_stride;
       if (p.round_xhat)
-        store_direct<T, true, kPartial>(yr, xr, wr, offset, r, m, p.chunks, p.cols);
+        store_direct<T, true, kPartial>(yrow, xr, wr, offset, r, m, p.chunks, p.cols);
       else
-        store_direct<T, false, kPartial>(yr, xr, wr, offset, r, m, p.chunks, p.cols);
+        store_direct<T, false, kPartial>(yrow, xr, wr, offset, r, m, p.chunks, p.cols);
     }
   }
 }
@@ -674,7 +674,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     const int64_t row = g * kSlots + m.slot;
     const bool valid = row < p.rows;
     const T* xrow = p.x + row * p.x_stride;
-    T* yrow = p.y + row * p.y_stride;
+    T* const yrow = held_address(p.y + row * p.y_stride);
     const int o = static_cast<int>((reinterpret_cast<uintptr_t>(xrow) & 15) / sizeof(T));
     Chunk<T> held[kCpt];
     float part = 0.0f;
