@@ -330,15 +330,19 @@ __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chu
 }
 
 // The direct kernel's y: every chunk computed (branch-free), the chunks this
-// thread holds stored; x_hat rounded or not as one branch around the whole.
-template <typename T, bool kRoundXhat, bool kPartial, typename WC, typename Map, int kCpt>
+// thread holds stored; x_hat rounded or not, and the weight offset added or
+// not, as branches around the whole. kOffset == false where w' = w exactly
+// (offset -0.0f, or a null weight read as 1 with offset +0.0f): the add
+// would leave every bit as it is, and it is one of the few instructions per
+// element that this issue-bound kernel runs.
+template <typename T, bool kRoundXhat, bool kOffset, bool kPartial, typename WC, typename Map, int kCpt>
 __device__ __forceinline__ void store_direct(T* __restrict__ yr, const Chunk<T> (&xr)[kCpt], const WC (&wr)[kCpt],
                                              float offset, float r, const Map& m, int chunks, int cols) {
 #pragma unroll
   for (int it = 0; it < kCpt; ++it) {
     float w[Chunk<T>::kN];
 #pragma unroll
-    for (int j = 0; j < Chunk<T>::kN; ++j) w[j] = wr[it].get(j) + offset;
+    for (int j = 0; j < Chunk<T>::kN; ++j) w[j] = kOffset ? wr[it].get(j) + offset : wr[it].get(j);
     const Chunk<T> y = normalize_chunk<T, kRoundXhat>(xr[it], w, r);
     const int c = m.chunk(it);
     if (c < chunks) store_row_chunk<kPartial>(yr, c, cols, y);
@@ -454,10 +458,13 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
       if (p.rstd != nullptr && m.pos == 0) p.rstd[row] = r;
       // A null weight was loaded as 1: no offset then.
       const float offset = p.w != nullptr ? p.w_offset : 0.0f;
+      const bool add_offset = offset != 0.0f;  // -0.0f == 0.0f
       if (p.round_xhat)
-        store_direct<T, true, kPartial>(yrow, xr, wr, offset, r, m, p.chunks, p.cols);
+        store_direct<T, true, true, kPartial>(yrow, xr, wr, offset, r, m, p.chunks, p.cols);
+      else if (add_offset)
+        store_direct<T, false, true, kPartial>(yrow, xr, wr, offset, r, m, p.chunks, p.cols);
       else
-        store_direct<T, false, kPartial>(yrow, xr, wr, offset, r, m, p.chunks, p.cols);
+        store_direct<T, false, false, kPartial>(yrow, xr, wr, offset, r, m, p.chunks, p.cols);
     }
   }
 }
