@@ -108,10 +108,11 @@ __device__ __forceinline__ Chunk<T> load_chunk(const T* __restrict__ row, int ch
 }
 
 // p, opaque to the compiler from here on, so that it stays in two registers.
-// Without it nvcc rebuilt the 64-bit row address (row from the row loop's
-// counter, times the stride) before each chunk's store in the direct forward,
-// about 17 instructions a chunk where the rest of the store takes 4 (SASS at
-// bf16, D = 128: 1048 instructions, 920 with the address held).
+// Without it nvcc rebuilt the 64-bit row address (the row from the row loop's
+// counter, times the stride) before each chunk's store in the direct forward:
+// about 20 instructions a chunk, where the store's own address takes 4 (SASS
+// at bf16, D = 128: 1048 instructions, 920 with the address held;
+// docs/performance.md, "Direct kernels: the output row's address held").
 template <typename P>
 __device__ __forceinline__ P* held_address(P* p) {
   asm("" : "+l"(p));
