@@ -22,6 +22,8 @@ OP_NAMES = {
     "vjp_two_pass": "VJP two-pass",
     "decode_forward": "decode fwd (graph)",
     "decode_vjp": "decode VJP (graph)",
+    "decode_forward_fp8_static": "decode fwd fp8 static (graph)",
+    "decode_forward_fp8_per_row": "decode fwd fp8 per row (graph)",
 }
 
 
