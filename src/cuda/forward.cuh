@@ -387,7 +387,6 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   __shared__ RowScratch<AbsMax, kTpr, (kQuant && !quant_per_block(kQ)) ? kSlots : 1> max_scratch;
   pdl_enter();
   QuantConsts qk;
-  if constexpr (kQuant) qk = load_quant_consts(p.quant);
   const RowMap<kTpr, false> m;
   const int64_t groups = (p.rows + kSlots - 1) / kSlots;
   int parity = 0;
@@ -444,6 +443,9 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
         if (own && wp != nullptr) wr[it] = load_row_weight<kPartial, T, W>(wp, c, p.cols);
       }
     }
+    // The quantization's constants after the loads: read before them, the scale's own round trip (and the
+    // reciprocal that waits for it) came before the first x load was issued.
+    if constexpr (kQuant) qk = load_quant_consts(p.quant);
     float part = 0.0f;
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) part = add_squares(part, xr[it]);
