@@ -443,9 +443,12 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
         if (own && wp != nullptr) wr[it] = load_row_weight<kPartial, T, W>(wp, c, p.cols);
       }
     }
-    // The quantization's constants after the loads: read before them, the scale's own round trip (and the
-    // reciprocal that waits for it) came before the first x load was issued.
-    if constexpr (kQuant) qk = load_quant_consts(p.quant);
+    // The quantization's constants after the first row group's loads: read before them, the scale's own
+    // round trip (and the reciprocal that waits for it) came before the first x load was issued. Once per
+    // CTA; later row groups keep them.
+    if constexpr (kQuant) {
+      if (g == m.unit) qk = load_quant_consts(p.quant);
+    }
     float part = 0.0f;
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) part = add_squares(part, xr[it]);
