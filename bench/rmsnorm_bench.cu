@@ -28,7 +28,9 @@
 //     host time; a second batch, one event pair around all calls, gives the
 //     back-to-back time per call ("b2b", gaps between kernels included);
 //   - decode shapes: N = 20 calls captured in one CUDA graph, replayed; per
-//     call = replay time / N (launch overhead is what decode pays);
+//     call = replay time / N (launch overhead is what decode pays); the
+//     forward, the VJP and the fp8 quantized forward (static scale and
+//     per-row scales, q one byte per element: bytes = x + q + w + scales);
 //   - the library through its public C ABI on a non-blocking stream, the
 //     workspace allocated once per shape outside timing;
 //   - y and gx of the first and last row checked element by element against
