@@ -79,9 +79,11 @@ struct QuantRow {
   bool finite = false;  // divided kinds: every y / s of the row finite (quant::quotients_finite)
 };
 
-// The scalars a kernel reads once, right after pdl_enter() and before its
-// rows' loads, so that their latency is not added after the row's reduction:
-// the static rule (1 / scale), or scale_ub.
+// The scalars a kernel reads once: the static rule (1 / scale), or scale_ub.
+// The rows kernel reads them after its first row group's x loads are issued
+// (read before them, the scale's round trip came first and the x loads waited
+// for it) and before that row's reduction needs them; the looped kernel right
+// after pdl_enter().
 struct QuantConsts {
   QuantRow fixed;  // static: the rule of every row
   float ub = 0.0f;
