@@ -947,14 +947,11 @@ void run_decode(const DecodeShape& sh, cudaStream_t stream, const rmsnorm_backen
   // launches (RMSNORM_FLAG_NO_PDL) for comparison.
   rmsnorm_problem_t plain = prob;
   plain.flags |= RMSNORM_FLAG_NO_PDL;
-  for (int k = 0; k < 4; ++k) {
-    const int dir = k % 2;
-    const bool pdl = k < 2;
-    if (pdl && g_opt.no_pdl) continue;  // --no-pdl: the plain launches only
-    const rmsnorm_problem_t& pr = pdl ? prob : plain;
+  // A decode case: per call in a graph of kGraphCalls calls.
+  auto decode_case = [&](const char* op, bool pdl) {
     CaseResult c;
     c.group = "decode";
-    c.op = dir == 0 ? "decode_forward" : "decode_vjp";
+    c.op = op;
     c.variant = pdl ? "aligned" : "aligned_no_pdl";
     c.rows = sh.rows;
     c.cols = sh.cols;
@@ -962,6 +959,23 @@ void run_decode(const DecodeShape& sh, cudaStream_t stream, const rmsnorm_backen
     c.sets = kGraphCalls;
     c.graph = true;
     c.calls_per_graph = kGraphCalls;
+    return c;
+  };
+  // A timed case is printed with its error where the graph could not run, else finished.
+  auto record = [&](CaseResult& c) {
+    if (!c.error.empty()) {
+      print_case(c);
+      g_cases.push_back(c);
+      return;
+    }
+    finish_case(c);
+  };
+  for (int k = 0; k < 4; ++k) {
+    const int dir = k % 2;
+    const bool pdl = k < 2;
+    if (pdl && g_opt.no_pdl) continue;  // --no-pdl: the plain launches only
+    const rmsnorm_problem_t& pr = pdl ? prob : plain;
+    CaseResult c = decode_case(dir == 0 ? "decode_forward" : "decode_vjp", pdl);
     const size_t vec_bytes = static_cast<size_t>(sh.cols) * esize;
     c.bytes = static_cast<double>(dir == 0 ? 2 * elems * esize + vec_bytes : 3 * elems * esize + 2 * vec_bytes);
     if (dir == 1) c.extra_bytes = static_cast<double>(ws_bytes);
@@ -978,12 +992,7 @@ void run_decode(const DecodeShape& sh, cudaStream_t stream, const rmsnorm_backen
     if (pdl && sh.rows == 1 && sh.cols == 4096)
       c.targets.push_back(dir == 0 ? us_target("1x4096 fwd <= 3 us per graph call", 3.0, c.st.median)
                                    : us_target("1x4096 VJP <= 5 us per graph call", 5.0, c.st.median));
-    if (!c.error.empty()) {
-      print_case(c);
-      g_cases.push_back(c);
-      continue;
-    }
-    finish_case(c);
+    record(c);
   }
 
   // The quantized forward at decode: fp8 e4m3 with a static scale (its
@@ -1005,16 +1014,7 @@ void run_decode(const DecodeShape& sh, cudaStream_t stream, const rmsnorm_backen
     check_status(rmsnorm_forward_quant(&pr, sets[0].x.get(), sh.cols, w.get(), &qt, q.get(), sh.cols, nullptr, &be),
                  "rmsnorm_forward_quant");
     RMSNORM_BENCH_CUDA(cudaStreamSynchronize(stream));
-    CaseResult c;
-    c.group = "decode";
-    c.op = per_row ? "decode_forward_fp8_per_row" : "decode_forward_fp8_static";
-    c.variant = pdl ? "aligned" : "aligned_no_pdl";
-    c.rows = sh.rows;
-    c.cols = sh.cols;
-    c.dtype = dtype_name(sh.dtype);
-    c.sets = kGraphCalls;
-    c.graph = true;
-    c.calls_per_graph = kGraphCalls;
+    CaseResult c = decode_case(per_row ? "decode_forward_fp8_per_row" : "decode_forward_fp8_static", pdl);
     c.bytes = static_cast<double>(elems * esize + elems + static_cast<size_t>(sh.cols) * esize +
                                   (per_row ? static_cast<size_t>(sh.rows) * sizeof(float) : sizeof(float)));
     c.st = time_graph(
@@ -1024,12 +1024,7 @@ void run_decode(const DecodeShape& sh, cudaStream_t stream, const rmsnorm_backen
           return rmsnorm_forward_quant(&pr, s.x.get(), sh.cols, w.get(), &qt, q.get(), sh.cols, nullptr, &be);
         },
         &c.error);
-    if (!c.error.empty()) {
-      print_case(c);
-      g_cases.push_back(c);
-      continue;
-    }
-    finish_case(c);
+    record(c);
   }
 }
 
