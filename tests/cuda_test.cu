@@ -2658,7 +2658,7 @@ TEST_F(Cuda, WrongMemorySpace) {
 // Plans for a GPU whose shared memory holds one cp.async stage of a case's
 // kernels but not two: 100 KiB per SM and 99 KiB per CTA (the sm_86 / sm_89
 // class) for rows of 4 chunks per thread (64 KiB backward stages), 60 / 59 KiB
-// for the rows of 2 (D 2049..4096 at 16-bit: 32 KiB stages). So every pipeline
+// for the rows of 2 (32 KiB stages). So every pipeline
 // has a single stage: the kernels' `stages < 2` branches, which the H200's own
 // plans never take. The kernels are the real ones; only the plan's
 // shared-memory budget is cut.

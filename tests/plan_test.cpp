@@ -38,6 +38,10 @@ Device ampere() {
 }
 
 bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+// The rows band's chunk counts of 2 chunks per thread, written out (plan.hpp's rule, kept apart from it).
+bool few_chunks(int64_t chunks) {
+  return (chunks > 8 && chunks <= 16) || (chunks > 32 && chunks <= 64) || (chunks > 256 && chunks <= 512);
+}
 
 // Invariants of one row plan; returns a failure message or "".
 std::string check_row_plan(const RowPlan& p, int64_t d, int esize, const Device& dev) {
@@ -51,9 +55,11 @@ std::string check_row_plan(const RowPlan& p, int64_t d, int esize, const Device&
     os << "tpr does not tile warps; ";
   switch (p.band) {
     case Band::kRows: {
-      // 2 chunks per thread at 257..512 chunks (D 2049..4096 at 16-bit, 1025..2048 at fp32), 4 elsewhere.
-      if (p.chunks_per_thread != (p.chunks > 256 && p.chunks <= 512 ? 2 : 4)) os << "rows cpt; ";
-      if (p.chunks_per_thread == 2 ? p.threads_per_row != 256 : p.threads_per_row == 128)
+      // 2 chunks per thread at 9..16, 33..64 and 257..512 chunks (D 65..128, 257..512, 2049..4096 at 16-bit), 4
+      // elsewhere.
+      if (p.chunks_per_thread != (few_chunks(p.chunks) ? 2 : 4)) os << "rows cpt; ";
+      if (p.chunks_per_thread == 2 ? p.threads_per_row != 8 && p.threads_per_row != 32 && p.threads_per_row != 256
+                                   : p.threads_per_row == 128)
         os << "rows (tpr, cpt) without a kernel (dispatch_rows); ";
       if (p.cluster != 1) os << "rows cluster; ";
       if (p.threads_per_row > kMaxRowsTpr) os << "rows tpr above the maximum; ";
@@ -660,6 +666,8 @@ TEST(Plan, SlotSumTableReadsWithoutBankConflicts) {
     // The rows band's (tpr, cpt) pairs (dispatch_rows).
     std::vector<std::pair<int, int>> shapes;
     for (int tpr = 1; tpr <= 64; tpr *= 2) shapes.emplace_back(tpr, kMaxChunksPerThread);
+    shapes.emplace_back(8, kFewChunksPerThread);
+    shapes.emplace_back(32, kFewChunksPerThread);
     shapes.emplace_back(256, kFewChunksPerThread);
     shapes.emplace_back(256, kMaxChunksPerThread);
     shapes.emplace_back(512, kMaxChunksPerThread);
@@ -750,9 +758,9 @@ TEST(Plan, DispatchTableMatchesThePlanner) {
           ASSERT_EQ(b.direction, Direction::kBackward);
           const int64_t chunks = (d + vec - 1) / vec;
           if (band == Band::kRows) {
-            // cpt = 2 at 257..512 chunks, else 4; tpr = smallest power of two >= ceil(chunks / cpt);
-            // CTAs of max(tpr, 256) / max(tpr, 512).
-            const int cpt = chunks > 256 && chunks <= 512 ? 2 : 4;
+            // cpt = 2 at 9..16, 33..64 and 257..512 chunks, else 4; tpr = smallest power of two >=
+            // ceil(chunks / cpt); CTAs of max(tpr, 256) / max(tpr, 512).
+            const int cpt = few_chunks(chunks) ? 2 : 4;
             int tpr = 1;
             while (int64_t{tpr} * cpt < chunks) tpr *= 2;
             ASSERT_EQ(f.row.chunks_per_thread, cpt) << "D " << d;

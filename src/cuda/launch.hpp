@@ -81,7 +81,7 @@ rmsnorm_status_t dispatch_weight(bool weight_f32, Fn&& fn) {
 
 // Calls fn(std::integral_constant<int, tpr>, std::integral_constant<int, cpt>)
 // for the rows band's threads per row and chunks per thread (plan.hpp: cpt 4
-// with tpr 1..64, 256 and 512; cpt 2 with tpr 256; the planner's tests check
+// with tpr 1..64, 256 and 512; cpt 2 with tpr 8, 32 and 256; the planner's tests check
 // that every D lands on one of these).
 template <typename Fn>
 rmsnorm_status_t dispatch_rows(int tpr, int cpt, Fn&& fn) {
@@ -99,8 +99,14 @@ rmsnorm_status_t dispatch_rows(int tpr, int cpt, Fn&& fn) {
       case 256: return fn(std::integral_constant<int, 256>{}, Max{});
       case 512: return fn(std::integral_constant<int, 512>{}, Max{});
     }
-  } else if (cpt == Few::value && tpr == plan::kFewChunksTpr) {
-    return fn(std::integral_constant<int, plan::kFewChunksTpr>{}, Few{});
+  } else if (cpt == Few::value) {
+    static_assert(plan::few_chunks_tpr(8) && plan::few_chunks_tpr(32) && plan::few_chunks_tpr(plan::kFewChunksTpr),
+                  "plan: the threads per row of kFewChunksPerThread");
+    switch (tpr) {
+      case 8: return fn(std::integral_constant<int, 8>{}, Few{});
+      case 32: return fn(std::integral_constant<int, 32>{}, Few{});
+      case plan::kFewChunksTpr: return fn(std::integral_constant<int, plan::kFewChunksTpr>{}, Few{});
+    }
   }
   return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan",
               "threads_per_row " + std::to_string(tpr) + " with " + std::to_string(cpt) + " chunks has no kernel");
