@@ -311,7 +311,7 @@ TEST(Plan, ForwardRowsOneGroupPerCta) {
 // rmsnorm_forward_block_quant: fused only where the quantized forward fuses and a row's threads hold whole
 // blocks at each chunk index (threads per row a multiple of the block's chunks, so a block is consecutive lanes
 // of one warp, at most 32 of them), else the looped kernel, as for per-row scales. On the H200 that fuses the
-// 16-bit rows band from D = 129 (blocks of 64) or 257 (blocks of 128) to 16384 (docs/fusions.md says so).
+// 16-bit rows band from D = 65 (blocks of 64) or 257 (blocks of 128) to 16384 (docs/fusions.md says so).
 TEST(Plan, BlockQuantFusedWhereARowHoldsWholeBlocks) {
   for (bool is_hopper : {true, false}) {
     const Device dev = is_hopper ? hopper() : ampere();
@@ -336,7 +336,7 @@ TEST(Plan, BlockQuantFusedWhereARowHoldsWholeBlocks) {
                   ASSERT_EQ(kLoopedThreads % bc, 0);
                 }
                 if (is_hopper && esize == 2 && io == Io::kVector && q_aligned) {
-                  const bool claimed = d > (block_cols == 64 ? 128 : 256) && d <= 16384;
+                  const bool claimed = d > (block_cols == 64 ? 64 : 256) && d <= 16384;
                   ASSERT_EQ(fused, claimed) << d << " block " << block_cols;
                 }
               }
@@ -482,9 +482,9 @@ TEST(Plan, ForwardGridPersistentOrOneGroupPerCta) {
     else
       EXPECT_EQ(f.grid, resident(f)) << rows;
   }
-  // D = 128 at 16-bit: 4 threads per row, so kForwardMinCtaThreads / 4 rows per CTA.
-  EXPECT_EQ(forward_launch(1048576, 128, 2, Io::kElement, dev).grid, 1048576 / (kForwardMinCtaThreads / 4));
-  EXPECT_EQ(forward_launch(131072, 128, 2, Io::kElement, dev).grid, 132 * forward_ctas_per_sm(4, kMaxChunksPerThread));
+  // D = 128 at 16-bit: 8 threads of 2 chunks per row, so kForwardMinCtaThreads / 8 rows per CTA.
+  EXPECT_EQ(forward_launch(1048576, 128, 2, Io::kElement, dev).grid, 1048576 / (kForwardMinCtaThreads / 8));
+  EXPECT_EQ(forward_launch(131072, 128, 2, Io::kElement, dev).grid, 132 * forward_ctas_per_sm(8, kFewChunksPerThread));
   // D = 2048: 64 threads per row, under 8 rows per CTA: tiles of consecutive
   // groups where there are enough of them, else persistent.
   const Launch big = forward_launch(int64_t{1} << 24, 2048, 2, Io::kElement, dev);
