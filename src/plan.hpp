@@ -24,7 +24,7 @@
 //                                               kBackwardRowsDecode where
 //                                               every row fits one CTA of
 //                                               max(tpr, 32) threads)
-//             cpt = 2 for 9..16, 33..64 and 257..512 chunks (D 65..128, 257..512, 2049..4096 at 16-bit), else 4;
+//             cpt = 2 for 13..16, 49..64 and 257..512 chunks (D 97..128, 385..512, 2049..4096 at 16-bit), else 4;
 //             tpr = smallest power of two >= ceil(ceil(D / vec) / cpt) (cpt 4: 1..64, 256, 512; cpt 2: 8, 32, 256);
 //             CTA = max(tpr, 256) fwd / max(tpr, 512) bwd threads   (each row's aligned blocks staged, gx in
 //                                                                    aligned blocks where tpr <= 32)
@@ -44,7 +44,7 @@
 // `threads_per_row` threads of one CTA, or of each CTA of a cluster of
 // `cluster` CTAs. Thread g (0 <= g < G = threads_per_row * cluster, CTA rank
 // major) owns chunks g, g + G, g + 2G, ..., at most chunks_per_thread of
-// them (cpt: 2 in the rows band at 9..16, 33..64 and 257..512 chunks, else 4), held in registers,
+// them (cpt: 2 in the rows band at 13..16, 49..64 and 257..512 chunks, else 4), held in registers,
 // so x (and gy) is read from DRAM once. The band and cpt are chosen from the
 // chunk count alone, identical for forward and backward.
 //
@@ -123,15 +123,18 @@ inline constexpr int kWarp = 32;
 inline constexpr int kMaxThreadsPerSm = 2048;  // sm_80 and sm_90
 // Chunks per thread (docs/performance.md, "Chunks per thread"): every band
 // holds kMaxChunksPerThread, except the rows band's rows that 2 chunks per
-// thread spread over exactly 8, 32 or 256 threads (chunks in (tpr, 2 tpr]:
-// D 65..128, 257..512 and 2049..4096 at 16-bit; 33..64, 129..256 and
-// 1025..2048 at fp32). At 257..512 chunks 4 chunks would mean 128 threads per
+// thread spread over 256 threads (chunks in (256, 512]: D 2049..4096 at
+// 16-bit, 1025..2048 at fp32), or over 8 or 32 threads that all hold two
+// (chunks in (3/2 tpr, 2 tpr]: D 97..128 and 385..512 at 16-bit, 49..64 and
+// 193..256 at fp32). At 257..512 chunks 4 chunks would mean 128 threads per
 // row; there, and at the small D, 2 chunks give a shorter dependent chain per
 // thread, twice the threads per row (a warp's loads cover whole 128-byte lines
 // of a row from 8 threads up), and in the forward 1536 threads per SM instead
-// of 1024. (2 chunks at every D <= 4096 lost in the D = 1024 forward.) A
-// function of D alone, so the summation order stays batch-invariant and the
-// same in both directions.
+// of 1024. Where half of 8 or 32 threads would hold one chunk (D = 384: 48
+// chunks over 32 threads) 4 chunks over 16 threads, 3 each, were faster; 2
+// chunks at every D <= 4096 lost in the D = 1024 forward. A function of D
+// alone, so the summation order stays batch-invariant and the same in both
+// directions.
 inline constexpr int kMaxChunksPerThread = 4;
 inline constexpr int kFewChunksPerThread = 2;
 inline constexpr int kFewChunksTpr = 256;  // the largest threads per row with kFewChunksPerThread
@@ -140,7 +143,8 @@ RMSNORM_HD constexpr int rows_chunks_per_thread(int64_t chunks) {
   // The threads per row at 2 chunks: the smallest power of two >= ceil(chunks / 2).
   int64_t tpr = 1;
   while (tpr * kFewChunksPerThread < chunks) tpr *= 2;
-  return tpr <= kFewChunksTpr && few_chunks_tpr(static_cast<int>(tpr)) ? kFewChunksPerThread : kMaxChunksPerThread;
+  const bool few = tpr == kFewChunksTpr || (few_chunks_tpr(static_cast<int>(tpr)) && 2 * chunks > 3 * tpr);
+  return few ? kFewChunksPerThread : kMaxChunksPerThread;
 }
 inline constexpr int kMaxRowsTpr = 512;  // kRows: threads per row (one CTA)
 inline constexpr int kClusterTpr = 512;  // kCluster: threads per CTA (one row slot)

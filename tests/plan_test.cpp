@@ -40,7 +40,7 @@ Device ampere() {
 bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 // The rows band's chunk counts of 2 chunks per thread, written out (plan.hpp's rule, kept apart from it).
 bool few_chunks(int64_t chunks) {
-  return (chunks > 8 && chunks <= 16) || (chunks > 32 && chunks <= 64) || (chunks > 256 && chunks <= 512);
+  return (chunks > 12 && chunks <= 16) || (chunks > 48 && chunks <= 64) || (chunks > 256 && chunks <= 512);
 }
 
 // Invariants of one row plan; returns a failure message or "".
@@ -55,7 +55,7 @@ std::string check_row_plan(const RowPlan& p, int64_t d, int esize, const Device&
     os << "tpr does not tile warps; ";
   switch (p.band) {
     case Band::kRows: {
-      // 2 chunks per thread at 9..16, 33..64 and 257..512 chunks (D 65..128, 257..512, 2049..4096 at 16-bit), 4
+      // 2 chunks per thread at 13..16, 49..64 and 257..512 chunks (D 97..128, 385..512, 2049..4096 at 16-bit), 4
       // elsewhere.
       if (p.chunks_per_thread != (few_chunks(p.chunks) ? 2 : 4)) os << "rows cpt; ";
       if (p.chunks_per_thread == 2 ? p.threads_per_row != 8 && p.threads_per_row != 32 && p.threads_per_row != 256
@@ -311,7 +311,7 @@ TEST(Plan, ForwardRowsOneGroupPerCta) {
 // rmsnorm_forward_block_quant: fused only where the quantized forward fuses and a row's threads hold whole
 // blocks at each chunk index (threads per row a multiple of the block's chunks, so a block is consecutive lanes
 // of one warp, at most 32 of them), else the looped kernel, as for per-row scales. On the H200 that fuses the
-// 16-bit rows band from D = 65 (blocks of 64) or 257 (blocks of 128) to 16384 (docs/fusions.md says so).
+// 16-bit rows band from D = 97 (blocks of 64) or 257 (blocks of 128) to 16384 (docs/fusions.md says so).
 TEST(Plan, BlockQuantFusedWhereARowHoldsWholeBlocks) {
   for (bool is_hopper : {true, false}) {
     const Device dev = is_hopper ? hopper() : ampere();
@@ -336,7 +336,7 @@ TEST(Plan, BlockQuantFusedWhereARowHoldsWholeBlocks) {
                   ASSERT_EQ(kLoopedThreads % bc, 0);
                 }
                 if (is_hopper && esize == 2 && io == Io::kVector && q_aligned) {
-                  const bool claimed = d > (block_cols == 64 ? 64 : 256) && d <= 16384;
+                  const bool claimed = d > (block_cols == 64 ? 96 : 256) && d <= 16384;
                   ASSERT_EQ(fused, claimed) << d << " block " << block_cols;
                 }
               }
@@ -758,7 +758,7 @@ TEST(Plan, DispatchTableMatchesThePlanner) {
           ASSERT_EQ(b.direction, Direction::kBackward);
           const int64_t chunks = (d + vec - 1) / vec;
           if (band == Band::kRows) {
-            // cpt = 2 at 9..16, 33..64 and 257..512 chunks, else 4; tpr = smallest power of two >=
+            // cpt = 2 at 13..16, 49..64 and 257..512 chunks, else 4; tpr = smallest power of two >=
             // ceil(chunks / cpt); CTAs of max(tpr, 256) / max(tpr, 512).
             const int cpt = few_chunks(chunks) ? 2 : 4;
             int tpr = 1;
