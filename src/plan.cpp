@@ -86,7 +86,7 @@ RowPlan row_plan(int64_t cols, int esize, Direction direction, const Device& dev
   const int64_t cta_capacity = int64_t{kClusterTpr} * kMaxChunksPerThread;
   if (p.chunks <= rows_capacity) {
     p.band = Band::kRows;
-    const int cpt = rows_chunks_per_thread(p.chunks);
+    const int cpt = rows_chunks_per_thread(p.chunks, esize);
     p.threads_per_row = next_pow2_at_least((p.chunks + cpt - 1) / cpt);
     p.chunks_per_thread = cpt;
     p.cluster = 1;
