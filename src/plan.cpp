@@ -127,7 +127,7 @@ Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device
     return l;
   }
   // The persistent kernels (the cluster band, the rows band's element path):
-  // as many CTAs as fit at once, forward_threads_per_sm(cpt) threads per SM; except
+  // as many CTAs as fit at once, forward_threads_per_sm(tpr, cpt) threads per SM; except
   // where forward_one_group_per_cta says the hardware's own CTA scheduling wins.
   const int64_t resident =
       std::max<int64_t>(1, int64_t{dev.sm_count} *

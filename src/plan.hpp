@@ -182,11 +182,15 @@ RMSNORM_HD constexpr int64_t chunks_of(int64_t cols, int esize) {
 RMSNORM_HD constexpr int forward_cta_threads(int tpr) {
   return tpr > kForwardMinCtaThreads ? tpr : kForwardMinCtaThreads;
 }
-RMSNORM_HD constexpr int forward_threads_per_sm(int cpt) {
-  return cpt == kFewChunksPerThread ? kForwardFewThreadsPerSm : kForwardThreadsPerSm;
+// The fp32 rows of 512 threads of 2 chunks (candidate): 4 CTAs of 512 threads per SM (32 registers).
+inline constexpr int kForwardWideThreadsPerSm = 2048;
+RMSNORM_HD constexpr int forward_threads_per_sm(int tpr, int cpt) {
+  return cpt != kFewChunksPerThread   ? kForwardThreadsPerSm
+         : tpr == kFewChunksTprF32    ? kForwardWideThreadsPerSm
+                                      : kForwardFewThreadsPerSm;
 }
 RMSNORM_HD constexpr int forward_ctas_per_sm(int tpr, int cpt) {
-  return forward_threads_per_sm(cpt) / forward_cta_threads(tpr);
+  return forward_threads_per_sm(tpr, cpt) / forward_cta_threads(tpr);
 }
 RMSNORM_HD constexpr int backward_cta_threads(int tpr) { return tpr > kBackwardCtaThreads ? tpr : kBackwardCtaThreads; }
 // kBackwardRowsDecode: the direct backward where all the rows fit in one CTA of

@@ -352,7 +352,7 @@ __device__ __forceinline__ void store_direct(T* __restrict__ yr, const Chunk<T> 
 // ---- kRows with 16-byte I/O: one row group per CTA, the row in registers ----------------------
 // No shared-memory stages and no persistence: each CTA loads its rows' x and
 // w' chunks (all of them in flight at once), reduces, and stores y; the
-// hardware's CTA scheduler keeps plan::forward_threads_per_sm(kCpt) threads per SM
+// hardware's CTA scheduler keeps plan::forward_threads_per_sm(kTpr, kCpt) threads per SM
 // busy (docs/performance.md, "Forward rows kernel"). Each thread owns the
 // same chunks, summed in the same order, as in every other rows-band kernel,
 // so r is bitwise the same.
