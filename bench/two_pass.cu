@@ -155,7 +155,7 @@ rmsnorm_status_t run(const BackwardArgs& a, void* temp, cudaStream_t stream) {
   // One row group per CTA (the hardware balances the SMs).
   const int64_t groups = (a.rows + row.rows_per_cta - 1) / row.rows_per_cta;
   // No rows: only the column sum runs, and stores the empty sum (zeros).
-  const rmsnorm_status_t st = groups == 0 ? RMSNORM_STATUS_SUCCESS : dispatch_rows(row.threads_per_row, row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
+  const rmsnorm_status_t st = groups == 0 ? RMSNORM_STATUS_SUCCESS : dispatch_rows<kEs>(row.threads_per_row, row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
     constexpr int kTpr = decltype(tpr)::value;
     return launch_kernel(two_pass_rows_kernel<T, kTpr, decltype(cpt)::value>, groups, plan::backward_cta_threads(kTpr), 1, 0, false,
                          stream, p);

@@ -86,7 +86,7 @@ RowPlan row_plan(int64_t cols, int esize, Direction direction, const Device& dev
   const int64_t cta_capacity = int64_t{kClusterTpr} * kMaxChunksPerThread;
   if (p.chunks <= rows_capacity) {
     p.band = Band::kRows;
-    const int cpt = rows_chunks_per_thread(p.chunks);
+    const int cpt = rows_chunks_per_thread(p.chunks, esize);
     p.threads_per_row = next_pow2_at_least((p.chunks + cpt - 1) / cpt);
     p.chunks_per_thread = cpt;
     p.cluster = 1;
@@ -127,7 +127,7 @@ Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device
     return l;
   }
   // The persistent kernels (the cluster band, the rows band's element path):
-  // as many CTAs as fit at once, forward_threads_per_sm(cpt) threads per SM; except
+  // as many CTAs as fit at once, forward_threads_per_sm(tpr, cpt) threads per SM; except
   // where forward_one_group_per_cta says the hardware's own CTA scheduling wins.
   const int64_t resident =
       std::max<int64_t>(1, int64_t{dev.sm_count} *

@@ -24,8 +24,10 @@
 //                                               kBackwardRowsDecode where
 //                                               every row fits one CTA of
 //                                               max(tpr, 32) threads)
-//             cpt = 2 for 13..16, 49..64 and 257..512 chunks (D 97..128, 385..512, 2049..4096 at 16-bit), else 4;
-//             tpr = smallest power of two >= ceil(ceil(D / vec) / cpt) (cpt 4: 1..64, 256, 512; cpt 2: 8, 32, 256);
+//             cpt = 2 for 13..16, 49..64 and 257..512 chunks (D 97..128, 385..512, 2049..4096 at 16-bit),
+//             and at fp32 769..1024 chunks (D 3073..4096), else 4;
+//             tpr = smallest power of two >= ceil(ceil(D / vec) / cpt) (cpt 4: 1..64, 256, 512; cpt 2: 8, 32, 256,
+//             and 512 at fp32);
 //             CTA = max(tpr, 256) fwd / max(tpr, 512) bwd threads   (each row's aligned blocks staged, gx in
 //                                                                    aligned blocks where tpr <= 32)
 //   kCluster  16385..131072    8193..65536      kForwardCluster /              kForwardClusterElement /
@@ -44,9 +46,10 @@
 // `threads_per_row` threads of one CTA, or of each CTA of a cluster of
 // `cluster` CTAs. Thread g (0 <= g < G = threads_per_row * cluster, CTA rank
 // major) owns chunks g, g + G, g + 2G, ..., at most chunks_per_thread of
-// them (cpt: 2 in the rows band at 13..16, 49..64 and 257..512 chunks, else 4), held in registers,
-// so x (and gy) is read from DRAM once. The band and cpt are chosen from the
-// chunk count alone, identical for forward and backward.
+// them (cpt: 2 in the rows band at 13..16, 49..64 and 257..512 chunks, and
+// at fp32 769..1024, else 4), held in registers, so x (and gy) is read from
+// DRAM once. The band and cpt are chosen from the chunk count and the element
+// size alone, identical for forward and backward.
 //
 // Reduction of a row: each thread adds its elements in order (one running
 // sum), an xor butterfly over the lanes of each warp of the row, the row's
@@ -134,16 +137,23 @@ inline constexpr int kMaxThreadsPerSm = 2048;  // sm_80 and sm_90
 // chunks over 32 threads) 4 chunks over 16 threads, 3 each, were faster; 2
 // chunks at every D <= 4096 lost in the D = 1024 forward. A function of D
 // alone, so the summation order stays batch-invariant and the same in both
-// directions.
+// directions. fp32 rows of 769..1024 chunks (D 3073..4096) take 512 threads of
+// 2 chunks as well (kFewChunksTprF32): a candidate (docs/performance.md,
+// "Chunks per thread": the fp32 D = 4096 VJP was 0.89x with 2 chunks).
 inline constexpr int kMaxChunksPerThread = 4;
 inline constexpr int kFewChunksPerThread = 2;
-inline constexpr int kFewChunksTpr = 256;  // the largest threads per row with kFewChunksPerThread
-RMSNORM_HD constexpr bool few_chunks_tpr(int tpr) { return tpr == 8 || tpr == 32 || tpr == kFewChunksTpr; }
-RMSNORM_HD constexpr int rows_chunks_per_thread(int64_t chunks) {
+inline constexpr int kFewChunksTpr = 256;     // the largest threads per row with kFewChunksPerThread at 16-bit
+inline constexpr int kFewChunksTprF32 = 512;  // the largest at fp32
+RMSNORM_HD constexpr bool few_chunks_tpr(int tpr, int esize) {
+  return tpr == 8 || tpr == 32 || tpr == kFewChunksTpr || (esize == 4 && tpr == kFewChunksTprF32);
+}
+RMSNORM_HD constexpr int rows_chunks_per_thread(int64_t chunks, int esize) {
   // The threads per row at 2 chunks: the smallest power of two >= ceil(chunks / 2).
   int64_t tpr = 1;
   while (tpr * kFewChunksPerThread < chunks) tpr *= 2;
-  const bool few = tpr == kFewChunksTpr || (few_chunks_tpr(static_cast<int>(tpr)) && 2 * chunks > 3 * tpr);
+  if (tpr > kFewChunksTprF32 || !few_chunks_tpr(static_cast<int>(tpr), esize)) return kMaxChunksPerThread;
+  // Every one of the row's threads holds two chunks (more than 3/4 of 2 tpr), except at 257..512 chunks.
+  const bool few = tpr == kFewChunksTpr || 2 * chunks > 3 * tpr;
   return few ? kFewChunksPerThread : kMaxChunksPerThread;
 }
 inline constexpr int kMaxRowsTpr = 512;  // kRows: threads per row (one CTA)
@@ -172,11 +182,15 @@ RMSNORM_HD constexpr int64_t chunks_of(int64_t cols, int esize) {
 RMSNORM_HD constexpr int forward_cta_threads(int tpr) {
   return tpr > kForwardMinCtaThreads ? tpr : kForwardMinCtaThreads;
 }
-RMSNORM_HD constexpr int forward_threads_per_sm(int cpt) {
-  return cpt == kFewChunksPerThread ? kForwardFewThreadsPerSm : kForwardThreadsPerSm;
+// The fp32 rows of 512 threads of 2 chunks (candidate): 4 CTAs of 512 threads per SM (32 registers).
+inline constexpr int kForwardWideThreadsPerSm = 2048;
+RMSNORM_HD constexpr int forward_threads_per_sm(int tpr, int cpt) {
+  return cpt != kFewChunksPerThread   ? kForwardThreadsPerSm
+         : tpr == kFewChunksTprF32    ? kForwardWideThreadsPerSm
+                                      : kForwardFewThreadsPerSm;
 }
 RMSNORM_HD constexpr int forward_ctas_per_sm(int tpr, int cpt) {
-  return forward_threads_per_sm(cpt) / forward_cta_threads(tpr);
+  return forward_threads_per_sm(tpr, cpt) / forward_cta_threads(tpr);
 }
 RMSNORM_HD constexpr int backward_cta_threads(int tpr) { return tpr > kBackwardCtaThreads ? tpr : kBackwardCtaThreads; }
 // kBackwardRowsDecode: the direct backward where all the rows fit in one CTA of

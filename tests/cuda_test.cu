@@ -2721,6 +2721,7 @@ TEST_F(Cuda, OneStagePipelines) {
                          {1000, RMSNORM_DTYPE_F32, 3000, Layout::kOffset},
                          {4096, RMSNORM_DTYPE_BF16, 1200, Layout::kAligned},
                          {4096, RMSNORM_DTYPE_F16, 1200, Layout::kPadded},
+                         {4096, RMSNORM_DTYPE_F32, 700, Layout::kAligned},
                          {33, RMSNORM_DTYPE_BF16, 60000, Layout::kPadded},
                          {8192, RMSNORM_DTYPE_F32, 700, Layout::kAligned},
                          {20000, RMSNORM_DTYPE_BF16, 300, Layout::kAligned},
@@ -2775,8 +2776,8 @@ TEST_F(CudaSanitizer, PairedForward) {
 // cp.async stages, are reused (the aligned rows-band forward takes one group
 // per CTA and walks only past 2^24 groups: these cases check it, and the
 // backward, under the sanitizers at many CTAs): D = 1000 fp32 (tpr 64: 4 forward / 8
-// backward slots per CTA, named barriers), D = 4096 bf16 (tpr 128), D =
-// 20000 bf16 (clusters of 2); and misaligned, where the backward stages
+// backward slots per CTA, named barriers), D = 4096 bf16 (tpr 256) and fp32
+// (tpr 512, 2 chunks per thread), D = 20000 bf16 (clusters of 2); and misaligned, where the backward stages
 // each row's aligned blocks and a chunk reads a neighbour's block: D = 1000
 // fp32 at base + 1 element, D = 4096 bf16 with an odd row stride (the
 // misalignment changes from row to row), D = 33 bf16 (tpr 2: 256 slots per
@@ -2788,7 +2789,7 @@ TEST_F(CudaSanitizer, PersistentReuse) {
       {1000, RMSNORM_DTYPE_F32, 6400, Layout::kAligned},    {4096, RMSNORM_DTYPE_BF16, 1600, Layout::kAligned},
       {20000, RMSNORM_DTYPE_BF16, 400, Layout::kAligned},   {1000, RMSNORM_DTYPE_F32, 6400, Layout::kOffset},
       {4096, RMSNORM_DTYPE_BF16, 1600, Layout::kPadded},    {33, RMSNORM_DTYPE_BF16, 120000, Layout::kPadded},
-      {32, RMSNORM_DTYPE_BF16, 210000, Layout::kPadded}};
+      {32, RMSNORM_DTYPE_BF16, 210000, Layout::kPadded},    {4096, RMSNORM_DTYPE_F32, 800, Layout::kAligned}};
   for (const ShapeCase& sc : cases) {
     check_shape_case(sc, rng);
     if (HasFailure()) return;

@@ -39,8 +39,9 @@ Device ampere() {
 
 bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 // The rows band's chunk counts of 2 chunks per thread, written out (plan.hpp's rule, kept apart from it).
-bool few_chunks(int64_t chunks) {
-  return (chunks > 12 && chunks <= 16) || (chunks > 48 && chunks <= 64) || (chunks > 256 && chunks <= 512);
+bool few_chunks(int64_t chunks, int esize) {
+  return (chunks > 12 && chunks <= 16) || (chunks > 48 && chunks <= 64) || (chunks > 256 && chunks <= 512) ||
+         (esize == 4 && chunks > 768 && chunks <= 1024);
 }
 
 // Invariants of one row plan; returns a failure message or "".
@@ -55,10 +56,11 @@ std::string check_row_plan(const RowPlan& p, int64_t d, int esize, const Device&
     os << "tpr does not tile warps; ";
   switch (p.band) {
     case Band::kRows: {
-      // 2 chunks per thread at 13..16, 49..64 and 257..512 chunks (D 97..128, 385..512, 2049..4096 at 16-bit), 4
-      // elsewhere.
-      if (p.chunks_per_thread != (few_chunks(p.chunks) ? 2 : 4)) os << "rows cpt; ";
-      if (p.chunks_per_thread == 2 ? p.threads_per_row != 8 && p.threads_per_row != 32 && p.threads_per_row != 256
+      // 2 chunks per thread at 13..16, 49..64 and 257..512 chunks (D 97..128, 385..512, 2049..4096 at 16-bit),
+      // and at fp32 769..1024 (D 3073..4096), 4 elsewhere.
+      if (p.chunks_per_thread != (few_chunks(p.chunks, esize) ? 2 : 4)) os << "rows cpt; ";
+      if (p.chunks_per_thread == 2 ? p.threads_per_row != 8 && p.threads_per_row != 32 && p.threads_per_row != 256 &&
+                                         (esize != 4 || p.threads_per_row != 512)
                                    : p.threads_per_row == 128)
         os << "rows (tpr, cpt) without a kernel (dispatch_rows); ";
       if (p.cluster != 1) os << "rows cluster; ";
@@ -669,6 +671,7 @@ TEST(Plan, SlotSumTableReadsWithoutBankConflicts) {
     shapes.emplace_back(8, kFewChunksPerThread);
     shapes.emplace_back(32, kFewChunksPerThread);
     shapes.emplace_back(256, kFewChunksPerThread);
+    if (esize == 4) shapes.emplace_back(512, kFewChunksPerThread);
     shapes.emplace_back(256, kMaxChunksPerThread);
     shapes.emplace_back(512, kMaxChunksPerThread);
     for (const auto& [tpr, cpt] : shapes) {
@@ -758,9 +761,9 @@ TEST(Plan, DispatchTableMatchesThePlanner) {
           ASSERT_EQ(b.direction, Direction::kBackward);
           const int64_t chunks = (d + vec - 1) / vec;
           if (band == Band::kRows) {
-            // cpt = 2 at 13..16, 49..64 and 257..512 chunks, else 4; tpr = smallest power of two >=
-            // ceil(chunks / cpt); CTAs of max(tpr, 256) / max(tpr, 512).
-            const int cpt = few_chunks(chunks) ? 2 : 4;
+            // cpt = 2 at 13..16, 49..64 and 257..512 chunks (and 769..1024 at fp32), else 4; tpr = smallest
+            // power of two >= ceil(chunks / cpt); CTAs of max(tpr, 256) / max(tpr, 512).
+            const int cpt = few_chunks(chunks, esize) ? 2 : 4;
             int tpr = 1;
             while (int64_t{tpr} * cpt < chunks) tpr *= 2;
             ASSERT_EQ(f.row.chunks_per_thread, cpt) << "D " << d;

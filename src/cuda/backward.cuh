@@ -910,7 +910,7 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
     case Kernel::kBackwardRowsShifted:
     case Kernel::kBackwardRowsDirect:
     case Kernel::kBackwardRowsDecode:
-      st = dispatch_rows(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
+      st = dispatch_rows<static_cast<int>(sizeof(T))>(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
         constexpr int kTpr = decltype(tpr)::value;
         constexpr int kCpt = decltype(cpt)::value;
         constexpr int kCta = plan::backward_cta_threads(kTpr);

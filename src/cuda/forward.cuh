@@ -352,7 +352,7 @@ __device__ __forceinline__ void store_direct(T* __restrict__ yr, const Chunk<T> 
 // ---- kRows with 16-byte I/O: one row group per CTA, the row in registers ----------------------
 // No shared-memory stages and no persistence: each CTA loads its rows' x and
 // w' chunks (all of them in flight at once), reduces, and stores y; the
-// hardware's CTA scheduler keeps plan::forward_threads_per_sm(kCpt) threads per SM
+// hardware's CTA scheduler keeps plan::forward_threads_per_sm(kTpr, kCpt) threads per SM
 // busy (docs/performance.md, "Forward rows kernel"). Each thread owns the
 // same chunks, summed in the same order, as in every other rows-band kernel,
 // so r is bitwise the same.
@@ -1028,13 +1028,13 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
   switch (l.kernel) {
     case Kernel::kForwardRowsPaired:
       if (a.weight_f32) break;  // plan::weight_f32_forward_launch: never paired
-      return dispatch_rows(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) {
+      return dispatch_rows<static_cast<int>(sizeof(T))>(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) {
         constexpr int kTpr = decltype(tpr)::value;
         return launch(forward_rows_paired_kernel<T, kTpr, decltype(cpt)::value>, plan::forward_cta_threads(kTpr));
       });
     case Kernel::kForwardRows:
     case Kernel::kForwardRowsElement:
-      return dispatch_rows(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
+      return dispatch_rows<static_cast<int>(sizeof(T))>(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
         constexpr int kTpr = decltype(tpr)::value;
         constexpr int kCpt = decltype(cpt)::value;
         constexpr int kCta = plan::forward_cta_threads(kTpr);
@@ -1128,7 +1128,7 @@ rmsnorm_status_t launch_forward_quant(const ForwardArgs& a, const QuantArgs& qa,
     return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", std::string("no quantized forward for ") + plan::kernel_name(l.kernel));
   return dispatch_quant_kind(qa.fp8, qa.per_row, blocks, [&](auto kind) -> rmsnorm_status_t {
     constexpr QuantKind kQ = decltype(kind)::value;
-    return dispatch_rows(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
+    return dispatch_rows<static_cast<int>(sizeof(T))>(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
       constexpr int kTpr = decltype(tpr)::value;
       constexpr int kCpt = decltype(cpt)::value;
       constexpr int kCta = plan::forward_cta_threads(kTpr);

@@ -80,10 +80,11 @@ rmsnorm_status_t dispatch_weight(bool weight_f32, Fn&& fn) {
 }
 
 // Calls fn(std::integral_constant<int, tpr>, std::integral_constant<int, cpt>)
-// for the rows band's threads per row and chunks per thread (plan.hpp: cpt 4
-// with tpr 1..64, 256 and 512; cpt 2 with tpr 8, 32 and 256; the planner's tests check
-// that every D lands on one of these).
-template <typename Fn>
+// for the rows band's threads per row and chunks per thread of rows of kEsize-byte
+// elements (plan.hpp: cpt 4 with tpr 1..64, 256 and 512; cpt 2 with tpr 8, 32 and
+// 256, and 512 at fp32 only, so the 16-bit kernels are not instantiated there; the
+// planner's tests check that every D lands on one of these).
+template <int kEsize, typename Fn>
 rmsnorm_status_t dispatch_rows(int tpr, int cpt, Fn&& fn) {
   using Few = std::integral_constant<int, plan::kFewChunksPerThread>;
   using Max = std::integral_constant<int, plan::kMaxChunksPerThread>;
@@ -100,12 +101,17 @@ rmsnorm_status_t dispatch_rows(int tpr, int cpt, Fn&& fn) {
       case 512: return fn(std::integral_constant<int, 512>{}, Max{});
     }
   } else if (cpt == Few::value) {
-    static_assert(plan::few_chunks_tpr(8) && plan::few_chunks_tpr(32) && plan::few_chunks_tpr(plan::kFewChunksTpr),
+    static_assert(plan::few_chunks_tpr(8, kEsize) && plan::few_chunks_tpr(32, kEsize) &&
+                      plan::few_chunks_tpr(plan::kFewChunksTpr, kEsize) &&
+                      plan::few_chunks_tpr(plan::kFewChunksTprF32, kEsize) == (kEsize == 4),
                   "plan: the threads per row of kFewChunksPerThread");
     switch (tpr) {
       case 8: return fn(std::integral_constant<int, 8>{}, Few{});
       case 32: return fn(std::integral_constant<int, 32>{}, Few{});
       case plan::kFewChunksTpr: return fn(std::integral_constant<int, plan::kFewChunksTpr>{}, Few{});
+      case plan::kFewChunksTprF32:
+        if constexpr (kEsize == 4) return fn(std::integral_constant<int, plan::kFewChunksTprF32>{}, Few{});
+        break;
     }
   }
   return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan",
