@@ -397,12 +397,19 @@ __device__ __forceinline__ void emit_cta_gw(const BackwardParams<T>& p, const Ro
 // kernel and finalize_gw_kernel do, operation for operation: partial b of a column is the direct kernel's slot
 // sum (slot 0's term, then + each later slot's, a term being 0 + gy * (x * rstd), an empty slot 0); thread
 // (chunk i, lane y) adds partials y, y + lanes, .. as the finalize's lane y does (batches of kFinalizeBatch, 0 past
-// count); the lanes' sums go through the finalize's butterfly. So gw has the two-kernel path's bits.
+// count); the lanes' sums go through the finalize's butterfly. So gw has the two-kernel path's bits. Every
+// row's x, gy and rstd are loaded before the first is used (at most kSplitMaxRowsPerThread rows).
 // sums: plan::split_gw_smem(kCta, lanes, sizeof(T)) bytes.
 template <typename T, bool kPartial, int kCta, int kSlots>
 __device__ __forceinline__ void split_gw_columns(const BackwardParams<T>& p, int64_t count, int block, float* sums) {
   constexpr int kN = Chunk<T>::kN;
   constexpr int kB = plan::kFinalizeBatch;
+  // This thread's partials are b_m = y + m lanes (m = 0, 1, ..), at most kM of them (the plan's bound on a gw
+  // thread's rows), their rows b_m kSlots + s held in registers: all loaded first, then added in order.
+  constexpr int kM = plan::kSplitMaxRowsPerThread / kSlots;
+  constexpr int kRows = kM * kSlots;
+  constexpr int kBatches = (kM + kB - 1) / kB;
+  static_assert(kM >= 1, "plan: kSplitMaxSlots <= kSplitMaxRowsPerThread");
   const int lanes_n = plan::finalize_lanes(count);
   const int per_cta = plan::split_gw_chunks_per_cta(kCta, lanes_n);
   const int cols_n = per_cta * kN;  // this CTA's columns
@@ -410,43 +417,53 @@ __device__ __forceinline__ void split_gw_columns(const BackwardParams<T>& p, int
   const int ci = static_cast<int>(threadIdx.x) % per_cta;
   const int y = static_cast<int>(threadIdx.x) / per_cta;
   const int c = block * per_cta + ci;
-  // Partial b of this thread's kN columns: the direct kernel's CTA b, its slots added in slot order.
-  auto partial = [&](int64_t b, float (&v)[kN]) {
+  const bool own = c < p.chunks;
+  Chunk<T> xs[kRows], gys[kRows];
+  float rs[kRows];
 #pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-      const int64_t row = b * kSlots + s;
-      float a[kN];
-#pragma unroll
-      for (int j = 0; j < kN; ++j) a[j] = 0.0f;
-      if (row < p.rows) {
-        const Chunk<T> x = load_row_chunk<kPartial>(p.x + row * p.x_stride, c, p.cols);
-        const Chunk<T> gy = load_row_chunk<kPartial>(p.gy + row * p.gy_stride, c, p.cols);
-        const float r = p.rstd[row];
-#pragma unroll
-        for (int j = 0; j < kN; ++j) {
-          const float xh = x.get(j) * r;
-          a[j] += gy.get(j) * xh;
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kN; ++j) v[j] = s == 0 ? a[j] : v[j] + a[j];
+  for (int i = 0; i < kRows; ++i) {
+    const int64_t row = (y + int64_t{i / kSlots} * lanes_n) * kSlots + i % kSlots;
+    xs[i] = zero_chunk<T>();
+    gys[i] = zero_chunk<T>();
+    rs[i] = 0.0f;
+    if (own && row < p.rows) {
+      xs[i] = load_row_chunk<kPartial>(p.x + row * p.x_stride, c, p.cols);
+      gys[i] = load_row_chunk<kPartial>(p.gy + row * p.gy_stride, c, p.cols);
+      rs[i] = p.rstd[row];
     }
-  };
+  }
   float v[kN];
 #pragma unroll
   for (int j = 0; j < kN; ++j) v[j] = 0.0f;
-  if (c < p.chunks) {
-    for (int64_t b0 = y; b0 < count; b0 += int64_t{kB} * lanes_n) {
-      // The finalize's batch: its kB partials added in order, 0 for those past count.
+  if (own) {
+#pragma unroll
+    for (int n = 0; n < kBatches; ++n) {
+      if (y + int64_t{n} * kB * lanes_n >= count) break;  // the finalize's lane y has no batch n
+      // The finalize's batch n: its kB partials added in order, 0 for those past count.
 #pragma unroll
       for (int k = 0; k < kB; ++k) {
-        const int64_t b = b0 + int64_t{k} * lanes_n;
+        const int m = n * kB + k;
+        const int64_t b = y + int64_t{m} * lanes_n;
         float t[kN];
-        if (b < count) {
-          partial(b, t);
-        } else {
 #pragma unroll
-          for (int j = 0; j < kN; ++j) t[j] = 0.0f;
+        for (int j = 0; j < kN; ++j) t[j] = 0.0f;
+        if (m < kM && b < count) {
+          // Partial b: the direct kernel's CTA b, its slots added in slot order, a slot's term 0 + gy (x rstd),
+          // an empty slot (a row past the last) 0.
+#pragma unroll
+          for (int s = 0; s < kSlots; ++s) {
+            const int i = (m < kM ? m : 0) * kSlots + s;
+            const bool live = b * kSlots + s < p.rows;
+#pragma unroll
+            for (int j = 0; j < kN; ++j) {
+              float a = 0.0f;
+              if (live) {
+                const float xh = xs[i].get(j) * rs[i];
+                a += gys[i].get(j) * xh;
+              }
+              t[j] = s == 0 ? a : t[j] + a;
+            }
+          }
         }
 #pragma unroll
         for (int j = 0; j < kN; ++j) v[j] += t[j];
