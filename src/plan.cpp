@@ -70,6 +70,7 @@ const char* kernel_name(Kernel k) {
     case Kernel::kBackwardRowsShifted: return "backward rows, shifted blocks";
     case Kernel::kBackwardRowsDirect: return "backward rows, one group per CTA";
     case Kernel::kBackwardRowsDecode: return "backward rows, decode (one CTA of max(tpr, 32) threads)";
+    case Kernel::kBackwardRowsSplit: return "backward rows, gx by row CTAs and gw by column CTAs (rstd given)";
     case Kernel::kBackwardCluster: return "backward cluster";
     case Kernel::kBackwardClusterElement: return "backward cluster, element I/O";
     case Kernel::kBackwardLooped: return "backward looped";
@@ -190,6 +191,27 @@ Launch mixed_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool 
 Launch weight_f32_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev) {
   const Launch l = backward_launch(rows, cols, esize, io, with_gw, dev);
   return l.row.band != Band::kLooped ? l : mixed_backward_launch(rows, cols, esize, io, with_gw, dev);
+}
+
+Launch split_backward_launch(const Launch& direct, int64_t rows, const Device& dev) {
+  if (direct.kernel != Kernel::kBackwardRowsDirect || !direct.with_gw || direct.direct_gw || rows <= 0)
+    return direct;
+  const int lanes = finalize_lanes(direct.partials);
+  const int64_t batches = (direct.partials + lanes - 1) / lanes;  // a gw thread's partials
+  if (direct.row.rows_per_cta > kSplitMaxSlots || int64_t{direct.row.rows_per_cta} * batches > kSplitMaxRowsPerThread)
+    return direct;
+  const int64_t gw_ctas = split_gw_ctas(direct.row.chunks, direct.row.cta_threads, lanes);
+  if (direct.grid + gw_ctas > int64_t{dev.sm_count} * kBackwardCtasPerSm) return direct;
+  Launch l = direct;
+  l.kernel = Kernel::kBackwardRowsSplit;
+  l.grid = direct.grid + gw_ctas;
+  l.smem = split_gw_smem(direct.row.cta_threads, lanes, direct.row.esize);
+  l.direct_gw = true;  // partials stays the direct kernel's count: the order of gw's sums
+  l.workspace = 0;
+  l.finalize = false;
+  l.finalize_grid = 0;
+  l.finalize_lanes = lanes;
+  return l;
 }
 
 Launch looped_forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev) {

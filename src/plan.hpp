@@ -114,6 +114,7 @@ enum class Kernel : int {
   kBackwardRowsShifted,
   kBackwardRowsDirect,
   kBackwardRowsDecode,
+  kBackwardRowsSplit,
   kBackwardCluster,
   kBackwardClusterElement,
   kBackwardLooped,
@@ -384,6 +385,31 @@ struct Launch {
 };
 
 Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev);
+
+// kBackwardRowsSplit (candidate): a backward with few rows and rstd given, where the finalize after the direct
+// kernel costs about as much as the rows (decode: 128 x 4096). The same kernel's CTAs split two ways: the first
+// `partials` (the direct kernel's grid) are its row groups and compute gx alone; the last split_gw_ctas each take
+// split_gw_chunks_per_cta chunks of columns over every row (x, gy and rstd: the row sums are not needed where
+// rstd is given) and write those columns of gw, adding the terms in exactly the order of the direct kernel's
+// partials (each CTA's row slots in slot order) and of finalize_gw_kernel (its lanes, batches and butterfly), so
+// every bit of gw is the two-kernel path's. One launch, no workspace. gx and gw are read from x and gy by
+// different CTAs at once, so gx may not overwrite gy (the launcher takes this plan only where gx != gy).
+inline constexpr int kSplitMaxRowsPerThread = 8;  // rows a gw thread reads: slots x its partials
+inline constexpr int kSplitMaxSlots = 4;           // a partial's rows, held by a gw thread at once (registers)
+RMSNORM_HD constexpr int split_gw_chunks_per_cta(int cta_threads, int lanes) { return cta_threads / lanes; }
+RMSNORM_HD constexpr int64_t split_gw_ctas(int64_t chunks, int cta_threads, int lanes) {
+  return (chunks + split_gw_chunks_per_cta(cta_threads, lanes) - 1) / split_gw_chunks_per_cta(cta_threads, lanes);
+}
+// The lanes' sums of a CTA's columns, each lane's row padded by one float (the finalize's layout).
+RMSNORM_HD constexpr size_t split_gw_smem(int cta_threads, int lanes, int esize) {
+  return static_cast<size_t>(lanes) * (split_gw_chunks_per_cta(cta_threads, lanes) * vec_elems(esize) + 1) *
+         sizeof(float);
+}
+// `direct`: a backward_launch (or weight_f32_backward_launch) of `rows` rows; returns it as kBackwardRowsSplit
+// where it is a kBackwardRowsDirect with gw and more than one partial of at most kSplitMaxSlots row slots, a gw
+// thread reads at most kSplitMaxRowsPerThread rows, and the row groups and the gw CTAs together fit one CTA per
+// SM; else `direct`.
+Launch split_backward_launch(const Launch& direct, int64_t rows, const Device& dev);
 
 // Residual add (rmsnorm_add_forward). The rows band's 16-byte forward fuses
 // it (forward_rows_direct_kernel<..., kAdd>): each thread adds, stores h and

@@ -1766,9 +1766,13 @@ TEST_F(Cuda, BackwardBatchInvariance) {
 // forward's rstd, in every band and dtype, aligned or not, and with an fp32
 // weight (RMSNORM_FLAG_WEIGHT_F32: the rows and cluster bands' kernels read
 // it as fp32, the looped band's fp32-weight forms above; forward and backward
-// alike).
+// alike). With the forward's rstd and few rows the rows band runs gw by
+// column CTAs (plan::Kernel::kBackwardRowsSplit), without it the direct kernel
+// and the finalize: gw must be the same bits (D 4096, 12288 and 16384 at
+// 16-bit, 4096 at fp32 take the split plan at 37 rows; counted below).
 TEST_F(Cuda, RecomputedRstdIsTheForwardsBitwise) {
   std::mt19937_64 rng(15);
+  int split = 0;
   for (int64_t d : {1, 33, 384, 1000, 4096, 12288, 16384, 40000, 140000, 300000}) {
     for (int32_t dt : kDtypes) {
       for (Layout lay : {Layout::kAligned, Layout::kOffset})
@@ -1798,9 +1802,16 @@ TEST_F(Cuda, RecomputedRstdIsTheForwardsBitwise) {
         ASSERT_EQ(0, std::memcmp(given.gx.storage.data(), recomputed.gx.storage.data(), given.gx.storage.size()))
             << "gx with the forward's rstd differs from gx with rstd recomputed";
         ASSERT_EQ(given.gw, recomputed.gw) << "gw differs";
+        const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
+        const plan::Device pd = current_plan_device();
+        const plan::Launch b = wf32 ? plan::weight_f32_backward_launch(c.rows, d, esize, plan::Io::kVector, true, pd)
+                                    : plan::backward_launch(c.rows, d, esize, plan::Io::kVector, true, pd);
+        if (lay == Layout::kAligned && plan::split_backward_launch(b, c.rows, pd).kernel == plan::Kernel::kBackwardRowsSplit)
+          ++split;
       }
     }
   }
+  EXPECT_GE(split, 8) << "cases with gw by column CTAs";
 }
 
 // gw over 1M rows, fp32 output: normwise relative error <= 1e-5 before any

@@ -310,6 +310,69 @@ TEST(Plan, ForwardRowsOneGroupPerCta) {
   }
 }
 
+// kBackwardRowsSplit (plan::split_backward_launch): only a direct backward with gw and several partials of at
+// most kSplitMaxSlots rows, a gw thread reading at most kSplitMaxRowsPerThread rows, row groups and gw CTAs on one
+// CTA per SM; the geometry the kernel assumes (split_gw_columns); no workspace and no finalize; the partials kept
+// (the order of gw's sums).
+TEST(Plan, SplitBackwardGeometry) {
+  for (bool is_hopper : {true, false}) {
+    const Device dev = is_hopper ? hopper() : ampere();
+    int split = 0;
+    for (int esize : {2, 4}) {
+      for (int64_t d = 1; d <= (esize == 2 ? 16384 : 8192); d += (d < 512 ? 1 : 61)) {
+        for (int64_t rows : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{5}, int64_t{37}, int64_t{128}, int64_t{300},
+                             int64_t{5000}}) {
+          for (bool with_gw : {true, false}) {
+            const Launch b = backward_launch(rows, d, esize, Io::kVector, with_gw, dev);
+            const Launch s = split_backward_launch(b, rows, dev);
+            if (s.kernel != Kernel::kBackwardRowsSplit) {
+              ASSERT_EQ(s.kernel, b.kernel);
+              ASSERT_EQ(s.grid, b.grid);
+              ASSERT_EQ(s.workspace, b.workspace);
+              continue;
+            }
+            ++split;
+            SCOPED_TRACE(::testing::Message() << "D " << d << " rows " << rows << " esize " << esize);
+            ASSERT_EQ(b.kernel, Kernel::kBackwardRowsDirect);
+            ASSERT_TRUE(with_gw);
+            ASSERT_GT(b.partials, 1);
+            ASSERT_EQ(s.partials, b.partials);
+            ASSERT_EQ(b.grid, (rows + b.row.rows_per_cta - 1) / b.row.rows_per_cta);  // the kernel's count
+            const int lanes = finalize_lanes(b.partials);
+            ASSERT_EQ(s.finalize_lanes, lanes);
+            const int per_cta = split_gw_chunks_per_cta(s.row.cta_threads, lanes);
+            ASSERT_EQ(per_cta * lanes, s.row.cta_threads);
+            ASSERT_EQ(s.row.cta_threads % kWarp, 0);
+            const int64_t gw_ctas = s.grid - b.grid;
+            ASSERT_GE(gw_ctas * per_cta, s.row.chunks);
+            ASSERT_LT((gw_ctas - 1) * per_cta, s.row.chunks);
+            ASSERT_LE(s.grid, int64_t{dev.sm_count} * kBackwardCtasPerSm);
+            ASSERT_LE(s.row.rows_per_cta, kSplitMaxSlots);
+            ASSERT_LE(s.row.rows_per_cta * ((b.partials + lanes - 1) / lanes), kSplitMaxRowsPerThread);
+            ASSERT_EQ(s.smem, static_cast<size_t>(lanes) * (per_cta * (16 / esize) + 1) * sizeof(float));
+            ASSERT_LE(s.smem, dev.max_smem_optin);
+            ASSERT_TRUE(s.direct_gw);
+            ASSERT_FALSE(s.finalize);
+            ASSERT_EQ(s.workspace, 0u);
+          }
+        }
+      }
+    }
+    EXPECT_GT(split, 100);
+  }
+  // The decode shape the plan is for: 128 x 4096 at 16-bit on the H200, 64 row CTAs of 2 rows, 64 partials
+  // (32 finalize lanes), so 16 chunks per gw CTA and 32 gw CTAs.
+  const Launch s = split_backward_launch(backward_launch(128, 4096, 2, Io::kVector, true, hopper()), 128, hopper());
+  EXPECT_EQ(s.kernel, Kernel::kBackwardRowsSplit);
+  EXPECT_EQ(s.grid, 64 + 32);
+  // 264 rows: 132 row CTAs leave no SM for the gw CTAs.
+  EXPECT_EQ(split_backward_launch(backward_launch(264, 4096, 2, Io::kVector, true, hopper()), 264, hopper()).kernel,
+            Kernel::kBackwardRowsDirect);
+  // One row: the decode kernel writes gw itself.
+  EXPECT_EQ(split_backward_launch(backward_launch(1, 4096, 2, Io::kVector, true, hopper()), 1, hopper()).kernel,
+            Kernel::kBackwardRowsDecode);
+}
+
 // rmsnorm_forward_block_quant: fused only where the quantized forward fuses and a row's threads hold whole
 // blocks at each chunk index (threads per row a multiple of the block's chunks, so a block is consecutive lanes
 // of one warp, at most 32 of them), else the looped kernel, as for per-row scales. On the H200 that fuses the

@@ -390,6 +390,101 @@ __device__ __forceinline__ void emit_cta_gw(const BackwardParams<T>& p, const Ro
   }
 }
 
+// ---- kBackwardRowsSplit: gw by columns -------------------------------------------------------
+// CTA `block` of the gw CTAs (plan.hpp, kBackwardRowsSplit) of a backward whose direct kernel has `count` CTAs
+// (partials) of kSlots row slots: chunks block * n .. block * n + n - 1 of every row, n =
+// plan::split_gw_chunks_per_cta(kCta, lanes), lanes = plan::finalize_lanes(count). It forms gw as the direct
+// kernel and finalize_gw_kernel do, operation for operation: partial b of a column is the direct kernel's slot
+// sum (slot 0's term, then + each later slot's, a term being 0 + gy * (x * rstd), an empty slot 0); thread
+// (chunk i, lane y) adds partials y, y + lanes, .. as the finalize's lane y does (batches of kFinalizeBatch, 0 past
+// count); the lanes' sums go through the finalize's butterfly. So gw has the two-kernel path's bits. Every
+// row's x, gy and rstd are loaded before the first is used (at most kSplitMaxRowsPerThread rows).
+// sums: plan::split_gw_smem(kCta, lanes, sizeof(T)) bytes.
+template <typename T, bool kPartial, int kCta, int kSlots>
+__device__ __forceinline__ void split_gw_columns(const BackwardParams<T>& p, int64_t count, int block, float* sums) {
+  constexpr int kN = Chunk<T>::kN;
+  constexpr int kB = plan::kFinalizeBatch;
+  // This thread's partials are b_m = y + m lanes (m = 0, 1, ..), at most kM of them (the plan's bound on a gw
+  // thread's rows), their rows b_m kSlots + s held in registers: all loaded first, then added in order.
+  constexpr int kM = plan::kSplitMaxRowsPerThread / kSlots;
+  constexpr int kRows = kM * kSlots;
+  constexpr int kBatches = (kM + kB - 1) / kB;
+  static_assert(kM >= 1, "plan: kSplitMaxSlots <= kSplitMaxRowsPerThread");
+  const int lanes_n = plan::finalize_lanes(count);
+  const int per_cta = plan::split_gw_chunks_per_cta(kCta, lanes_n);
+  const int cols_n = per_cta * kN;  // this CTA's columns
+  const int stride = cols_n + 1;
+  const int ci = static_cast<int>(threadIdx.x) % per_cta;
+  const int y = static_cast<int>(threadIdx.x) / per_cta;
+  const int c = block * per_cta + ci;
+  const bool own = c < p.chunks;
+  Chunk<T> xs[kRows], gys[kRows];
+  float rs[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int64_t row = (y + int64_t{i / kSlots} * lanes_n) * kSlots + i % kSlots;
+    xs[i] = zero_chunk<T>();
+    gys[i] = zero_chunk<T>();
+    rs[i] = 0.0f;
+    if (own && row < p.rows) {
+      xs[i] = load_row_chunk<kPartial>(p.x + row * p.x_stride, c, p.cols);
+      gys[i] = load_row_chunk<kPartial>(p.gy + row * p.gy_stride, c, p.cols);
+      rs[i] = p.rstd[row];
+    }
+  }
+  float v[kN];
+#pragma unroll
+  for (int j = 0; j < kN; ++j) v[j] = 0.0f;
+  if (own) {
+#pragma unroll
+    for (int n = 0; n < kBatches; ++n) {
+      if (y + int64_t{n} * kB * lanes_n >= count) break;  // the finalize's lane y has no batch n
+      // The finalize's batch n: its kB partials added in order, 0 for those past count.
+#pragma unroll
+      for (int k = 0; k < kB; ++k) {
+        const int m = n * kB + k;
+        const int64_t b = y + int64_t{m} * lanes_n;
+        float t[kN];
+#pragma unroll
+        for (int j = 0; j < kN; ++j) t[j] = 0.0f;
+        if (m < kM && b < count) {
+          // Partial b: the direct kernel's CTA b, its slots added in slot order, a slot's term 0 + gy (x rstd),
+          // an empty slot (a row past the last) 0.
+#pragma unroll
+          for (int s = 0; s < kSlots; ++s) {
+            const int i = (m < kM ? m : 0) * kSlots + s;
+            const bool live = b * kSlots + s < p.rows;
+#pragma unroll
+            for (int j = 0; j < kN; ++j) {
+              float a = 0.0f;
+              if (live) {
+                const float xh = xs[i].get(j) * rs[i];
+                a += gys[i].get(j) * xh;
+              }
+              t[j] = s == 0 ? a : t[j] + a;
+            }
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kN; ++j) v[j] += t[j];
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kN; ++j) sums[y * stride + ci * kN + j] = v[j];
+  __syncthreads();
+  // As the finalize: warp w adds columns w, w + warps, ..; lane x holds lane x's sum (0 past lanes_n).
+  const int warp = static_cast<int>(threadIdx.x) / plan::kWarp, lane = static_cast<int>(threadIdx.x) % plan::kWarp;
+  constexpr int kWarps = kCta / plan::kWarp;
+  for (int col = warp; col < cols_n; col += kWarps) {
+    float total = lane < lanes_n ? sums[lane * stride + col] : 0.0f;
+#pragma unroll
+    for (int off = plan::kWarp / 2; off > 0; off /= 2) total += __shfl_down_sync(0xffffffffu, total, off);
+    const int64_t out_col = int64_t{block} * cols_n + col;
+    if (lane == 0 && out_col < p.cols) store_gw_final<T>(p.gw, out_col, total);
+  }
+}
+
 // ---- kRows with 16-byte I/O and at most one row group per CTA: registers only -----------------
 // Where the plan gives every CTA at most one row group (few rows: decode),
 // nothing is left to pipeline: each thread loads its x, gy and w chunks at
@@ -404,7 +499,9 @@ __device__ __forceinline__ void emit_cta_gw(const BackwardParams<T>& p, const Ro
 // W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x) float, passed in p.w and held as
 // HeldWeight chunks (chunk_io.cuh). kCpt: the plan's chunks per thread.
 // kDecode: plan::Kernel::kBackwardRowsDecode, a CTA of backward_decode_cta_threads(kTpr) threads holding every row.
-template <typename T, int kTpr, int kCpt, bool kPartial, typename W = T, bool kDecode = false>
+// kSplit: plan::Kernel::kBackwardRowsSplit: the CTAs past the row groups compute gw by columns
+// (split_gw_columns), the row groups' CTAs gx alone.
+template <typename T, int kTpr, int kCpt, bool kPartial, typename W = T, bool kDecode = false, bool kSplit = false>
 __global__ void __launch_bounds__(kDecode ? plan::backward_decode_cta_threads(kTpr) : plan::backward_cta_threads(kTpr),
                                   plan::kBackwardCtasPerSm)
     backward_rows_direct_kernel(const BackwardParams<T> p) {
@@ -416,8 +513,18 @@ __global__ void __launch_bounds__(kDecode ? plan::backward_decode_cta_threads(kT
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
   __shared__ RowScratch<float2, kTpr, kSlots> scratch;
-  extern __shared__ uint4 combine[];  // plan::backward_combine_smem bytes
+  static_assert(!(kDecode && kSplit), "plan: a decode backward has one partial");
+  static_assert(!kSplit || kSlots <= plan::kSplitMaxSlots, "plan: the split gw threads' rows");
+  extern __shared__ uint4 combine[];  // plan::backward_combine_smem bytes (kSplit: plan::split_gw_smem)
   pdl_enter();
+  if constexpr (kSplit) {
+    const int64_t count = (p.rows + kSlots - 1) / kSlots;  // the row groups' CTAs: the direct kernel's grid
+    if (blockIdx.x >= count) {
+      split_gw_columns<T, kPartial, kCtaThreads, kSlots>(p, count, static_cast<int>(blockIdx.x - count),
+                                                         reinterpret_cast<float*>(combine));
+      return;
+    }
+  }
   const RowMap<kTpr, false> m;
   const int64_t row = m.unit * kSlots + m.slot;  // the plan: one group per CTA
   const bool valid = row < p.rows;
@@ -473,6 +580,7 @@ __global__ void __launch_bounds__(kDecode ? plan::backward_decode_cta_threads(kT
       }
     }
   }
+  if constexpr (kSplit) return;  // gw: the column CTAs
   if (!p.with_gw) return;
   emit_cta_gw<T, kTpr, false, kSlots>(p, m, acc, reinterpret_cast<float*>(combine));
 }
@@ -883,9 +991,12 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
                                    {wdt == a.dtype || form == BackwardForm::kWeightF32 ? a.weight : nullptr, 0}},
                                   kEs);
   const bool with_gw = a.gw_mode != GwMode::kNone;
-  const plan::Launch l = mixed                                ? plan::mixed_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)
-                         : form == BackwardForm::kWeightF32 ? plan::weight_f32_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)
-                                                            : plan::backward_launch(a.rows, a.cols, kEs, io, with_gw, dev);
+  const plan::Launch planned = mixed                                ? plan::mixed_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)
+                               : form == BackwardForm::kWeightF32 ? plan::weight_f32_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)
+                                                                  : plan::backward_launch(a.rows, a.cols, kEs, io, with_gw, dev);
+  // gw by column CTAs (plan::split_backward_launch) needs rstd, and gy unchanged while they read it.
+  const plan::Launch l =
+      !mixed && a.rstd != nullptr && a.gx != a.gy ? plan::split_backward_launch(planned, a.rows, dev) : planned;
   const BackwardParams<T> p = backward_params<T>(a, l);
   const bool pdl = a.pdl && dev.sm90_code;
   // gw's own dtype (the finalize's stores in the non-F32 modes): the weight's.
@@ -910,6 +1021,7 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
     case Kernel::kBackwardRowsShifted:
     case Kernel::kBackwardRowsDirect:
     case Kernel::kBackwardRowsDecode:
+    case Kernel::kBackwardRowsSplit:
       st = dispatch_rows<static_cast<int>(sizeof(T))>(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
         constexpr int kTpr = decltype(tpr)::value;
         constexpr int kCpt = decltype(cpt)::value;
@@ -929,6 +1041,13 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
           if (l.kernel == Kernel::kBackwardRowsDirect)
             return partial ? launch(backward_rows_direct_kernel<T, kTpr, kCpt, true, W>, kCta)
                            : launch(backward_rows_direct_kernel<T, kTpr, kCpt, false, W>, kCta);
+          if (l.kernel == Kernel::kBackwardRowsSplit) {
+            // plan::split_backward_launch: at most kSplitMaxSlots row slots per CTA.
+            if constexpr (kCta / kTpr <= plan::kSplitMaxSlots)
+              return partial ? launch(backward_rows_direct_kernel<T, kTpr, kCpt, true, W, false, true>, kCta)
+                             : launch(backward_rows_direct_kernel<T, kTpr, kCpt, false, W, false, true>, kCta);
+            return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "gw by columns with more than kSplitMaxSlots row slots");
+          }
           return l.kernel == Kernel::kBackwardRows
                      ? launch(backward_kernel<T, kTpr, kCpt, false, true, true, W>, kCta)
                      : launch(backward_kernel<T, kTpr, kCpt, false, false, true, W>, kCta);
