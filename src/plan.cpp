@@ -116,10 +116,11 @@ Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device
   l.io = io;
   l.row = row_plan(cols, esize, Direction::kForward, dev);
   l.kernel = kernel_of(l.direction, l.row.band, io);
-  // Paired x and y at one offset for every row. Rows whose offset changes row by row keep the element path:
-  // there the paired kernel's eight offsets' code ran at once and lost (docs/performance.md, "Misaligned
+  // Paired x and y: at one offset for every row, or (kPairedRows, candidate) at an offset that changes row by
+  // row, the kernel then taking the rows offset by offset (forward_rows_paired_kernel): run in row order, the
+  // eight offsets' code ran at once on an SM and lost to the element path (docs/performance.md, "Misaligned
   // forward: the offset as a constant").
-  if (l.row.band == Band::kRows && io == Io::kPaired) l.kernel = Kernel::kForwardRowsPaired;
+  if (l.row.band == Band::kRows && (io == Io::kPaired || io == Io::kPairedRows)) l.kernel = Kernel::kForwardRowsPaired;
   const int64_t groups = (rows + l.row.rows_per_cta - 1) / l.row.rows_per_cta;
   if (l.kernel == Kernel::kForwardRows || l.kernel == Kernel::kForwardRowsPaired || l.row.band == Band::kLooped) {
     // One row group (kLooped: one row) per CTA, the hardware's CTA scheduler

@@ -96,8 +96,8 @@ enum class Band : int { kRows = 0, kCluster = 1, kLooped = 2 };
 // same offset in its 16-byte block as the same row of y, the weight 16-byte
 // aligned or none; kPaired: one offset for every row, kPairedRows: the offset
 // changes from row to row (odd row strides). The rows-band forward runs
-// kForwardRowsPaired with kPaired; every other kernel, and every kernel with
-// kPairedRows, treats them as kElement.
+// kForwardRowsPaired with both (with kPairedRows it takes the rows of one
+// offset after another); every other kernel treats them as kElement.
 enum class Io : int { kVector = 0, kElement = 1, kPaired = 2, kPairedRows = 3 };
 
 enum class Direction : int { kForward = 0, kBackward = 1 };

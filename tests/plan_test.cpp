@@ -959,9 +959,9 @@ TEST(Plan, ForwardIoPairsXAndYAtOneOffset) {
 }
 
 // Paired x and y: the rows band's forward runs kForwardRowsPaired with the
-// 16-byte rows kernel's geometry and grid where every row has one offset
-// (kPaired); everywhere else (kPairedRows, the other bands, the backward, an
-// fp32 weight) the launch is kElement's.
+// 16-byte rows kernel's geometry and grid, whether every row has one offset
+// (kPaired) or the offset moves row by row (kPairedRows); everywhere else (the
+// other bands, the backward, an fp32 weight) the launch is kElement's.
 TEST(Plan, PairedForwardIsTheRowsBandsPairedKernel) {
   for (const Device& dev : {hopper(16), hopper(8), ampere()}) {
     for (int esize : {2, 4}) {
@@ -971,7 +971,7 @@ TEST(Plan, PairedForwardIsTheRowsBandsPairedKernel) {
           const Launch e = forward_launch(rows, d, esize, Io::kElement, dev);
           for (Io io : {Io::kPaired, Io::kPairedRows}) {
             const Launch f = forward_launch(rows, d, esize, io, dev);
-            const bool paired = f.row.band == Band::kRows && io == Io::kPaired;
+            const bool paired = f.row.band == Band::kRows;
             ASSERT_EQ(f.io, io);
             if (paired) {
               ASSERT_EQ(f.kernel, Kernel::kForwardRowsPaired) << d;

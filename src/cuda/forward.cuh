@@ -663,6 +663,26 @@ __device__ __forceinline__ void with_row_offset(int o, F&& f) {
   }
 }
 
+// Row j of the paired kernel's order: j itself where every row has one offset (x's row stride a whole number of
+// 16-byte blocks); else (plan::Io::kPairedRows) the rows of one offset, then of the next: a row's offset repeats
+// every `period` rows (period = 16 / gcd(x's row stride in bytes mod 16, 16)), so rows k, k + period, .. share
+// offset class k, and j runs through class 0's rows, then class 1's, ... The CTAs that run at once then take one
+// or two offsets' code, not all of them (with rows in order the paired kernel ran the eight offsets' code at once
+// on an SM and lost to the element path: docs/performance.md, "Misaligned forward: the offset as a constant").
+// j >= rows (the last group's empty slots) is returned as it is.
+template <typename T>
+__device__ __forceinline__ int64_t paired_row(int64_t j, const ForwardParams<T>& p) {
+  const int s = static_cast<int>((p.x_stride * static_cast<int64_t>(sizeof(T))) & 15);
+  if (s == 0 || j >= p.rows || p.rows > 0x7fffffff) return j;
+  const unsigned period = 16u >> (__ffs(s) - 1);
+  const unsigned rows = static_cast<unsigned>(p.rows), jj = static_cast<unsigned>(j);
+  const unsigned q = rows / period, rem = rows % period;  // classes k < rem hold q + 1 rows, the others q
+  const unsigned big = rem * (q + 1);
+  const unsigned k = jj < big ? jj / (q + 1) : rem + (jj - big) / q;
+  const unsigned i = jj < big ? jj % (q + 1) : (jj - big) % q;
+  return static_cast<int64_t>(k) + static_cast<int64_t>(i) * period;
+}
+
 // The geometry (threads per row, chunks per thread, row slots, grid) is the
 // 16-byte rows kernel's: the same chunks per thread, summed in the same
 // order, so rstd and y are bitwise that kernel's (Cuda.AlignmentDoesNotChangeBits).
@@ -683,7 +703,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   const float offset = p.w != nullptr ? p.w_offset : 0.0f;
   int parity = 0;
   for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
-    const int64_t row = g * kSlots + m.slot;
+    const int64_t row = paired_row(g * kSlots + m.slot, p);
     const bool valid = row < p.rows;
     const T* xrow = p.x + row * p.x_stride;
     T* const yrow = held_address(p.y + row * p.y_stride);
