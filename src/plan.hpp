@@ -139,8 +139,8 @@ inline constexpr int kMaxThreadsPerSm = 2048;  // sm_80 and sm_90
 // chunks at every D <= 4096 lost in the D = 1024 forward. A function of D
 // alone, so the summation order stays batch-invariant and the same in both
 // directions. fp32 rows of 769..1024 chunks (D 3073..4096) take 512 threads of
-// 2 chunks as well (kFewChunksTprF32): a candidate (docs/performance.md,
-// "Chunks per thread": the fp32 D = 4096 VJP was 0.89x with 2 chunks).
+// 2 chunks as well (kFewChunksTprF32): the fp32 8192 x 4096 VJP took 0.905x
+// the time of 1024 threads of 4 chunks (docs/performance.md, "Chunks per thread").
 inline constexpr int kMaxChunksPerThread = 4;
 inline constexpr int kFewChunksPerThread = 2;
 inline constexpr int kFewChunksTpr = 256;     // the largest threads per row with kFewChunksPerThread at 16-bit
@@ -183,7 +183,8 @@ RMSNORM_HD constexpr int64_t chunks_of(int64_t cols, int esize) {
 RMSNORM_HD constexpr int forward_cta_threads(int tpr) {
   return tpr > kForwardMinCtaThreads ? tpr : kForwardMinCtaThreads;
 }
-// The fp32 rows of 512 threads of 2 chunks (candidate): 4 CTAs of 512 threads per SM (32 registers).
+// The fp32 rows of 512 threads of 2 chunks: 4 CTAs of 512 threads per SM (32 registers); at 1536 threads per SM
+// that forward was 1.023x slower than 1024 threads of 4 chunks, at 2048 it is level (0.997x).
 inline constexpr int kForwardWideThreadsPerSm = 2048;
 RMSNORM_HD constexpr int forward_threads_per_sm(int tpr, int cpt) {
   return cpt != kFewChunksPerThread   ? kForwardThreadsPerSm
@@ -386,7 +387,7 @@ struct Launch {
 
 Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev);
 
-// kBackwardRowsSplit (candidate): a backward with few rows and rstd given, where the finalize after the direct
+// kBackwardRowsSplit: a backward with few rows and rstd given, where the finalize after the direct
 // kernel costs about as much as the rows (decode: 128 x 4096). The same kernel's CTAs split two ways: the first
 // `partials` (the direct kernel's grid) are its row groups and compute gx alone; the last split_gw_ctas each take
 // split_gw_chunks_per_cta chunks of columns over every row (x, gy and rstd: the row sums are not needed where
@@ -394,6 +395,7 @@ Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device
 // partials (each CTA's row slots in slot order) and of finalize_gw_kernel (its lanes, batches and butterfly), so
 // every bit of gw is the two-kernel path's. One launch, no workspace. gx and gw are read from x and gy by
 // different CTAs at once, so gx may not overwrite gy (the launcher takes this plan only where gx != gy).
+// At 128 x 4096 bf16 it took 0.81x the direct kernel and finalize's time per graph call (docs/performance.md).
 inline constexpr int kSplitMaxRowsPerThread = 8;  // rows a gw thread reads: slots x its partials
 inline constexpr int kSplitMaxSlots = 4;           // a partial's rows, held by a gw thread at once (registers)
 RMSNORM_HD constexpr int split_gw_chunks_per_cta(int cta_threads, int lanes) { return cta_threads / lanes; }
