@@ -37,7 +37,8 @@
 # benchmark's targets are reported, never part of it.
 #
 # Knobs (environment): STEPS (all), BUILD_DIR (build-gpu), JOBS (16), CTEST_JOBS (8), SAN_FILTER (*Sanitizer*:
-#   the sanitizer steps' gtest filter, e.g. CudaSanitizer.PairedForward for one case),
+#   the sanitizer steps' gtest filter, e.g. CudaSanitizer.PairedForward for one case), SAN_PAR (4: sanitizer
+#   cases run at once), SAN_BAND_S (80: the limit of one case under one tool; 45 for racecheck),
 # BUILD_TARGETS (all; e.g. "rmsnorm_cuda_test") and CTEST_REGEX (all; a ctest -R expression) for a short
 # device budget: STEPS="build ctest" BUILD_TARGETS=rmsnorm_cuda_test CTEST_REGEX='Cuda\.Forward' (the
 # tests of targets not built would fail as not found, so narrow both together; a selection of no test
@@ -98,7 +99,7 @@ STEPS="${STEPS:-${ALL_STEPS% python}}"
 declare -A CAP=([env]=20 [build]=240 [ctest]=300 [memcheck]=90 [racecheck]=140 [initcheck]=60 [synccheck]=60
                 [bench]=150 [torch]=100 [summarize]=15 [cli]=120 [python]=480)
 declare -A MIN=([env]=5 [build]=60 [ctest]=45 [memcheck]=30 [racecheck]=30 [initcheck]=20 [synccheck]=20
-                [bench]=60 [torch]=30 [summarize]=5 [cli]=15 [python]=120)
+                [bench]=20 [torch]=30 [summarize]=5 [cli]=15 [python]=120)
 for s in $STEPS; do
   [ -n "${CAP[$s]:-}" ] || { echo "gpu_check: unknown step '$s' (steps: $ALL_STEPS)"; exit 2; }
 done
@@ -145,18 +146,24 @@ run_step() {
     # with the benchmark that followed (seen on 2026-11-30, run of 9801510).
     setsid bash -c "$body" >>"$LOG" 2>&1 &
     local pid=$! flag="$STATE/timeout_$name"
+    # The watchdog's output goes nowhere and its sleep is killed with it: a sleep left running held the
+    # script's stdout open, so a caller reading it (the device tool) waited out the last step's whole limit.
     (
       sleep "$limit"
       touch "$flag"
       kill -TERM -- "-$pid" 2>/dev/null
       sleep 10
       kill -KILL -- "-$pid" 2>/dev/null
-    ) &
+    ) </dev/null >/dev/null 2>&1 &
     local watchdog=$!
     wait "$pid"
     rc=$?
+    local sleeper
+    sleeper="$(pgrep -P "$watchdog" 2>/dev/null || true)"
     kill "$watchdog" 2>/dev/null
     wait "$watchdog" 2>/dev/null
+    # shellcheck disable=SC2086  # sleeper: pids, split on spaces
+    [ -z "$sleeper" ] || kill $sleeper 2>/dev/null
     kill -KILL -- "-$pid" 2>/dev/null  # anything the step left behind
     t1="$(date +%s)"
     if [ -e "$flag" ]; then
@@ -234,17 +241,37 @@ SAN_BODY='
   [ -n "$SANITIZER" ] || { echo "compute-sanitizer not found"; exit 1; }
   [ -x "$exe" ] || { echo "$exe was not built"; exit 1; }
   # One run per *Sanitizer* test (CudaSanitizer.RowsBand, .PersistentReuse, ..., CudaMixedSanitizer.*: the
-  # list comes from the binary, suite and test names joined), each with a share of the step limit, so a slow
-  # one cannot hide the others.
+  # list comes from the binary, suite and test names joined), each with its own time limit, so a slow one
+  # cannot hide the others. SAN_PAR of them run at once (separate processes on the one GPU: the tools are
+  # bound by their host-side instrumentation, and a cut step used to leave the last cases unrun); each case
+  # output goes to the log whole, under a lock, as it ends.
   bands="$("$exe" --gtest_list_tests --gtest_filter="${SAN_FILTER:-*Sanitizer*}" | awk "/^[^ ]/{s=\$1} /^  /{print s \$1}")"
   [ -n "$bands" ] || { echo "no *Sanitizer* test listed"; exit 1; }
-  rc=0
   : >"$STATE/san_$tool.txt"
+  # `timeout` runs in a process group of its own, out of reach of the group kill of the step: a cut step kills
+  # the cases still running through their groups, so that none shares the GPU with the benchmark after it.
+  trap '"'"'trap - TERM; for f in "$STATE"/san_pg_*; do [ -e "$f" ] && read -r g b <"$f" && rm -f "$f" && kill -TERM -- "-$g" 2>/dev/null && echo "sanitizer $tool $b: cut by the step limit"; done; exit 143'"'"' TERM
+  i=0
   for band in $bands; do
-    timeout "${SAN_BAND_S:-80}" "$SANITIZER" --tool "$tool" --error-exitcode 1 "$@" "$exe" \
-      --gtest_filter="$band" 2>&1 | tee -a "$STATE/san_$tool.txt"
-    r=${PIPESTATUS[0]}
-    echo "sanitizer $tool $band: exit $r"
+    (
+      f="$STATE/san_${tool}_$i"
+      timeout "${SAN_BAND_S:-80}" "$SANITIZER" --tool "$tool" --error-exitcode 1 "$@" "$exe" \
+        --gtest_filter="$band" >"$f.txt" 2>&1 &
+      t=$!
+      echo "$t $band" >"$STATE/san_pg_${tool}_$i"
+      wait "$t"
+      r=$?
+      rm -f "$STATE/san_pg_${tool}_$i"
+      echo "$r" >"$f.rc"
+      flock "$STATE/san.lock" sh -c "cat \"$f.txt\"; cat \"$f.txt\" >>\"$STATE/san_$tool.txt\"; echo \"sanitizer $tool $band: exit $r\""
+    ) &
+    i=$((i + 1))
+    while [ "$(jobs -rp | wc -l)" -ge "${SAN_PAR:-4}" ]; do wait -n; done
+  done
+  wait
+  rc=0
+  for ((k = 0; k < i; k++)); do
+    r="$(cat "$STATE/san_${tool}_$k.rc" 2>/dev/null || echo 1)"
     [ "$r" = 0 ] || rc=$r
   done
   if grep -q "Running 0 tests" "$STATE/san_$tool.txt"; then echo "no test matched *Sanitizer*"; exit 1; fi
