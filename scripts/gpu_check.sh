@@ -38,7 +38,7 @@
 #
 # Knobs (environment): STEPS (all), BUILD_DIR (build-gpu), JOBS (16), CTEST_JOBS (8), SAN_FILTER (*Sanitizer*:
 #   the sanitizer steps' gtest filter, e.g. CudaSanitizer.PairedForward for one case), SAN_PAR (4: sanitizer
-#   cases run at once), SAN_BAND_S (80: the limit of one case under one tool; 45 for racecheck),
+#   cases run at once), SAN_BAND_S (120: the limit of one case under one tool, four sharing the GPU; 90 for racecheck),
 # BUILD_TARGETS (all; e.g. "rmsnorm_cuda_test") and CTEST_REGEX (all; a ctest -R expression) for a short
 # device budget: STEPS="build ctest" BUILD_TARGETS=rmsnorm_cuda_test CTEST_REGEX='Cuda\.Forward' (the
 # tests of targets not built would fail as not found, so narrow both together; a selection of no test
@@ -255,7 +255,7 @@ SAN_BODY='
   for band in $bands; do
     (
       f="$STATE/san_${tool}_$i"
-      timeout "${SAN_BAND_S:-80}" "$SANITIZER" --tool "$tool" --error-exitcode 1 "$@" "$exe" \
+      timeout "${SAN_BAND_S:-120}" "$SANITIZER" --tool "$tool" --error-exitcode 1 "$@" "$exe" \
         --gtest_filter="$band" >"$f.txt" 2>&1 &
       t=$!
       echo "$t $band" >"$STATE/san_pg_${tool}_$i"
@@ -281,7 +281,7 @@ run_step memcheck "set -- memcheck; $SAN_BODY"
 # racecheck tracks every shared-memory access; the test's stale-shared-memory
 # poison kernel (hundreds of CTAs x 227 KB before each launch) would dominate
 # it, and hazards do not depend on the stale contents, so it is skipped there.
-run_step racecheck "export RMSNORM_TEST_SKIP_SMEM_POISON=1 SAN_BAND_S=45; set -- racecheck --racecheck-report all; $SAN_BODY"
+run_step racecheck "export RMSNORM_TEST_SKIP_SMEM_POISON=1 SAN_BAND_S=90; set -- racecheck --racecheck-report all; $SAN_BODY"
 run_step initcheck "set -- initcheck; $SAN_BODY"
 run_step synccheck "set -- synccheck; $SAN_BODY"
 
