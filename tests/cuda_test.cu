@@ -1814,6 +1814,43 @@ TEST_F(Cuda, RecomputedRstdIsTheForwardsBitwise) {
   EXPECT_GE(split, 8) << "cases with gw by column CTAs";
 }
 
+// gw by column CTAs (plan::Kernel::kBackwardRowsSplit) in every gw mode, against the float64 reference and the
+// CPU backend: the split kernel writes gw itself (no finalize), so each mode's store, and the accumulation into
+// the gw already there, goes through it; with an fp32 weight too. On the H200 the split plan is taken at D = 4096
+// and 8192 for these row counts (but fp32 at 128 rows); D = 1000 (more row slots per CTA than the plan allows)
+// keeps the direct kernel and the finalize. Counted below, so that a plan change that stops taking it fails here.
+TEST_F(Cuda, SplitBackwardGwModes) {
+  std::mt19937_64 rng(23);
+  int split = 0;
+  for (int64_t d : {1000, 4096, 8192}) {
+    for (int32_t dt : kDtypes) {
+      for (int64_t rows : {5, 37, 128}) {
+        for (int32_t mode : {RMSNORM_GW_STORE, RMSNORM_GW_STORE_F32, RMSNORM_GW_ACCUMULATE, RMSNORM_GW_ACCUMULATE_F32}) {
+          for (bool wf32 : {false, true}) {
+            if (wf32 && dt == RMSNORM_DTYPE_F32) continue;
+            Case c;
+            c.dtype = dt;
+            c.cols = d;
+            c.rows = rows;
+            c.with_rstd = true;
+            c.gw_mode = mode;
+            c.weight_f32 = wf32;
+            c.compare_cpu = true;
+            check_backward(c, rng);
+            if (HasFailure()) return;
+            const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
+            const plan::Device pd = current_plan_device();
+            const plan::Launch b = wf32 ? plan::weight_f32_backward_launch(rows, d, esize, plan::Io::kVector, true, pd)
+                                        : plan::backward_launch(rows, d, esize, plan::Io::kVector, true, pd);
+            if (plan::split_backward_launch(b, rows, pd).kernel == plan::Kernel::kBackwardRowsSplit) ++split;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(split, 16) << "cases with gw by column CTAs";
+}
+
 // gw over 1M rows, fp32 output: normwise relative error <= 1e-5 before any
 // rounding to a 16-bit dtype; and bf16 gw at 131072 x 128 within 2.5e-3
 // normwise (a 16-bit column sum would be near 1.4e-2).
