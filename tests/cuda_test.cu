@@ -1760,6 +1760,17 @@ TEST_F(Cuda, BackwardBatchInvariance) {
   }
 }
 
+// Whether the aligned backward of c's shape, gw wanted and rstd given, takes gw by column CTAs on this device
+// (plan::split_backward_launch; the launcher also needs gx != gy, as every test case here has).
+bool takes_split_plan(const Case& c) {
+  const int esize = c.dtype == RMSNORM_DTYPE_F32 ? 4 : 2;
+  const plan::Device pd = current_plan_device();
+  const plan::Io io = plan::Io::kVector;
+  const plan::Launch b = c.weight_f32 ? plan::weight_f32_backward_launch(c.rows, c.cols, esize, io, true, pd)
+                                      : plan::backward_launch(c.rows, c.cols, esize, io, true, pd);
+  return plan::split_backward_launch(b, c.rows, pd).kernel == plan::Kernel::kBackwardRowsSplit;
+}
+
 // Forward and backward share one row geometry and one summation order
 // (plan.hpp), so the backward's recomputed rstd is the forward's bit for bit:
 // backward without rstd gives the same gx and gw as backward with the
@@ -1802,12 +1813,7 @@ TEST_F(Cuda, RecomputedRstdIsTheForwardsBitwise) {
         ASSERT_EQ(0, std::memcmp(given.gx.storage.data(), recomputed.gx.storage.data(), given.gx.storage.size()))
             << "gx with the forward's rstd differs from gx with rstd recomputed";
         ASSERT_EQ(given.gw, recomputed.gw) << "gw differs";
-        const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
-        const plan::Device pd = current_plan_device();
-        const plan::Launch b = wf32 ? plan::weight_f32_backward_launch(c.rows, d, esize, plan::Io::kVector, true, pd)
-                                    : plan::backward_launch(c.rows, d, esize, plan::Io::kVector, true, pd);
-        if (lay == Layout::kAligned && plan::split_backward_launch(b, c.rows, pd).kernel == plan::Kernel::kBackwardRowsSplit)
-          ++split;
+        if (lay == Layout::kAligned && takes_split_plan(c)) ++split;
       }
     }
   }
@@ -1825,7 +1831,8 @@ TEST_F(Cuda, SplitBackwardGwModes) {
   for (int64_t d : {1000, 4096, 8192}) {
     for (int32_t dt : kDtypes) {
       for (int64_t rows : {5, 37, 128}) {
-        for (int32_t mode : {RMSNORM_GW_STORE, RMSNORM_GW_STORE_F32, RMSNORM_GW_ACCUMULATE, RMSNORM_GW_ACCUMULATE_F32}) {
+        for (int32_t mode :
+             {RMSNORM_GW_STORE, RMSNORM_GW_STORE_F32, RMSNORM_GW_ACCUMULATE, RMSNORM_GW_ACCUMULATE_F32}) {
           for (bool wf32 : {false, true}) {
             if (wf32 && dt == RMSNORM_DTYPE_F32) continue;
             Case c;
@@ -1838,11 +1845,7 @@ TEST_F(Cuda, SplitBackwardGwModes) {
             c.compare_cpu = true;
             check_backward(c, rng);
             if (HasFailure()) return;
-            const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
-            const plan::Device pd = current_plan_device();
-            const plan::Launch b = wf32 ? plan::weight_f32_backward_launch(rows, d, esize, plan::Io::kVector, true, pd)
-                                        : plan::backward_launch(rows, d, esize, plan::Io::kVector, true, pd);
-            if (plan::split_backward_launch(b, rows, pd).kernel == plan::Kernel::kBackwardRowsSplit) ++split;
+            if (takes_split_plan(c)) ++split;
           }
         }
       }
