@@ -263,7 +263,8 @@ SAN_BODY='
       r=$?
       rm -f "$STATE/san_pg_${tool}_$i"
       echo "$r" >"$f.rc"
-      flock "$STATE/san.lock" sh -c "cat \"$f.txt\"; cat \"$f.txt\" >>\"$STATE/san_$tool.txt\"; echo \"sanitizer $tool $band: exit $r\""
+      report="cat \"$f.txt\"; cat \"$f.txt\" >>\"$STATE/san_$tool.txt\"; echo \"sanitizer $tool $band: exit $r\""
+      if command -v flock >/dev/null; then flock "$STATE/san.lock" sh -c "$report"; else sh -c "$report"; fi
     ) &
     i=$((i + 1))
     while [ "$(jobs -rp | wc -l)" -ge "${SAN_PAR:-4}" ]; do wait -n; done
