@@ -242,9 +242,9 @@ SAN_BODY='
   [ -x "$exe" ] || { echo "$exe was not built"; exit 1; }
   # One run per *Sanitizer* test (CudaSanitizer.RowsBand, .PersistentReuse, ..., CudaMixedSanitizer.*: the
   # list comes from the binary, suite and test names joined), each with its own time limit, so a slow one
-  # cannot hide the others. SAN_PAR of them run at once (separate processes on the one GPU: the tools are
-  # bound by their host-side instrumentation, and a cut step used to leave the last cases unrun); each case
-  # output goes to the log whole, under a lock, as it ends.
+  # cannot hide the others. SAN_PAR of them run at once, separate processes on the one GPU (one after another
+  # they used up the step limits and left the last cases unrun); each case output goes to the log whole, under
+  # a lock, as it ends.
   bands="$("$exe" --gtest_list_tests --gtest_filter="${SAN_FILTER:-*Sanitizer*}" | awk "/^[^ ]/{s=\$1} /^  /{print s \$1}")"
   [ -n "$bands" ] || { echo "no *Sanitizer* test listed"; exit 1; }
   : >"$STATE/san_$tool.txt"
