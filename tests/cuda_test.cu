@@ -260,6 +260,12 @@ struct BackwardOut {
   std::vector<double> gw_old;  // accumulate modes: the initial gw
 };
 
+// gw's dtype: fp32 in the _F32 modes, and in every mode with an fp32 weight (RMSNORM_FLAG_WEIGHT_F32: the
+// weight's dtype).
+bool gw_in_f32(const Case& c) {
+  return c.weight_f32 || c.gw_mode == RMSNORM_GW_STORE_F32 || c.gw_mode == RMSNORM_GW_ACCUMULATE_F32;
+}
+
 // g_h: rmsnorm_add_backward with that residual gradient (its layout c's), gx written over it where gx_over_g_h.
 void gpu_backward(const Case& c, const Inputs& in, const std::vector<float>& rstd, BackwardOut* out,
                   std::mt19937_64& rng, const HostMatrix* g_h = nullptr, bool gx_over_g_h = false) {
@@ -268,7 +274,7 @@ void gpu_backward(const Case& c, const Inputs& in, const std::vector<float>& rst
   const Dev dx = upload(in.x), dw = upload(in.w), dgy = upload(in.gy);
   const Dev dgh = g_h != nullptr ? upload(*g_h) : Dev{};
   const Dev dgx = gx_over_g_h ? dgh : upload(out->gx);
-  const bool f32 = c.gw_mode == RMSNORM_GW_STORE_F32 || c.gw_mode == RMSNORM_GW_ACCUMULATE_F32;
+  const bool f32 = gw_in_f32(c);
   const bool accumulate = c.gw_mode == RMSNORM_GW_ACCUMULATE || c.gw_mode == RMSNORM_GW_ACCUMULATE_F32;
   HostMatrix gw(f32 ? RMSNORM_DTYPE_F32 : c.dtype, 1, c.cols);
   if (accumulate) fill_random(gw, rng);
@@ -310,7 +316,7 @@ void expect_backward_matches_reference(const Case& c, const Inputs& in, const Ba
 void cpu_backward(const Case& c, const Inputs& in, const std::vector<float>& rstd, const BackwardOut& gpu,
                   BackwardOut* out) {
   out->gx = HostMatrix(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));  // NaN-poisoned
-  const bool f32 = c.gw_mode == RMSNORM_GW_STORE_F32 || c.gw_mode == RMSNORM_GW_ACCUMULATE_F32;
+  const bool f32 = gw_in_f32(c);
   HostMatrix gw(f32 ? RMSNORM_DTYPE_F32 : c.dtype, 1, c.cols);
   for (int64_t k = 0; k < c.cols; ++k) gw.set(0, k, gpu.gw_old[k]);
   out->gw_old = gpu.gw_old;
@@ -369,7 +375,7 @@ void expect_backward_matches_reference(const Case& c, const Inputs& in, const Ba
     EXPECT_TRUE(check_matrix("gx vs CPU backend", out.gx, cpu->gx.to_double(),
                              [&](int64_t r, int64_t k) { return 2 * gx_bound(r, k); }));
   if (!c.weight || c.gw_mode == RMSNORM_GW_NONE) return;
-  const bool f32 = c.gw_mode == RMSNORM_GW_STORE_F32 || c.gw_mode == RMSNORM_GW_ACCUMULATE_F32;
+  const bool f32 = gw_in_f32(c);
   const bool accumulate = c.gw_mode == RMSNORM_GW_ACCUMULATE || c.gw_mode == RMSNORM_GW_ACCUMULATE_F32;
   const int32_t out_dtype = f32 ? RMSNORM_DTYPE_F32 : c.dtype;
   std::vector<double> expect(static_cast<size_t>(c.cols));
