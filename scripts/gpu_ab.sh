@@ -10,12 +10,22 @@
 #                    scripts/gpu_ab.sh prepare-patch PATCH [DIR]
 #                    the same for the working tree's HEAD with PATCH applied
 #                    (a candidate kept on a branch: git diff main BRANCH > PATCH).
+#                    scripts/gpu_ab.sh prebuild REV DIR
+#                    builds rmsnorm_bench of commit REV here (sm_90 code only,
+#                    no line tables, fatbinary compressed for size, stripped:
+#                    about a third of a default build's 64 MiB) into DIR, so
+#                    that the GPU call runs it without building (the device
+#                    tool carries at most 64 MiB in all: two or three sides).
+#                    Takes 10-15 minutes on 2 cores.
 #   On the GPU:      OUT=... scripts/gpu_ab.sh run [DIR ...]
 #                    builds rmsnorm_bench for the working tree (A) and for
 #                    each DIR (B, C, ...; default .carry/variant) in parallel,
 #                    runs them one after another, and prints one table with
 #                    every side's us and % of copy and its time relative to A
-#                    (bench/compare.py). Nothing else runs on the GPU
+#                    (bench/compare.py). A DIR holding a prebuilt
+#                    rmsnorm_bench runs that binary unbuilt; with PREBUILT_ONLY=1
+#                    the working tree is not a side (the first DIR is A).
+#                    Nothing else runs on the GPU
 #                    meanwhile. Correctness is not checked here: run
 #                    scripts/gpu_check.sh on whichever side lands.
 #                    $OUT gets ab_json.tar.gz (ab_<label>.json per side,
@@ -47,6 +57,22 @@ case "$mode" in
     echo "$(git rev-parse --short HEAD)+$(basename "$patch" .patch)" >"$dir/AB_REVISION"
     echo "exported HEAD + $patch to $dir; pass carry: [\"${dir%%/*}\"] to the device call"
     ;;
+  prebuild)
+    rev="${2:?usage: gpu_ab.sh prebuild REV DIR}"
+    dir="${3:?usage: gpu_ab.sh prebuild REV DIR}"
+    src="$(mktemp -d)"
+    git archive "$rev" | tar -x -C "$src"
+    cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90-real \
+      -DCMAKE_CUDA_FLAGS="--compress-mode=size" -DRMSNORM_LINEINFO=OFF -DRMSNORM_BUILD_TESTS=OFF >/dev/null
+    cmake --build "$src/build" -j "${JOBS:-2}" --target rmsnorm_bench >/dev/null
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    cp "$src/build/rmsnorm_bench" "$dir/rmsnorm_bench"
+    strip "$dir/rmsnorm_bench"
+    git rev-parse --short "$rev" >"$dir/AB_REVISION"
+    rm -rf "$src"
+    echo "built $rev into $dir ($(du -h "$dir/rmsnorm_bench" | cut -f1)); pass carry: [\"$dir\"] (or its parent)"
+    ;;
   run)
     shift
     dirs=("$@")
@@ -64,10 +90,23 @@ case "$mode" in
     }
     labels=(A B C D E F G H I J K L M N)
     [ ${#dirs[@]} -lt ${#labels[@]} ] || { echo "at most $(( ${#labels[@]} - 1 )) variants"; exit 2; }
-    srcs=(. "${dirs[@]}")
-    revs=("$(git rev-parse --short HEAD 2>/dev/null || echo working-tree)")
+    srcs=()
+    revs=()
+    if [ "${PREBUILT_ONLY:-0}" != 1 ]; then
+      srcs=(.)
+      revs=("$(git rev-parse --short HEAD 2>/dev/null || echo working-tree)")
+    fi
+    srcs+=("${dirs[@]}")
     for d in "${dirs[@]}"; do revs+=("$(cat "$d/AB_REVISION" 2>/dev/null || echo "$d")"); done
-    for i in "${!srcs[@]}"; do build "${srcs[$i]}" "build-ab-${labels[$i]}" & done
+    bins=()
+    for i in "${!srcs[@]}"; do
+      if [ -x "${srcs[$i]}/rmsnorm_bench" ] && [ ! -f "${srcs[$i]}/CMakeLists.txt" ]; then
+        bins+=("${srcs[$i]}/rmsnorm_bench")  # prebuilt (gpu_ab.sh prebuild)
+      else
+        bins+=("build-ab-${labels[$i]}/rmsnorm_bench")
+        build "${srcs[$i]}" "build-ab-${labels[$i]}" &
+      fi
+    done
     wait
     : >"$out/ab_log.txt"
     args=()
@@ -75,7 +114,7 @@ case "$mode" in
       l="${labels[$i]}"
       echo "== $l = ${revs[$i]} (${srcs[$i]}) at $(date -u +%T)" | tee -a "$out/ab_log.txt"
       mkdir -p "$out/json"
-      "build-ab-$l/rmsnorm_bench" ${BENCH_ARGS:-} --commit "$l:${revs[$i]}" --json "$out/json/ab_$l.json" \
+      "${bins[$i]}" ${BENCH_ARGS:-} --commit "$l:${revs[$i]}" --json "$out/json/ab_$l.json" \
         >>"$out/ab_log.txt" 2>&1 || { echo "side $l failed (build or run)" | tee -a "$out/ab_log.txt"; continue; }
       tar -czf "$out/ab_json.tar.gz" -C "$out" json
       args+=("$l=$out/json/ab_$l.json")
@@ -84,7 +123,7 @@ case "$mode" in
     rm -rf "$out/json"
     ;;
   *)
-    sed -n '2,21p' "$0"
+    sed -n '2,34p' "$0"
     exit 2
     ;;
 esac
