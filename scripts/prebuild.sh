@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds here, without a GPU, every target that scripts/gpu_check.sh runs on the GPU machine, small enough for the
+# device tool to carry (64 MiB in all), so that the GPU call spends no time building:
+#
+#   scripts/prebuild.sh [DIR]          (default .carry/gbuild; the working tree as it is)
+#
+# then, in the device call (carry [".carry/gbuild"]):
+#
+#   BUILD_DIR=.carry/gbuild STEPS="env ctest memcheck racecheck initcheck synccheck cli bench summarize" \
+#     RMSNORM_COMMIT=... bash scripts/gpu_check.sh
+#
+# The device copy of the working tree lies at the same absolute path as this one, so the CTest files' paths hold
+# there. Device code for sm_90 only (no PTX), without source line tables (compute-sanitizer then reports no source
+# lines: rebuild with line tables to read one), the fatbinaries compressed for size, the binaries stripped and the
+# objects removed: about 7 MB a binary instead of 65. The code is the same as a default build's (line tables and
+# compression change neither the SASS nor the launch). Takes about 15 minutes on 2 cores; the GPU tests run in
+# CI only as far as "they compile", so the device call is where they are checked.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+dir="${1:-.carry/gbuild}"
+rm -rf "$dir"
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90-real \
+  -DCMAKE_CUDA_FLAGS="--compress-mode=size" -DRMSNORM_LINEINFO=OFF >/dev/null
+cmake --build "$dir" -j "${JOBS:-2}"
+# What ctest and the steps need: the executables, the shared libraries (the export tests read them), the CTest
+# files and the discovered test lists. The static libraries and objects go; the executables are stripped.
+find "$dir" \( -name '*.o' -o -name '*.a' \) -delete
+find "$dir" -type f -perm -u+x -size +1M ! -name '*.so*' -exec strip {} +
+git rev-parse --short HEAD >"$dir/PREBUILD_REVISION"
+if [ -n "$(git status --porcelain --untracked-files=no | head -n 1)" ]; then echo "(with uncommitted changes)" >>"$dir/PREBUILD_REVISION"; fi
+echo "built $(cat "$dir/PREBUILD_REVISION" | tr '\n' ' ')into $dir: $(du -sh "$dir" | cut -f1)"
