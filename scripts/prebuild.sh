@@ -12,7 +12,8 @@
 # The device copy of the working tree lies at the same absolute path as this one, so the CTest files' paths hold
 # there. Device code for sm_90 only (no PTX), without source line tables (compute-sanitizer then reports no source
 # lines: rebuild with line tables to read one), the fatbinaries compressed for size, the binaries stripped and the
-# objects removed: about 7 MB a binary instead of 65. The code is the same as a default build's (line tables and
+# objects and CMake's scratch removed: about 7 MB a binary instead of 65, 63 MiB in all at 9636c8f (a ctest run here
+# over it: 335 tests, the GPU ones skipped). The code is the same as a default build's (line tables and
 # compression change neither the SASS nor the launch). Takes about 15 minutes on 2 cores; the GPU tests run in
 # CI only as far as "they compile", so the device call is where they are checked.
 set -euo pipefail
@@ -26,7 +27,9 @@ cmake --build "$dir" -j "${JOBS:-2}"
 # What ctest and the steps need: the executables, the shared libraries (the export tests read them), the CTest
 # files and the discovered test lists. The static libraries and objects go; the executables are stripped.
 find "$dir" \( -name '*.o' -o -name '*.a' \) -delete
+find "$dir" -depth -type d -name CMakeFiles -exec rm -rf {} +
 find "$dir" -type f -perm -u+x -size +1M ! -name '*.so*' -exec strip {} +
+find "$dir" -type f -name '*.so*' -size +1M -exec strip --strip-unneeded {} +
 git rev-parse --short HEAD >"$dir/PREBUILD_REVISION"
 if [ -n "$(git status --porcelain --untracked-files=no | head -n 1)" ]; then echo "(with uncommitted changes)" >>"$dir/PREBUILD_REVISION"; fi
 echo "built $(cat "$dir/PREBUILD_REVISION" | tr '\n' ' ')into $dir: $(du -sh "$dir" | cut -f1)"
