@@ -16,7 +16,7 @@
 #                    about a third of a default build's 64 MiB) into DIR, so
 #                    that the GPU call runs it without building (the device
 #                    tool carries at most 64 MiB in all: two or three sides).
-#                    Takes 10-15 minutes on 2 cores.
+#                    Takes 7-9 minutes on 2 cores.
 #   On the GPU:      OUT=... scripts/gpu_ab.sh run [DIR ...]
 #                    builds rmsnorm_bench for the working tree (A) and for
 #                    each DIR (B, C, ...; default .carry/variant) in parallel,
