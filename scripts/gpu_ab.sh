@@ -62,13 +62,11 @@ case "$mode" in
     dir="${3:?usage: gpu_ab.sh prebuild REV DIR}"
     src="$(mktemp -d)"
     git archive "$rev" | tar -x -C "$src"
-    cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90-real \
-      -DCMAKE_CUDA_FLAGS="--compress-mode=size" -DRMSNORM_LINEINFO=OFF -DRMSNORM_BUILD_TESTS=OFF >/dev/null
-    cmake --build "$src/build" -j "${JOBS:-2}" --target rmsnorm_bench >/dev/null
+    # The compact build of scripts/prebuild.sh (this tree's), of the exported revision's benchmark alone.
+    SRC="$src" TARGETS=rmsnorm_bench bash scripts/prebuild.sh "$src/build" >/dev/null
     rm -rf "$dir"
     mkdir -p "$dir"
     cp "$src/build/rmsnorm_bench" "$dir/rmsnorm_bench"
-    strip "$dir/rmsnorm_bench"
     git rev-parse --short "$rev" >"$dir/AB_REVISION"
     rm -rf "$src"
     echo "built $rev into $dir ($(du -h "$dir/rmsnorm_bench" | cut -f1)); pass carry: [\"$dir\"] (or its parent)"

@@ -4,6 +4,9 @@
 #
 #   scripts/prebuild.sh [DIR]          (default .carry/gbuild; the working tree as it is)
 #
+# SRC=TREE builds that source tree instead (scripts/gpu_ab.sh prebuild: an exported revision) and TARGETS="..."
+# only those targets.
+#
 # then, in the device call (carry [".carry/gbuild"]):
 #
 #   BUILD_DIR=.carry/gbuild STEPS="env ctest memcheck racecheck initcheck synccheck cli bench summarize" \
@@ -20,16 +23,19 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 dir="${1:-.carry/gbuild}"
+src="${SRC:-.}"
 rm -rf "$dir"
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90-real \
+cmake -S "$src" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90-real \
   -DCMAKE_CUDA_FLAGS="--compress-mode=size" -DRMSNORM_LINEINFO=OFF >/dev/null
-cmake --build "$dir" -j "${JOBS:-2}"
+# shellcheck disable=SC2086  # TARGETS: target names, split on spaces
+cmake --build "$dir" -j "${JOBS:-2}" ${TARGETS:+--target $TARGETS}
 # What ctest and the steps need: the executables, the shared libraries (the export tests read them), the CTest
 # files and the discovered test lists. The static libraries and objects go; the executables are stripped.
 find "$dir" \( -name '*.o' -o -name '*.a' \) -delete
 find "$dir" -depth -type d -name CMakeFiles -exec rm -rf {} +
 find "$dir" -type f -perm -u+x -size +1M ! -name '*.so*' -exec strip {} +
 find "$dir" -type f -name '*.so*' -size +1M -exec strip --strip-unneeded {} +
+[ "$src" = . ] || exit 0  # the caller names what it built
 git rev-parse --short HEAD >"$dir/PREBUILD_REVISION"
 if [ -n "$(git status --porcelain --untracked-files=no | head -n 1)" ]; then echo "(with uncommitted changes)" >>"$dir/PREBUILD_REVISION"; fi
-echo "built $(cat "$dir/PREBUILD_REVISION" | tr '\n' ' ')into $dir: $(du -sh "$dir" | cut -f1)"
+echo "built $(tr '\n' ' ' <"$dir/PREBUILD_REVISION")into $dir: $(du -sh "$dir" | cut -f1)"
