@@ -129,11 +129,11 @@ Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device
     return l;
   }
   // The persistent kernels (the cluster band, the rows band's element path):
-  // as many CTAs as fit at once, forward_threads_per_sm(tpr, cpt) threads per SM; except
+  // as many CTAs as fit at once, forward_threads_per_sm(tpr, cpt, kernel) threads per SM; except
   // where forward_one_group_per_cta says the hardware's own CTA scheduling wins.
   const int64_t resident =
       std::max<int64_t>(1, int64_t{dev.sm_count} *
-                                   forward_ctas_per_sm(l.row.threads_per_row, l.row.chunks_per_thread) / l.row.cluster);
+                                   forward_ctas_per_sm(l.row.threads_per_row, l.row.chunks_per_thread, l.kernel) / l.row.cluster);
   int64_t cap = forward_one_group_per_cta(l.row, groups, resident) ? kMaxGrid : resident;
   // Clusters must be co-scheduled inside one GPC: a persistent grid of more
   // clusters than run at once would leave the rest for a second wave.
@@ -148,7 +148,7 @@ Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device
   // Only the cluster band's 16-byte path stages x through shared memory.
   if (l.kernel == Kernel::kForwardCluster) {
     const size_t per_stage = stage_bytes(l.row.cta_threads, 1, l.row.chunks_per_thread);
-    l.stages = stages_that_fit(per_stage, 0, forward_ctas_per_sm(l.row.threads_per_row, l.row.chunks_per_thread), dev);
+    l.stages = stages_that_fit(per_stage, 0, forward_ctas_per_sm(l.row.threads_per_row, l.row.chunks_per_thread, l.kernel), dev);
     l.smem = per_stage * static_cast<size_t>(l.stages);
   }
   return l;

@@ -183,16 +183,19 @@ RMSNORM_HD constexpr int64_t chunks_of(int64_t cols, int esize) {
 RMSNORM_HD constexpr int forward_cta_threads(int tpr) {
   return tpr > kForwardMinCtaThreads ? tpr : kForwardMinCtaThreads;
 }
-// The fp32 rows of 512 threads of 2 chunks: 4 CTAs of 512 threads per SM (32 registers); at 1536 threads per SM
-// that forward was 1.023x slower than 1024 threads of 4 chunks, at 2048 it is level (0.997x).
+// The fp32 rows of 512 threads of 2 chunks: 4 CTAs of 512 threads per SM (32 registers) in the 16-byte direct
+// kernel (kForwardRows, the quantized forwards included); at 1536 threads per SM that forward was 1.023x slower than
+// 1024 threads of 4 chunks, at 2048 it is level (0.997x). The misaligned kernels (kForwardRowsPaired, the element
+// path) hold two blocks per chunk or element paths and spilled at 32 registers (the paired one 192 bytes: 8192 x
+// 4096 f32 base + 1 element forward 113.5 us, against 77.4 with 256 threads of 4 chunks): 1024 threads per SM there.
 inline constexpr int kForwardWideThreadsPerSm = 2048;
-RMSNORM_HD constexpr int forward_threads_per_sm(int tpr, int cpt) {
-  return cpt != kFewChunksPerThread   ? kForwardThreadsPerSm
-         : tpr == kFewChunksTprF32    ? kForwardWideThreadsPerSm
-                                      : kForwardFewThreadsPerSm;
+RMSNORM_HD constexpr int forward_threads_per_sm(int tpr, int cpt, Kernel kernel) {
+  return cpt != kFewChunksPerThread ? kForwardThreadsPerSm
+         : tpr == kFewChunksTprF32  ? (kernel == Kernel::kForwardRows ? kForwardWideThreadsPerSm : kForwardThreadsPerSm)
+                                    : kForwardFewThreadsPerSm;
 }
-RMSNORM_HD constexpr int forward_ctas_per_sm(int tpr, int cpt) {
-  return forward_threads_per_sm(tpr, cpt) / forward_cta_threads(tpr);
+RMSNORM_HD constexpr int forward_ctas_per_sm(int tpr, int cpt, Kernel kernel) {
+  return forward_threads_per_sm(tpr, cpt, kernel) / forward_cta_threads(tpr);
 }
 RMSNORM_HD constexpr int backward_cta_threads(int tpr) { return tpr > kBackwardCtaThreads ? tpr : kBackwardCtaThreads; }
 // kBackwardRowsDecode: the direct backward where all the rows fit in one CTA of

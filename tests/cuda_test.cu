@@ -645,7 +645,8 @@ TEST_F(Cuda, ForwardBatchInvarianceOneGroupPerCta) {
   std::mt19937_64 rng(5);
   for (int64_t d : {int64_t{128}, int64_t{1024}}) {  // 64 and 8 rows per CTA
     const plan::RowPlan row = plan::forward_launch(1, d, 2, plan::Io::kElement, pd).row;
-    const int64_t resident = int64_t{pd.sm_count} * plan::forward_ctas_per_sm(row.threads_per_row, row.chunks_per_thread) / row.cluster;
+    const int64_t resident = int64_t{pd.sm_count} * plan::forward_ctas_per_sm(row.threads_per_row, row.chunks_per_thread,
+                                                                                 plan::Kernel::kForwardRowsElement) / row.cluster;
     Case c;
     c.dtype = RMSNORM_DTYPE_BF16;
     c.cols = d;
@@ -672,7 +673,8 @@ TEST_F(Cuda, ForwardTiledGrid) {
   for (const auto& [d, dt] : shapes) {
     const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
     const plan::RowPlan row = plan::forward_launch(1, d, esize, plan::Io::kElement, pd).row;
-    const int64_t resident = int64_t{pd.sm_count} * plan::forward_ctas_per_sm(row.threads_per_row, row.chunks_per_thread);
+    const int64_t resident = int64_t{pd.sm_count} * plan::forward_ctas_per_sm(row.threads_per_row, row.chunks_per_thread,
+                                                                                 plan::Kernel::kForwardRowsElement);
     Case c;
     c.dtype = dt;
     c.cols = d;

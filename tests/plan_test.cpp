@@ -273,7 +273,7 @@ TEST(Plan, PipelineStagesFitTheDevice) {
         } else if (f.row.band != Band::kLooped) {
           EXPECT_EQ(f.smem, stage_bytes(f.row.cta_threads, 1, f.row.chunks_per_thread) * static_cast<size_t>(f.stages));
           EXPECT_LE(f.smem, dev.max_smem_optin);
-          EXPECT_LE((f.smem + 1024) * static_cast<size_t>(forward_ctas_per_sm(f.row.threads_per_row, f.row.chunks_per_thread)),
+          EXPECT_LE((f.smem + 1024) * static_cast<size_t>(forward_ctas_per_sm(f.row.threads_per_row, f.row.chunks_per_thread, f.kernel)),
                     f.stages > 1 ? dev.smem_per_sm : SIZE_MAX);
         }
         const Launch b = backward_launch(1 << 20, d, esize, Io::kVector, true, dev);
@@ -536,7 +536,7 @@ TEST(Plan, WeightF32IsThePlainPlanBelowTheLoopedBand) {
 TEST(Plan, ForwardGridPersistentOrOneGroupPerCta) {
   const Device dev = hopper();
   auto resident = [&](const Launch& f) {
-    return int64_t{dev.sm_count} * forward_ctas_per_sm(f.row.threads_per_row, f.row.chunks_per_thread) / f.row.cluster;
+    return int64_t{dev.sm_count} * forward_ctas_per_sm(f.row.threads_per_row, f.row.chunks_per_thread, f.kernel) / f.row.cluster;
   };
   for (int64_t rows : {int64_t{1048576}, int64_t{131072}}) {
     const Launch f = forward_launch(rows, 128, 2, Io::kElement, dev);
@@ -549,7 +549,7 @@ TEST(Plan, ForwardGridPersistentOrOneGroupPerCta) {
   }
   // D = 128 at 16-bit: 8 threads of 2 chunks per row, so kForwardMinCtaThreads / 8 rows per CTA.
   EXPECT_EQ(forward_launch(1048576, 128, 2, Io::kElement, dev).grid, 1048576 / (kForwardMinCtaThreads / 8));
-  EXPECT_EQ(forward_launch(131072, 128, 2, Io::kElement, dev).grid, 132 * forward_ctas_per_sm(8, kFewChunksPerThread));
+  EXPECT_EQ(forward_launch(131072, 128, 2, Io::kElement, dev).grid, 132 * forward_ctas_per_sm(8, kFewChunksPerThread, Kernel::kForwardRowsElement));
   // D = 2048: 64 threads per row, under 8 rows per CTA: tiles of consecutive
   // groups where there are enough of them, else persistent.
   const Launch big = forward_launch(int64_t{1} << 24, 2048, 2, Io::kElement, dev);
@@ -562,6 +562,32 @@ TEST(Plan, ForwardGridPersistentOrOneGroupPerCta) {
                                     2048, 2, Io::kElement, dev);
   EXPECT_EQ(few.groups_per_cta, 0);
   EXPECT_EQ(few.grid, resident(few));
+}
+
+// fp32 rows of 512 threads of 2 chunks (D 3073..4096): 2048 threads per SM only in the 16-byte direct kernel; the
+// paired and element kernels, which spilled at its 32 registers, 1024, and the element path's persistent grid is
+// sized by that.
+TEST(Plan, WideForwardOnlyInTheDirectKernel) {
+  const Device dev = hopper();
+  for (int64_t d : {int64_t{3073}, int64_t{4096}}) {
+    const Launch v = forward_launch(1000, d, 4, Io::kVector, dev);
+    ASSERT_EQ(v.kernel, Kernel::kForwardRows) << d;
+    ASSERT_EQ(v.row.threads_per_row, kFewChunksTprF32) << d;
+    ASSERT_EQ(v.row.chunks_per_thread, kFewChunksPerThread) << d;
+    EXPECT_EQ(forward_threads_per_sm(v.row.threads_per_row, v.row.chunks_per_thread, v.kernel), kForwardWideThreadsPerSm);
+    const Launch p = forward_launch(1000, d, 4, Io::kPaired, dev);
+    ASSERT_EQ(p.kernel, Kernel::kForwardRowsPaired) << d;
+    EXPECT_EQ(forward_threads_per_sm(p.row.threads_per_row, p.row.chunks_per_thread, p.kernel), kForwardThreadsPerSm);
+    const Launch e = forward_launch(1000, d, 4, Io::kElement, dev);
+    ASSERT_EQ(e.kernel, Kernel::kForwardRowsElement) << d;
+    EXPECT_EQ(forward_threads_per_sm(e.row.threads_per_row, e.row.chunks_per_thread, e.kernel), kForwardThreadsPerSm);
+    EXPECT_EQ(e.grid, int64_t{dev.sm_count} * (kForwardThreadsPerSm / kFewChunksTprF32)) << d;
+  }
+  // 16-bit rows keep their rules in every kernel.
+  for (Kernel k : {Kernel::kForwardRows, Kernel::kForwardRowsPaired, Kernel::kForwardRowsElement}) {
+    EXPECT_EQ(forward_threads_per_sm(kFewChunksTpr, kFewChunksPerThread, k), kForwardFewThreadsPerSm);
+    EXPECT_EQ(forward_threads_per_sm(kFewChunksTpr, kMaxChunksPerThread, k), kForwardThreadsPerSm);
+  }
 }
 
 // Tiled grids: CTA u takes groups [u n, u n + n); together they cover every
@@ -607,7 +633,7 @@ TEST(Plan, ClusterGridsFitTheCoScheduledClusters) {
     EXPECT_EQ(b.partials, dev.backward_active_clusters[cluster_index(cs)]);
     const Device unknown = hopper(16);
     EXPECT_EQ(forward_launch(1 << 20, d, 2, Io::kVector, unknown).grid,
-              int64_t{unknown.sm_count} * forward_ctas_per_sm(kClusterTpr, kMaxChunksPerThread) / cs * cs);
+              int64_t{unknown.sm_count} * forward_ctas_per_sm(kClusterTpr, kMaxChunksPerThread, Kernel::kForwardCluster) / cs * cs);
   }
 }
 

@@ -352,7 +352,7 @@ __device__ __forceinline__ void store_direct(T* __restrict__ yr, const Chunk<T> 
 // ---- kRows with 16-byte I/O: one row group per CTA, the row in registers ----------------------
 // No shared-memory stages and no persistence: each CTA loads its rows' x and
 // w' chunks (all of them in flight at once), reduces, and stores y; the
-// hardware's CTA scheduler keeps plan::forward_threads_per_sm(kTpr, kCpt) threads per SM
+// hardware's CTA scheduler keeps plan::forward_threads_per_sm(kTpr, kCpt, kForwardRows) threads per SM
 // busy (docs/performance.md, "Forward rows kernel"). Each thread owns the
 // same chunks, summed in the same order, as in every other rows-band kernel,
 // so r is bitwise the same.
@@ -371,7 +371,7 @@ __device__ __forceinline__ void store_direct(T* __restrict__ yr, const Chunk<T> 
 // W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x, not quantized) float, passed in p.w and
 // held as HeldWeight chunks. kCpt: the plan's chunks per thread.
 template <typename T, int kTpr, int kCpt, bool kPartial, bool kAdd, QuantKind kQ = QuantKind::kNone, typename W = T>
-__global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr, kCpt))
+__global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr, kCpt, plan::Kernel::kForwardRows))
     forward_rows_direct_kernel(const ForwardParamsOf<T, kQ != QuantKind::kNone> p) {
   constexpr bool kQuant = kQ != QuantKind::kNone;
   static_assert(std::is_same_v<W, T> || !kQuant, "an fp32 weight: the plain and the add forward");
@@ -687,7 +687,7 @@ __device__ __forceinline__ int64_t paired_row(int64_t j, const ForwardParams<T>&
 // 16-byte rows kernel's: the same chunks per thread, summed in the same
 // order, so rstd and y are bitwise that kernel's (Cuda.AlignmentDoesNotChangeBits).
 template <typename T, int kTpr, int kCpt>
-__global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr, kCpt))
+__global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr, kCpt, plan::Kernel::kForwardRowsPaired))
     forward_rows_paired_kernel(const ForwardParams<T> p) {
   constexpr int kCtaThreads = plan::forward_cta_threads(kTpr);
   constexpr int kSlots = kCtaThreads / kTpr;
@@ -739,7 +739,11 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
 // W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32) float, passed in p.w.
 // kCpt: the plan's chunks per thread (kMaxChunksPerThread in the cluster band).
 template <typename T, int kTpr, int kCpt, bool kClustered, bool kVec, typename W = T>
-__global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr, kCpt))
+__global__ void __launch_bounds__(plan::forward_cta_threads(kTpr),
+                                  plan::forward_ctas_per_sm(kTpr, kCpt,
+                                                            !kClustered ? plan::Kernel::kForwardRowsElement
+                                                            : kVec      ? plan::Kernel::kForwardCluster
+                                                                        : plan::Kernel::kForwardClusterElement))
     forward_kernel(const ForwardParams<T> p) {
   constexpr int kCtaThreads = plan::forward_cta_threads(kTpr);
   constexpr int kSlots = kCtaThreads / kTpr;
