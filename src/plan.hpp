@@ -187,11 +187,12 @@ RMSNORM_HD constexpr int forward_cta_threads(int tpr) {
 // kernel (kForwardRows, the quantized forwards included); at 1536 threads per SM that forward was 1.023x slower than
 // 1024 threads of 4 chunks, at 2048 it is level (0.997x). The misaligned kernels (kForwardRowsPaired, the element
 // path) hold two blocks per chunk or element paths and spilled at 32 registers (the paired one 192 bytes: 8192 x
-// 4096 f32 base + 1 element forward 113.5 us, against 77.4 with 256 threads of 4 chunks): 1024 threads per SM there.
+// 4096 f32 base + 1 element forward 113.5 us, against 77.4 with 256 threads of 4 chunks): 1536 threads per SM there
+// (candidate: the paired kernel 40 registers without spills, the element path spills 12 bytes).
 inline constexpr int kForwardWideThreadsPerSm = 2048;
 RMSNORM_HD constexpr int forward_threads_per_sm(int tpr, int cpt, Kernel kernel) {
   return cpt != kFewChunksPerThread ? kForwardThreadsPerSm
-         : tpr == kFewChunksTprF32  ? (kernel == Kernel::kForwardRows ? kForwardWideThreadsPerSm : kForwardThreadsPerSm)
+         : tpr == kFewChunksTprF32  ? (kernel == Kernel::kForwardRows ? kForwardWideThreadsPerSm : kForwardFewThreadsPerSm)
                                     : kForwardFewThreadsPerSm;
 }
 RMSNORM_HD constexpr int forward_ctas_per_sm(int tpr, int cpt, Kernel kernel) {
