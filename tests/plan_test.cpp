@@ -565,7 +565,7 @@ TEST(Plan, ForwardGridPersistentOrOneGroupPerCta) {
 }
 
 // fp32 rows of 512 threads of 2 chunks (D 3073..4096): 2048 threads per SM only in the 16-byte direct kernel; the
-// paired and element kernels, which spilled at its 32 registers, 1536 (candidate), and the element path's persistent grid is
+// paired and element kernels, which spilled at its 32 registers, 1536, and the element path's persistent grid is
 // sized by that.
 TEST(Plan, WideForwardOnlyInTheDirectKernel) {
   const Device dev = hopper();
