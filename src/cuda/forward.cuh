@@ -513,10 +513,14 @@ __device__ __forceinline__ float pair_elem(const Chunk<T>& lo, const Chunk<T>& h
 }
 
 // Whole aligned blocks of a row at offset kO.
+// plan::store_blocks in 32 bits (cols < 2^31 here): a shift, where the int64 form cost a 64-bit signed
+// division per offset, all eight of them hoisted ahead of the offset's switch (ncu: per-row prologue).
 template <typename T, int kO>
 __device__ __forceinline__ int offset_blocks(int cols) {
   constexpr int kN = Chunk<T>::kN;
-  return static_cast<int>(plan::store_blocks(cols, (kN - kO) % kN, sizeof(T)));
+  constexpr int kHead = (kN - kO) % kN;
+  static_assert(plan::store_blocks(100, kHead, sizeof(T)) == (100 - kHead) / kN, "plan::store_blocks' rule");
+  return cols > kHead ? static_cast<int>(static_cast<unsigned>(cols - kHead) / kN) : 0;
 }
 
 // This thread's part of the row's sum of squares (chunk by chunk, element by
@@ -549,7 +553,9 @@ __device__ __forceinline__ float offset_squares(const T* __restrict__ xr, bool v
     if (!valid || c >= chunks) continue;
     const int first = kHead + (c - 1) * kN;
     if (c >= blocks) held[it] = kO == 0 ? load_elems<T, 0, kN>(xr, c * kN, cols) : load_elems<T, 0, kO>(xr, first + kN, cols);
-    if (kO != 0 && (c == 0 || c > blocks)) lo[it] = load_elems<T, kO, kN>(xr, first, cols);
+    // The head (chunk 0: it == 0, pos == 0) with its columns known here, apart from the tail's chunks.
+    if (kO != 0 && it == 0 && c == 0) lo[it] = load_elems<T, kO, kN>(xr, -kO, cols);
+    if (kO != 0 && c > blocks) lo[it] = load_elems<T, kO, kN>(xr, first, cols);
   }
   float ss = 0.0f;
 #pragma unroll
@@ -603,7 +609,9 @@ __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __
   for (int it = 0; it < kCpt; ++it) {
     const int c = m.chunk(it);
     if (!has_w || c >= chunks) continue;
-    if (c >= blocks) wc[it] = load_elems<T, 0, kN>(w, c * kN, cols);
+    // A whole chunk of w past the blocks (the last chunk where D is a multiple of kN) is one 16-byte load.
+    if (c >= blocks)
+      wc[it] = (c + 1) * kN <= cols ? as_chunk<T>(reinterpret_cast<const uint4*>(w)[c]) : load_elems<T, 0, kN>(w, c * kN, cols);
     if (kO != 0 && c < blocks && (c + 2) * kN > cols) wn[it] = load_elems<T, 0, kN>(w, (c + 1) * kN, cols);
   }
 #pragma unroll
