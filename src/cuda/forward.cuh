@@ -279,16 +279,24 @@ __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chu
     const float r = rms_from_sum(ss, p.cols, p.eps);  // no rescaled path in this band: rstd.cuh
     if (p.rstd != nullptr && m.pos == 0) p.rstd[row] = r;
     // As in store_direct: every chunk (the ones not held are x = 0, w = 1, so y = 0, which leaves max|y| as it
-    // is), a null weight loaded as 1 and no offset then.
+    // is), a null weight loaded as 1 and no offset then; the offset's add skipped where it is 0 (-0 with a
+    // weight, +0 with the null one's 1: w + offset == w, bit for bit), one of the few instructions per element
+    // of this issue-bound epilogue.
     const float offset = p.w != nullptr ? p.w_offset : 0.0f;
+    auto y_chunks = [&](auto with_offset) {
 #pragma unroll
-    for (int it = 0; it < kCpt; ++it) {
-      float w[kN];
+      for (int it = 0; it < kCpt; ++it) {
+        float w[kN];
 #pragma unroll
-      for (int j = 0; j < kN; ++j) w[j] = wr[it].get(j) + offset;
-      xr[it] = y_chunk(xr[it], w, r, p.round_xhat);
-      if constexpr (kPerRow) absmax = chunk_absmax(absmax, xr[it], kPartial ? p.cols - m.chunk(it) * kN : kN);
-    }
+        for (int j = 0; j < kN; ++j) w[j] = decltype(with_offset)::value ? wr[it].get(j) + offset : wr[it].get(j);
+        xr[it] = y_chunk(xr[it], w, r, p.round_xhat);
+        if constexpr (kPerRow) absmax = chunk_absmax(absmax, xr[it], kPartial ? p.cols - m.chunk(it) * kN : kN);
+      }
+    };
+    if (offset != 0.0f)
+      y_chunks(std::true_type{});
+    else
+      y_chunks(std::false_type{});
   }
   if constexpr (kPerBlock) {
     // A block's chunks at one chunk index are 1 << block_shift consecutive lanes of one row slot (the plan puts
@@ -631,10 +639,14 @@ __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __
       // The head and tail columns of chunk c: no block holds them, and only this thread reads or writes them.
       const int first = c * kN;
       Chunk<T> x = zero_chunk<T>();
+      // Chunk `blocks`' tail columns (j >= kHead: tail + j - kHead) are held[it]'s first kO elements, which
+      // offset_squares loaded: not loaded again. The head's and any later chunk's columns are.
+      const bool tail_held = kO != 0 && c == blocks;
 #pragma unroll
       for (int j = 0; j < kN; ++j) {
         const int col = first + j;
-        if (col < cols && (col < kHead || col >= tail)) x.set_elem(j, xr[col]);
+        if (col < cols && (col < kHead || col >= tail))
+          x.set_elem(j, j >= kHead && tail_held ? held[it].elem(j - kHead) : xr[col]);
       }
 #pragma unroll
       for (int j = 0; j < kN; ++j) {
