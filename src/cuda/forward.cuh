@@ -639,14 +639,10 @@ __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __
       // The head and tail columns of chunk c: no block holds them, and only this thread reads or writes them.
       const int first = c * kN;
       Chunk<T> x = zero_chunk<T>();
-      // Chunk `blocks`' tail columns (j >= kHead: tail + j - kHead) are held[it]'s first kO elements, which
-      // offset_squares loaded: not loaded again. The head's and any later chunk's columns are.
-      const bool tail_held = kO != 0 && c == blocks;
 #pragma unroll
       for (int j = 0; j < kN; ++j) {
         const int col = first + j;
-        if (col < cols && (col < kHead || col >= tail))
-          x.set_elem(j, j >= kHead && tail_held ? held[it].elem(j - kHead) : xr[col]);
+        if (col < cols && (col < kHead || col >= tail)) x.set_elem(j, xr[col]);
       }
 #pragma unroll
       for (int j = 0; j < kN; ++j) {
