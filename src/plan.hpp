@@ -226,8 +226,11 @@ RMSNORM_HD constexpr int slot_barrier_id(int slot, int slots) { return slots == 
 RMSNORM_HD constexpr int store_head_cols(int offset_bytes, int esize) {
   return ((kChunkBytes - offset_bytes % kChunkBytes) % kChunkBytes) / esize;
 }
-RMSNORM_HD constexpr int64_t store_blocks(int64_t cols, int head, int esize) {
-  return cols > head ? (cols - head) / vec_elems(esize) : 0;
+// I: cols' type (int64_t on the host; the paired forward passes uint32_t, where the division is a shift, the int64
+// form having cost a 64-bit signed division per offset in every row's prologue).
+template <typename I>
+RMSNORM_HD constexpr I store_blocks(I cols, int head, int esize) {
+  return cols > static_cast<I>(head) ? (cols - static_cast<I>(head)) / static_cast<I>(vec_elems(esize)) : I{0};
 }
 
 // cp.async pipeline depth (row groups staged per thread, the current one

@@ -1049,6 +1049,8 @@ TEST(Plan, AlignedStoreBlocksCoverEveryColumnOnce) {
       ASSERT_EQ((offset + head * esize) % kChunkBytes, 0) << offset;
       for (int64_t cols = 1; cols <= 1100; cols += cols < 300 ? 1 : 97) {
         const int64_t blocks = store_blocks(cols, head, esize);
+        // The 32-bit unsigned form the paired forward uses is the same rule.
+        ASSERT_EQ(int64_t{store_blocks(static_cast<uint32_t>(cols), head, esize)}, blocks) << cols;
         const int64_t chunks = chunks_of(cols, esize);
         std::vector<int> seen(static_cast<size_t>(cols), 0);
         for (int64_t c = 0; c < std::min<int64_t>(head, cols); ++c) ++seen[static_cast<size_t>(c)];

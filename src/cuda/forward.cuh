@@ -127,7 +127,7 @@ __device__ __forceinline__ void store_normalized_blocks(const T* __restrict__ xr
                                                         const BlockX& block_x) {
   constexpr int kN = Chunk<T>::kN;
   const int head = plan::store_head_cols(static_cast<int>(reinterpret_cast<uintptr_t>(yr) & 15), sizeof(T));
-  const int blocks = static_cast<int>(plan::store_blocks(cols, head, sizeof(T)));
+  const int blocks = static_cast<int>(plan::store_blocks(int64_t{cols}, head, sizeof(T)));
   auto y_at = [&](int first) { return normalized_window<T, W>(xr, w, first, cols, w_offset, round_xhat, r); };
   auto store_elems = [&](int first, int n, const Chunk<T>& y) {
 #pragma unroll
@@ -161,7 +161,7 @@ __device__ __forceinline__ float paired_squares(const T* __restrict__ xr, const 
   constexpr int kN = Chunk<T>::kN;
   const int offset = static_cast<int>(reinterpret_cast<uintptr_t>(xr) & 15);
   const int head = plan::store_head_cols(offset, sizeof(T));
-  const int blocks = static_cast<int>(plan::store_blocks(cols, head, sizeof(T)));
+  const int blocks = static_cast<int>(plan::store_blocks(int64_t{cols}, head, sizeof(T)));
   float ss = 0.0f;
 #pragma unroll
   for (int it = 0; it < kCpt; ++it) {
@@ -520,15 +520,11 @@ __device__ __forceinline__ float pair_elem(const Chunk<T>& lo, const Chunk<T>& h
   return e < Chunk<T>::kN ? lo.get(e) : hi.get(e - Chunk<T>::kN);
 }
 
-// Whole aligned blocks of a row at offset kO.
-// plan::store_blocks in 32 bits (cols < 2^31 here): a shift, where the int64 form cost a 64-bit signed
-// division per offset, all eight of them hoisted ahead of the offset's switch (ncu: per-row prologue).
+// Whole aligned blocks of a row at offset kO, in 32-bit unsigned arithmetic (0 <= cols < 2^31 here).
 template <typename T, int kO>
 __device__ __forceinline__ int offset_blocks(int cols) {
   constexpr int kN = Chunk<T>::kN;
-  constexpr int kHead = (kN - kO) % kN;
-  static_assert(plan::store_blocks(100, kHead, sizeof(T)) == (100 - kHead) / kN, "plan::store_blocks' rule");
-  return cols > kHead ? static_cast<int>(static_cast<unsigned>(cols - kHead) / kN) : 0;
+  return static_cast<int>(plan::store_blocks(static_cast<uint32_t>(cols), (kN - kO) % kN, sizeof(T)));
 }
 
 // This thread's part of the row's sum of squares (chunk by chunk, element by
