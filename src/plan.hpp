@@ -192,9 +192,9 @@ RMSNORM_HD constexpr int forward_cta_threads(int tpr) {
 // element 85.95 us, 99.81 at 1024, 113.20 at 2048; 8192 x 4095 89.04, 103.71, 97.87).
 inline constexpr int kForwardWideThreadsPerSm = 2048;
 RMSNORM_HD constexpr int forward_threads_per_sm(int tpr, int cpt, Kernel kernel) {
-  return cpt != kFewChunksPerThread ? kForwardThreadsPerSm
-         : tpr == kFewChunksTprF32  ? (kernel == Kernel::kForwardRows ? kForwardWideThreadsPerSm : kForwardFewThreadsPerSm)
-                                    : kForwardFewThreadsPerSm;
+  return cpt != kFewChunksPerThread                              ? kForwardThreadsPerSm
+         : tpr == kFewChunksTprF32 && kernel == Kernel::kForwardRows ? kForwardWideThreadsPerSm
+                                                                     : kForwardFewThreadsPerSm;
 }
 RMSNORM_HD constexpr int forward_ctas_per_sm(int tpr, int cpt, Kernel kernel) {
   return forward_threads_per_sm(tpr, cpt, kernel) / forward_cta_threads(tpr);
