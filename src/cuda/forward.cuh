@@ -514,6 +514,59 @@ __device__ __forceinline__ Chunk<T> load_elems(const T* __restrict__ row, int fi
   return p;
 }
 
+// The widest aligned access (in elements; at most 8 bytes) that starts at
+// position p0 of a 16-byte block and ends at or before p1.
+template <typename T>
+__host__ __device__ constexpr int span_piece(int p0, int p1) {
+  int s = Chunk<T>::kN / 2;
+  while (s > 1 && (p0 % s != 0 || p0 + s > p1)) s /= 2;
+  return s;
+}
+
+// Positions [kP0, kP1) of the 16-byte aligned block at `block` (constants):
+// the run split into its widest aligned pieces of 2, 4 or 8 bytes, so that a
+// row's head (the positions from its offset to the block's end) or its tail
+// (the block's first positions) is at most three accesses, not one per
+// element with its own bounds test. The caller guarantees that the positions
+// lie inside the row. Positions outside [kP0, kP1) of the chunk are left as
+// they are (loads) or not written (stores).
+template <typename T, int kP0, int kP1>
+__device__ __forceinline__ void load_span(const T* __restrict__ block, Chunk<T>& v) {
+  if constexpr (kP0 < kP1) {
+    constexpr int kS = span_piece<T>(kP0, kP1);
+    constexpr int kBytes = kS * static_cast<int>(sizeof(T));
+    const char* a = reinterpret_cast<const char*>(block) + kP0 * static_cast<int>(sizeof(T));
+    if constexpr (kBytes == 2) {
+      v.set_elem(kP0, from_bits<T>(*reinterpret_cast<const unsigned short*>(a)));
+    } else if constexpr (kBytes == 4) {
+      v.w[kP0 * sizeof(T) / 4] = *reinterpret_cast<const uint32_t*>(a);
+    } else {
+      const uint2 u = *reinterpret_cast<const uint2*>(a);
+      v.w[kP0 * sizeof(T) / 4] = u.x;
+      v.w[kP0 * sizeof(T) / 4 + 1] = u.y;
+    }
+    load_span<T, kP0 + kS, kP1>(block, v);
+  }
+}
+template <typename T, int kP0, int kP1>
+__device__ __forceinline__ void store_span(T* block, const Chunk<T>& v) {
+  if constexpr (kP0 < kP1) {
+    constexpr int kS = span_piece<T>(kP0, kP1);
+    constexpr int kBytes = kS * static_cast<int>(sizeof(T));
+    constexpr int kW = kP0 * static_cast<int>(sizeof(T)) / 4;
+    char* a = reinterpret_cast<char*>(block) + kP0 * static_cast<int>(sizeof(T));
+    if constexpr (kBytes == 2) {
+      const unsigned short h = static_cast<unsigned short>(v.w[kW] >> (16 * (kP0 % 2)));
+      asm volatile("st.global.b16 [%0], %1;" ::"l"(a), "h"(h) : "memory");
+    } else if constexpr (kBytes == 4) {
+      asm volatile("st.global.b32 [%0], %1;" ::"l"(a), "r"(v.w[kW]) : "memory");
+    } else {
+      asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(a), "r"(v.w[kW]), "r"(v.w[kW + 1]) : "memory");
+    }
+    store_span<T, kP0 + kS, kP1>(block, v);
+  }
+}
+
 // Element e (0 <= e < 2 kN, a constant after unrolling) of two consecutive blocks.
 template <typename T>
 __device__ __forceinline__ float pair_elem(const Chunk<T>& lo, const Chunk<T>& hi, int e) {
@@ -531,9 +584,12 @@ __device__ __forceinline__ int offset_blocks(int cols) {
 // element, as add_squares), and in held[it] the x of block m.chunk(it) where
 // it is whole (y's block, stored after the reduction). Every whole block is
 // loaded first, all of them in flight at once (predicated loads, no
-// branches), then the columns outside them by element (the head's and tail's
-// chunks only), then the sum.
-template <typename T, int kO, typename Map, int kCpt>
+// branches), then the columns outside them (the head's and tail's chunks
+// only), then the sum. kPartial: D is not a multiple of kN, and the columns
+// outside the blocks go by element; without it the head is positions kO.. of
+// the block before column 0 and the tail positions ..kO - 1 of the last
+// block, each a few aligned accesses (load_span).
+template <typename T, int kO, bool kPartial, typename Map, int kCpt>
 __device__ __forceinline__ float offset_squares(const T* __restrict__ xr, bool valid, const Map& m, int chunks,
                                                 int cols, Chunk<T> (&held)[kCpt]) {
   constexpr int kN = Chunk<T>::kN;
@@ -556,6 +612,12 @@ __device__ __forceinline__ float offset_squares(const T* __restrict__ xr, bool v
     const int c = m.chunk(it);
     if (!valid || c >= chunks) continue;
     const int first = kHead + (c - 1) * kN;
+    if constexpr (!kPartial) {
+      // kO == 0: every chunk is a block. Else chunk blocks (the last) holds the tail, chunk 0 the head.
+      if (kO != 0 && c >= blocks) load_span<T, 0, kO>(xr + first + kN, held[it]);
+      if (kO != 0 && it == 0 && c == 0) load_span<T, kO, kN>(xr - kO, lo[it]);
+      continue;
+    }
     if (c >= blocks) held[it] = kO == 0 ? load_elems<T, 0, kN>(xr, c * kN, cols) : load_elems<T, 0, kO>(xr, first + kN, cols);
     // The head (chunk 0: it == 0, pos == 0) with its columns known here, apart from the tail's chunks.
     if (kO != 0 && it == 0 && c == 0) lo[it] = load_elems<T, kO, kN>(xr, -kO, cols);
@@ -586,9 +648,9 @@ __device__ __forceinline__ T y_elem(float x, float w, float r) {
 }
 
 // y of this thread's chunks of one row at offset kO (offset_squares's held blocks): block c by one 16-byte
-// store, the head (c = 0) and tail columns of chunk c by element. offset: added to w (0 without a weight,
-// which reads as 1). The weight's chunks are loaded first, all in flight at once.
-template <typename T, int kO, bool kRoundXhat, typename Map, int kCpt>
+// store, the head (c = 0) and tail columns of chunk c by element (kPartial) or by store_span. offset: added
+// to w (0 without a weight, which reads as 1). The weight's chunks are loaded first, all in flight at once.
+template <typename T, int kO, bool kPartial, bool kRoundXhat, typename Map, int kCpt>
 __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __restrict__ yr,
                                                  const T* __restrict__ w, float offset, float r, const Map& m,
                                                  int chunks, int cols, const Chunk<T> (&held)[kCpt]) {
@@ -604,7 +666,12 @@ __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __
     const int c = m.chunk(it);
     wc[it] = one_chunk<T>();
     wn[it] = one_chunk<T>();
-    if (has_w && c < blocks) {
+    if (!kPartial && has_w && c < chunks) {
+      // Every chunk of w is whole; chunk c + 1 exists where block c does.
+      wc[it] = as_chunk<T>(reinterpret_cast<const uint4*>(w)[c]);
+      if (kO != 0 && c < blocks) wn[it] = as_chunk<T>(reinterpret_cast<const uint4*>(w)[c + 1]);
+    }
+    if (kPartial && has_w && c < blocks) {
       wc[it] = as_chunk<T>(reinterpret_cast<const uint4*>(w)[c]);
       if (kO != 0 && (c + 2) * kN <= cols) wn[it] = as_chunk<T>(reinterpret_cast<const uint4*>(w)[c + 1]);
     }
@@ -612,7 +679,7 @@ __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __
 #pragma unroll
   for (int it = 0; it < kCpt; ++it) {
     const int c = m.chunk(it);
-    if (!has_w || c >= chunks) continue;
+    if (!kPartial || !has_w || c >= chunks) continue;
     // A whole chunk of w past the blocks (the last chunk where D is a multiple of kN) is one 16-byte load.
     if (c >= blocks)
       wc[it] = (c + 1) * kN <= cols ? as_chunk<T>(reinterpret_cast<const uint4*>(w)[c]) : load_elems<T, 0, kN>(w, c * kN, cols);
@@ -627,6 +694,33 @@ __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __
       for (int j = 0; j < kN; ++j) wf[j] = (kO == 0 ? wc[it].get(j) : pair_elem(wc[it], wn[it], kN - kO + j)) + offset;
       store16(yr + kHead + c * kN, normalize_chunk<T, kRoundXhat>(held[it], wf, r));
     }
+  }
+  if constexpr (!kPartial) {
+    // The head is chunk 0's first kHead columns (positions kO.. of the block before column 0), the tail the
+    // last chunk's last kO columns (positions ..kO - 1 of block `blocks`). Only this thread reads or writes
+    // them.
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) {
+      const int c = m.chunk(it);
+      if (kO == 0 || c >= chunks) continue;
+      if (c == 0) {
+        Chunk<T> x = zero_chunk<T>();
+        load_span<T, kO, kN>(xr - kO, x);
+        float wf[kN];
+#pragma unroll
+        for (int q = 0; q < kN; ++q) wf[q] = q >= kO ? wc[it].get(q - kO) + offset : 0.0f;
+        store_span<T, kO, kN>(yr - kO, normalize_chunk<T, kRoundXhat>(x, wf, r));
+      }
+      if (c >= blocks) {
+        Chunk<T> x = zero_chunk<T>();
+        load_span<T, 0, kO>(xr + tail, x);
+        float wf[kN];
+#pragma unroll
+        for (int q = 0; q < kN; ++q) wf[q] = q < kO ? wc[it].get(kN - kO + q) + offset : 0.0f;
+        store_span<T, 0, kO>(yr + tail, normalize_chunk<T, kRoundXhat>(x, wf, r));
+      }
+    }
+    return;
   }
 #pragma unroll
   for (int it = 0; it < kCpt; ++it) {
@@ -698,7 +792,8 @@ __device__ __forceinline__ int64_t paired_row(int64_t j, const ForwardParams<T>&
 // The geometry (threads per row, chunks per thread, row slots, grid) is the
 // 16-byte rows kernel's: the same chunks per thread, summed in the same
 // order, so rstd and y are bitwise that kernel's (Cuda.AlignmentDoesNotChangeBits).
-template <typename T, int kTpr, int kCpt>
+// kPartial: D is not a multiple of kN (offset_squares).
+template <typename T, int kTpr, int kCpt, bool kPartial>
 __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr, kCpt, plan::Kernel::kForwardRowsPaired))
     forward_rows_paired_kernel(const ForwardParams<T> p) {
   constexpr int kCtaThreads = plan::forward_cta_threads(kTpr);
@@ -723,7 +818,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     Chunk<T> held[kCpt];
     float part = 0.0f;
     with_row_offset<T>(o, [&](auto k) {
-      part = offset_squares<T, decltype(k)::value>(xrow, valid, m, p.chunks, p.cols, held);
+      part = offset_squares<T, decltype(k)::value, kPartial>(xrow, valid, m, p.chunks, p.cols, held);
     });
     const float ss = row_sum<kTpr, kSlots>(part, scratch, parity);
     if (valid) {
@@ -732,9 +827,9 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
       with_row_offset<T>(o, [&](auto k) {
         constexpr int kO = decltype(k)::value;
         if (p.round_xhat)
-          store_offset_row<T, kO, true>(xrow, yrow, p.w, offset, r, m, p.chunks, p.cols, held);
+          store_offset_row<T, kO, kPartial, true>(xrow, yrow, p.w, offset, r, m, p.chunks, p.cols, held);
         else
-          store_offset_row<T, kO, false>(xrow, yrow, p.w, offset, r, m, p.chunks, p.cols, held);
+          store_offset_row<T, kO, kPartial, false>(xrow, yrow, p.w, offset, r, m, p.chunks, p.cols, held);
       });
     }
   }
@@ -1066,7 +1161,9 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
       if (a.weight_f32) break;  // plan::weight_f32_forward_launch: never paired
       return dispatch_rows<static_cast<int>(sizeof(T))>(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) {
         constexpr int kTpr = decltype(tpr)::value;
-        return launch(forward_rows_paired_kernel<T, kTpr, decltype(cpt)::value>, plan::forward_cta_threads(kTpr));
+        constexpr int kCpt = decltype(cpt)::value;
+        return a.cols % Chunk<T>::kN != 0 ? launch(forward_rows_paired_kernel<T, kTpr, kCpt, true>, plan::forward_cta_threads(kTpr))
+                                          : launch(forward_rows_paired_kernel<T, kTpr, kCpt, false>, plan::forward_cta_threads(kTpr));
       });
     case Kernel::kForwardRows:
     case Kernel::kForwardRowsElement:
