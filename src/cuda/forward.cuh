@@ -605,19 +605,29 @@ __device__ __forceinline__ float offset_squares(const T* __restrict__ xr, bool v
     held[it] = zero_chunk<T>();
     const T* b = xr + kHead + c * kN;  // block c
     if (valid && c < blocks) held[it] = as_chunk<T>(*reinterpret_cast<const uint4*>(b));
-    if (kO != 0 && valid && c >= 1 && c <= blocks) lo[it] = as_chunk<T>(*reinterpret_cast<const uint4*>(b - kN));
+    // !kPartial: chunk 0's lo is the aligned block that holds the row's first element, as in every other chunk
+    // (the bytes before the row are read and not used: they lie in the row's allocation, rmsnorm.h), so every
+    // thread issues the same loads.
+    if (kO != 0 && valid && (c >= 1 || !kPartial) && c <= blocks) lo[it] = as_chunk<T>(*reinterpret_cast<const uint4*>(b - kN));
+  }
+  if constexpr (!kPartial) {
+    // kO == 0: every chunk is a block. Else chunk `blocks` (the last) holds the tail: positions ..kO - 1 of
+    // block `blocks`. A branch the warp takes together (a vote): predicated, ptxas interleaved the first
+    // chunk's squares with the next chunk's loads.
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) {
+      const int c = m.chunk(it);
+      const bool tail = kO != 0 && valid && c == blocks;
+      if (__any_sync(0xffffffffu, tail)) {
+        if (tail) load_span<T, 0, kO>(xr + kHead + c * kN, held[it]);
+      }
+    }
   }
 #pragma unroll
   for (int it = 0; it < kCpt; ++it) {
     const int c = m.chunk(it);
-    if (!valid || c >= chunks) continue;
+    if (!kPartial || !valid || c >= chunks) continue;
     const int first = kHead + (c - 1) * kN;
-    if constexpr (!kPartial) {
-      // kO == 0: every chunk is a block. Else chunk blocks (the last) holds the tail, chunk 0 the head.
-      if (kO != 0 && c >= blocks) load_span<T, 0, kO>(xr + first + kN, held[it]);
-      if (kO != 0 && it == 0 && c == 0) load_span<T, kO, kN>(xr - kO, lo[it]);
-      continue;
-    }
     if (c >= blocks) held[it] = kO == 0 ? load_elems<T, 0, kN>(xr, c * kN, cols) : load_elems<T, 0, kO>(xr, first + kN, cols);
     // The head (chunk 0: it == 0, pos == 0) with its columns known here, apart from the tail's chunks.
     if (kO != 0 && it == 0 && c == 0) lo[it] = load_elems<T, kO, kN>(xr, -kO, cols);
