@@ -222,7 +222,11 @@ RMSNORM_API rmsnorm_backend_t rmsnorm_backend_cpu(int32_t num_threads);
 RMSNORM_API rmsnorm_backend_t rmsnorm_backend_cuda(int32_t device, void* stream);
 
 /* y = rms_norm(x) * w'. weight may be NULL (w' = 1); rstd (rows floats) may
- * be NULL. Asynchronous on the CUDA backend (ordered on backend->stream). */
+ * be NULL. Asynchronous on the CUDA backend (ordered on backend->stream).
+ * CUDA: as in rmsnorm_backward, a row of x that does not start on 16 bytes
+ * may be read from the aligned 16-byte block holding its first element (the
+ * bytes before it are ignored, and must lie in the same allocation: true for
+ * any allocation that starts 16-byte aligned). */
 RMSNORM_API rmsnorm_status_t rmsnorm_forward(const rmsnorm_problem_t* problem,
                                              const void* x, int64_t x_row_stride,
                                              const void* weight,
