@@ -38,6 +38,9 @@ find "$dir" -type f -name '*.so*' -size +1M -exec strip --strip-unneeded {} +
 # The diagnostic probes (bench/copy_probe.cu, bench/pdl_probe.cu) are no gpu_check step's, and their 2 MB are what
 # puts the tree plus the working tree over the device tool's 64 MiB.
 rm -f "$dir/rmsnorm_copy_probe" "$dir/rmsnorm_pdl_probe"
+# Nor is the CPU backend's test binary (7 MB; its tests read no GPU and run in CI): gpu_check leaves its tests out
+# of a prebuilt tree that lacks it. With it the tree was 64.1 MiB at eab602c.
+rm -f "$dir/tests/rmsnorm_cpu_test"
 [ "$src" = . ] || exit 0  # the caller names what it built
 git rev-parse --short HEAD >"$dir/PREBUILD_REVISION"
 if [ -n "$(git status --porcelain --untracked-files=no | head -n 1)" ]; then echo "(with uncommitted changes)" >>"$dir/PREBUILD_REVISION"; fi
