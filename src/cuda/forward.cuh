@@ -738,25 +738,25 @@ __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __
         store_span<T, 0, kO>(yr + tail, normalize_chunk<T, kRoundXhat>(x, wf, r));
       }
     }
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int it = 0; it < kCpt; ++it) {
-    const int c = m.chunk(it);
-    if (c < chunks && ((kO != 0 && c == 0) || c >= blocks)) {
-      // The head and tail columns of chunk c: no block holds them, and only this thread reads or writes them.
-      const int first = c * kN;
-      Chunk<T> x = zero_chunk<T>();
+    for (int it = 0; it < kCpt; ++it) {
+      const int c = m.chunk(it);
+      if (c < chunks && ((kO != 0 && c == 0) || c >= blocks)) {
+        // The head and tail columns of chunk c: no block holds them, and only this thread reads or writes them.
+        const int first = c * kN;
+        Chunk<T> x = zero_chunk<T>();
 #pragma unroll
-      for (int j = 0; j < kN; ++j) {
-        const int col = first + j;
-        if (col < cols && (col < kHead || col >= tail)) x.set_elem(j, xr[col]);
-      }
+        for (int j = 0; j < kN; ++j) {
+          const int col = first + j;
+          if (col < cols && (col < kHead || col >= tail)) x.set_elem(j, xr[col]);
+        }
 #pragma unroll
-      for (int j = 0; j < kN; ++j) {
-        const int col = first + j;
-        if (col < cols && (col < kHead || col >= tail))
-          yr[col] = y_elem<T, kRoundXhat>(x.get(j), wc[it].get(j) + offset, r);
+        for (int j = 0; j < kN; ++j) {
+          const int col = first + j;
+          if (col < cols && (col < kHead || col >= tail))
+            yr[col] = y_elem<T, kRoundXhat>(x.get(j), wc[it].get(j) + offset, r);
+        }
       }
     }
   }
