@@ -605,10 +605,11 @@ __device__ __forceinline__ float offset_squares(const T* __restrict__ xr, bool v
     held[it] = zero_chunk<T>();
     const T* b = xr + kHead + c * kN;  // block c
     if (valid && c < blocks) held[it] = as_chunk<T>(*reinterpret_cast<const uint4*>(b));
-    // !kPartial: chunk 0's lo is the aligned block that holds the row's first element, as in every other chunk
-    // (the bytes before the row are read and not used: they lie in the row's allocation, rmsnorm.h), so every
-    // thread issues the same loads.
-    if (kO != 0 && valid && (c >= 1 || !kPartial) && c <= blocks) lo[it] = as_chunk<T>(*reinterpret_cast<const uint4*>(b - kN));
+    // Chunk 0's lo is the aligned block that holds the row's first element, as in every other chunk (the bytes
+    // before the row are read and not used: they lie in the row's allocation, rmsnorm.h), so every thread
+    // issues the same loads; with kPartial only where that block lies inside the row (cols >= kN), else by
+    // element below.
+    if (kO != 0 && valid && (c >= 1 || !kPartial || cols >= kN) && c <= blocks) lo[it] = as_chunk<T>(*reinterpret_cast<const uint4*>(b - kN));
   }
   if constexpr (!kPartial) {
     // kO == 0: every chunk is a block. Else chunk `blocks` (the last) holds the tail: positions ..kO - 1 of
@@ -630,7 +631,7 @@ __device__ __forceinline__ float offset_squares(const T* __restrict__ xr, bool v
     const int first = kHead + (c - 1) * kN;
     if (c >= blocks) held[it] = kO == 0 ? load_elems<T, 0, kN>(xr, c * kN, cols) : load_elems<T, 0, kO>(xr, first + kN, cols);
     // The head (chunk 0: it == 0, pos == 0) with its columns known here, apart from the tail's chunks.
-    if (kO != 0 && it == 0 && c == 0) lo[it] = load_elems<T, kO, kN>(xr, -kO, cols);
+    if (kO != 0 && it == 0 && c == 0 && cols < kN) lo[it] = load_elems<T, kO, kN>(xr, -kO, cols);
     if (kO != 0 && c > blocks) lo[it] = load_elems<T, kO, kN>(xr, first, cols);
   }
   float ss = 0.0f;
@@ -655,6 +656,20 @@ template <typename T, bool kRoundXhat>
 __device__ __forceinline__ T y_elem(float x, float w, float r) {
   const float xh = x * r;
   return from_float<T>(kRoundXhat ? to_float(from_float<T>(xh)) * w : xh * w);
+}
+
+// y of a row's head (offset kO > 0, the row at least kN columns): chunk 0's first kN - kO columns, positions
+// kO.. of the aligned block before column 0, by load_span and store_span. w0: w's chunk 0.
+template <typename T, int kO, bool kRoundXhat>
+__device__ __forceinline__ void store_head_span(const T* __restrict__ xr, T* __restrict__ yr, const Chunk<T>& w0,
+                                                float offset, float r) {
+  constexpr int kN = Chunk<T>::kN;
+  Chunk<T> x = zero_chunk<T>();
+  load_span<T, kO, kN>(xr - kO, x);
+  float wf[kN];
+#pragma unroll
+  for (int q = 0; q < kN; ++q) wf[q] = q >= kO ? w0.get(q - kO) + offset : 0.0f;
+  store_span<T, kO, kN>(yr - kO, normalize_chunk<T, kRoundXhat>(x, wf, r));
 }
 
 // y of this thread's chunks of one row at offset kO (offset_squares's held blocks): block c by one 16-byte
@@ -713,14 +728,7 @@ __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __
     for (int it = 0; it < kCpt; ++it) {
       const int c = m.chunk(it);
       if (kO == 0 || c >= chunks) continue;
-      if (c == 0) {
-        Chunk<T> x = zero_chunk<T>();
-        load_span<T, kO, kN>(xr - kO, x);
-        float wf[kN];
-#pragma unroll
-        for (int q = 0; q < kN; ++q) wf[q] = q >= kO ? wc[it].get(q - kO) + offset : 0.0f;
-        store_span<T, kO, kN>(yr - kO, normalize_chunk<T, kRoundXhat>(x, wf, r));
-      }
+      if (c == 0) store_head_span<T, kO, kRoundXhat>(xr, yr, wc[it], offset, r);
       if (c >= blocks) {
         Chunk<T> x = zero_chunk<T>();
         load_span<T, 0, kO>(xr + tail, x);
@@ -730,25 +738,25 @@ __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __
         store_span<T, 0, kO>(yr + tail, normalize_chunk<T, kRoundXhat>(x, wf, r));
       }
     }
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int it = 0; it < kCpt; ++it) {
-    const int c = m.chunk(it);
-    if (c < chunks && ((kO != 0 && c == 0) || c >= blocks)) {
-      // The head and tail columns of chunk c: no block holds them, and only this thread reads or writes them.
-      const int first = c * kN;
-      Chunk<T> x = zero_chunk<T>();
+    for (int it = 0; it < kCpt; ++it) {
+      const int c = m.chunk(it);
+      if (c < chunks && ((kO != 0 && c == 0) || c >= blocks)) {
+        // The head and tail columns of chunk c: no block holds them, and only this thread reads or writes them.
+        const int first = c * kN;
+        Chunk<T> x = zero_chunk<T>();
 #pragma unroll
-      for (int j = 0; j < kN; ++j) {
-        const int col = first + j;
-        if (col < cols && (col < kHead || col >= tail)) x.set_elem(j, xr[col]);
-      }
+        for (int j = 0; j < kN; ++j) {
+          const int col = first + j;
+          if (col < cols && (col < kHead || col >= tail)) x.set_elem(j, xr[col]);
+        }
 #pragma unroll
-      for (int j = 0; j < kN; ++j) {
-        const int col = first + j;
-        if (col < cols && (col < kHead || col >= tail))
-          yr[col] = y_elem<T, kRoundXhat>(x.get(j), wc[it].get(j) + offset, r);
+        for (int j = 0; j < kN; ++j) {
+          const int col = first + j;
+          if (col < cols && (col < kHead || col >= tail))
+            yr[col] = y_elem<T, kRoundXhat>(x.get(j), wc[it].get(j) + offset, r);
+        }
       }
     }
   }
