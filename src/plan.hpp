@@ -177,6 +177,14 @@ inline constexpr int kBackwardCtaThreads = 512;
 inline constexpr int kBackwardCtasPerSm = 1;
 
 RMSNORM_HD constexpr int vec_elems(int esize) { return kChunkBytes / esize; }
+// kForwardRowsPaired's whole-row form (forward_rows_paired_kernel<..., kPartial = false>: the row's head and
+// tail as a few aligned accesses, the tail's loads in a branch the warp votes on): D a multiple of the chunk
+// width, and one offset for every row (kPaired), so that the rows a warp holds (threads per row < 32) take
+// the same offset's code together; otherwise the form with element paths.
+inline bool paired_whole_rows(Io io, int64_t cols, int esize) {
+  return io == Io::kPaired && cols % vec_elems(esize) == 0;
+}
+
 RMSNORM_HD constexpr int64_t chunks_of(int64_t cols, int esize) {
   return (cols + vec_elems(esize) - 1) / vec_elems(esize);
 }

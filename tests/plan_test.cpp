@@ -1040,6 +1040,19 @@ TEST(Plan, PairedForwardIsTheRowsBandsPairedKernel) {
 // columns exactly once; every block starts on a 16-byte boundary and has an
 // owner (block k < chunks); the head lies in chunk 0 and the tail in one
 // window of vec columns.
+// The paired forward's whole-row form: D a multiple of the chunk width and one offset for every row, at every D.
+TEST(Plan, PairedWholeRowsOnlyAtOneOffsetAndWholeChunks) {
+  for (int esize : {2, 4}) {
+    const int vec = 16 / esize;
+    for (int64_t d = 1; d <= 20000; ++d) {
+      EXPECT_EQ(paired_whole_rows(Io::kPaired, d, esize), d % vec == 0) << d;
+      EXPECT_FALSE(paired_whole_rows(Io::kPairedRows, d, esize)) << d;
+      EXPECT_FALSE(paired_whole_rows(Io::kVector, d, esize)) << d;
+      EXPECT_FALSE(paired_whole_rows(Io::kElement, d, esize)) << d;
+    }
+  }
+}
+
 TEST(Plan, AlignedStoreBlocksCoverEveryColumnOnce) {
   for (int esize : {2, 4}) {
     const int vec = vec_elems(esize);

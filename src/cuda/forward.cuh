@@ -614,7 +614,8 @@ __device__ __forceinline__ float offset_squares(const T* __restrict__ xr, bool v
   if constexpr (!kPartial) {
     // kO == 0: every chunk is a block. Else chunk `blocks` (the last) holds the tail: positions ..kO - 1 of
     // block `blocks`. A branch the warp takes together (a vote): predicated, ptxas interleaved the first
-    // chunk's squares with the next chunk's loads.
+    // chunk's squares with the next chunk's loads. Every row of the launch has this offset
+    // (plan::paired_whole_rows), so the whole warp is here.
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
       const int c = m.chunk(it);
@@ -810,7 +811,8 @@ __device__ __forceinline__ int64_t paired_row(int64_t j, const ForwardParams<T>&
 // The geometry (threads per row, chunks per thread, row slots, grid) is the
 // 16-byte rows kernel's: the same chunks per thread, summed in the same
 // order, so rstd and y are bitwise that kernel's (Cuda.AlignmentDoesNotChangeBits).
-// kPartial: D is not a multiple of kN (offset_squares).
+// kPartial: the head and tail by element (offset_squares), where plan::paired_whole_rows is false: D not a
+// multiple of kN, or the rows' offsets differ (the whole-row form's vote needs a warp's rows at one offset).
 template <typename T, int kTpr, int kCpt, bool kPartial>
 __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr, kCpt, plan::Kernel::kForwardRowsPaired))
     forward_rows_paired_kernel(const ForwardParams<T> p) {
@@ -1180,8 +1182,9 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
       return dispatch_rows<static_cast<int>(sizeof(T))>(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) {
         constexpr int kTpr = decltype(tpr)::value;
         constexpr int kCpt = decltype(cpt)::value;
-        return a.cols % Chunk<T>::kN != 0 ? launch(forward_rows_paired_kernel<T, kTpr, kCpt, true>, plan::forward_cta_threads(kTpr))
-                                          : launch(forward_rows_paired_kernel<T, kTpr, kCpt, false>, plan::forward_cta_threads(kTpr));
+        return plan::paired_whole_rows(l.io, a.cols, kEs)
+                   ? launch(forward_rows_paired_kernel<T, kTpr, kCpt, false>, plan::forward_cta_threads(kTpr))
+                   : launch(forward_rows_paired_kernel<T, kTpr, kCpt, true>, plan::forward_cta_threads(kTpr));
       });
     case Kernel::kForwardRows:
     case Kernel::kForwardRowsElement:
