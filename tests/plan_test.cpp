@@ -1035,11 +1035,6 @@ TEST(Plan, PairedForwardIsTheRowsBandsPairedKernel) {
   }
 }
 
-}  // namespace
-// Element-I/O forward stores: head, whole aligned blocks, tail cover a row's
-// columns exactly once; every block starts on a 16-byte boundary and has an
-// owner (block k < chunks); the head lies in chunk 0 and the tail in one
-// window of vec columns.
 // The paired forward's whole-row form: D a multiple of the chunk width and one offset for every row, at every D.
 TEST(Plan, PairedWholeRowsOnlyAtOneOffsetAndWholeChunks) {
   for (int esize : {2, 4}) {
@@ -1053,6 +1048,11 @@ TEST(Plan, PairedWholeRowsOnlyAtOneOffsetAndWholeChunks) {
   }
 }
 
+}  // namespace
+// Element-I/O forward stores: head, whole aligned blocks, tail cover a row's
+// columns exactly once; every block starts on a 16-byte boundary and has an
+// owner (block k < chunks); the head lies in chunk 0 and the tail in one
+// window of vec columns.
 TEST(Plan, AlignedStoreBlocksCoverEveryColumnOnce) {
   for (int esize : {2, 4}) {
     const int vec = vec_elems(esize);
