@@ -352,6 +352,36 @@ inline Io forward_io(RowsOperand x, RowsOperand y, const void* w, int esize) {
   return (x.stride * esize) % kChunkBytes == 0 ? Io::kPaired : Io::kPairedRows;
 }
 
+// The plain backward's I/O path (x, gy, gx, g_h where given, and the weight). kPaired: every row of every
+// operand at one offset in its 16-byte block (each base at that offset, a multiple of the element size; each
+// row stride a whole number of 16-byte blocks), the weight 16-byte aligned or none. The rows band's shifted
+// kernel then takes the offset as a constant where D is also a multiple of the chunk width
+// (backward_rows_paired); every other kernel treats kPaired as kElement.
+inline Io backward_io(std::initializer_list<RowsOperand> rows, const void* w, int esize) {
+  if (!rows_aligned16(w, 0, esize)) return Io::kElement;
+  const Io io = io_of(rows, esize);
+  if (io == Io::kVector) return io;
+  const void* first = nullptr;
+  for (const RowsOperand& o : rows) {
+    if (o.data == nullptr) continue;
+    if (first == nullptr) first = o.data;
+    const auto off = reinterpret_cast<uintptr_t>(o.data) % kChunkBytes;
+    if (off != reinterpret_cast<uintptr_t>(first) % kChunkBytes || off % static_cast<uintptr_t>(esize) != 0 ||
+        (o.stride * esize) % kChunkBytes != 0)
+      return Io::kElement;
+  }
+  return Io::kPaired;
+}
+// The shifted kernels that hold backward_rows_paired: at 16-bit with 4 chunks per thread and fewer than 256
+// threads per row it spilled (148-632 bytes at bf16; ptxas, sm_90), and those keep the run-time offsets.
+RMSNORM_HD constexpr bool backward_paired_geometry(int tpr, int cpt, int esize) {
+  return esize == 4 || cpt != kMaxChunksPerThread || tpr >= 256;
+}
+// backward_rows_paired's condition (above): kPaired, D a multiple of the chunk width, and a geometry that holds it.
+inline bool backward_paired_rows(Io io, int64_t cols, int esize, int tpr, int cpt) {
+  return io == Io::kPaired && cols % vec_elems(esize) == 0 && backward_paired_geometry(tpr, cpt, esize);
+}
+
 // The grid of the persistent forward kernels (the cluster band and the rows
 // band's element path): persistent (the CTAs that fit at once) or one CTA
 // per row group where a CTA holds many short rows and there are many groups

@@ -2236,6 +2236,124 @@ TEST_F(Cuda, PairedForwardEveryD) {
     }
 }
 
+// The backward with x, gy and gx (and g_h) at offset `off` elements in every row and the weight aligned
+// (plan::Io::kPaired: the shifted kernel takes the offset as a constant where plan::backward_paired_rows):
+// gx and gw bitwise those of the same call on aligned contiguous copies, which is checked against the float64
+// reference (with g_h: against the plain backward's gx plus g_h, check_add_backward's rule); in place
+// (gx == gy, or gx == g_h) the same bits again.
+void check_paired_backward(int32_t dt, int64_t d, int64_t rows, int64_t off, const Case& opts, bool add,
+                           std::mt19937_64& rng) {
+  Case a = opts;
+  a.dtype = dt;
+  a.cols = d;
+  a.rows = rows;
+  a.hetero = true;
+  SCOPED_TRACE(describe(a) + ": x, gy, gx" + (add ? ", g_h" : "") + " +" + std::to_string(off));
+  const Inputs in = make_inputs(a, rng);
+  std::vector<double> rr(static_cast<size_t>(rows)), yr(static_cast<size_t>(rows * d));
+  reference::forward(rows, d, in.x.to_double().data(), a.weight ? in.w.to_double().data() : nullptr, ref_options(a),
+                     yr.data(), rr.data(), nullptr);
+  std::vector<float> rstd(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) rstd[r] = static_cast<float>(rr[r]);
+  HostMatrix gh(dt, rows, d);
+  fill_random(gh, rng, [&](int64_t r) { return 0.25 * row_scale(a, r); });
+  BackwardOut want;
+  gpu_backward(a, in, rstd, &want, rng, add ? &gh : nullptr);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  if (add) {
+    BackwardOut plain;
+    gpu_backward(a, in, rstd, &plain, rng);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    expect_backward_matches_reference(a, in, plain);
+    HostMatrix sum(dt, rows, d);  // gx = T(T(gx of the norm) + g_h)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < d; ++k) {
+        sum.set(r, k, static_cast<float>(plain.gx.get(r, k)) + static_cast<float>(gh.get(r, k)));
+        ASSERT_EQ(want.gx.get(r, k), sum.get(r, k)) << "aligned gx with g_h, row " << r << " col " << k;
+      }
+  } else {
+    expect_backward_matches_reference(a, in, want);
+  }
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  const int esize = dt == RMSNORM_DTYPE_F32 ? 4 : 2;
+  const int64_t vec = 16 / esize;
+  const int64_t stride = (d + vec - 1) / vec * vec + (d % 3 == 0 ? vec : 0);  // whole 16-byte blocks
+  HostMatrix x(dt, rows, d, stride, off), gy(dt, rows, d, stride, off), ghm(dt, rows, d, stride, off),
+      gx(dt, rows, d, stride, off), w(dt, 1, d, d, 0);  // gx NaN-poisoned
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < d; ++k) {
+      x.set(r, k, in.x.get(r, k));
+      gy.set(r, k, in.gy.get(r, k));
+      ghm.set(r, k, gh.get(r, k));
+    }
+  for (int64_t k = 0; k < d; ++k) w.set(0, k, in.w.get(0, k));
+  const bool f32 = gw_in_f32(a);
+  const int32_t mode = a.weight ? a.gw_mode : RMSNORM_GW_NONE;
+  const rmsnorm_problem_t p = problem_of(a);
+  const rmsnorm_backend_t b = cuda_backend();
+  size_t ws_bytes = 0;
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, mode, &b, &ws_bytes)) << rmsnorm_last_error();
+  // in_place 0: gx on its own; 1: gx over gy (plain) or over g_h (add).
+  for (int in_place = 0; in_place < 2; ++in_place) {
+    SCOPED_TRACE(in_place ? (add ? "gx == g_h" : "gx == gy") : "gx on its own");
+    Arena::get().reset();
+    const Dev dx = upload(x), dgy = upload(gy), dgh = upload(ghm), dw = upload(w), dgx0 = upload(gx);
+    const Dev& dgx = in_place ? (add ? dgh : dgy) : dgx0;
+    HostMatrix gwm(f32 ? RMSNORM_DTYPE_F32 : dt, 1, d);
+    const Dev dgw = upload(gwm);
+    void* ws = ws_bytes > 0 ? Arena::get().alloc(ws_bytes) : nullptr;
+    if (ws != nullptr) CUDA_OK(cudaMemset(ws, 0xFF, ws_bytes));
+    float* drstd = static_cast<float*>(Arena::get().alloc(static_cast<size_t>(rows) * 4 + 4));
+    CUDA_OK(cudaMemcpy(drstd, rstd.data(), static_cast<size_t>(rows) * 4, cudaMemcpyHostToDevice));
+    const float* rp = a.with_rstd ? drstd : nullptr;
+    const void* wp = a.weight ? dw.data() : nullptr;
+    const plan::Io io = plan::backward_io(
+        {{dx.data(), stride}, {dgy.data(), stride}, {dgx.data(), stride}, {add ? dgh.data() : nullptr, stride}}, wp,
+        esize);
+    ASSERT_EQ(io, plan::Io::kPaired);
+    poison_shared_memory();
+    const rmsnorm_status_t st =
+        add ? rmsnorm_add_backward(&p, dx.data(), stride, wp, dgy.data(), stride, rp, dgh.data(), stride, dgx.data(),
+                                   stride, mode == RMSNORM_GW_NONE ? nullptr : dgw.data(), mode, ws, ws_bytes, &b)
+            : rmsnorm_backward(&p, dx.data(), stride, wp, dgy.data(), stride, rp, dgx.data(), stride,
+                               mode == RMSNORM_GW_NONE ? nullptr : dgw.data(), mode, ws, ws_bytes, &b);
+    ASSERT_EQ(st, RMSNORM_STATUS_SUCCESS) << rmsnorm_last_error();
+    CUDA_OK(cudaDeviceSynchronize());
+    HostMatrix got = gx;
+    download(dgx, got);
+    download(dgw, gwm);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < d; ++k) {
+        const double g = got.get(r, k), e = want.gx.get(r, k);
+        ASSERT_EQ(0, std::memcmp(&g, &e, sizeof(double)))
+            << "gx differs from the aligned call's, row " << r << " col " << k << ": " << g << " vs " << e;
+      }
+    if (mode != RMSNORM_GW_NONE) ASSERT_EQ(gwm.to_double(), want.gw) << "gw differs from the aligned call's";
+  }
+}
+
+// Every D up to 2100 and the rows band's larger sizes, at every offset in turn (D picks it), with and without
+// a weight, the Gemma offset, rstd given or recomputed, gw in the dtype or fp32, and g_h on every third D.
+TEST_F(Cuda, PairedBackwardEveryD) {
+  std::mt19937_64 rng(73);
+  std::vector<int64_t> ds;
+  for (int64_t d = 4; d <= 2100; d += 4) ds.push_back(d);
+  for (int64_t d : {4096, 7168, 8192, 12288, 16384}) ds.push_back(d);
+  for (int64_t d : ds)
+    for (int32_t dt : kDtypes) {
+      const int64_t vec = dt == RMSNORM_DTYPE_F32 ? 4 : 8;
+      if (d % vec != 0) continue;
+      Case opts;
+      opts.weight = d % 5 != 0;
+      opts.weight_offset = d % 7 == 0;
+      opts.with_rstd = d % 3 != 1;
+      opts.gw_mode = d % 16 == 0 ? RMSNORM_GW_STORE_F32 : RMSNORM_GW_STORE;
+      const int64_t rows = d > 8192 ? 5 : d % 64 == 0 ? 300 : 1 + d % 11;
+      check_paired_backward(dt, d, rows, 1 + (d / vec) % (vec - 1), opts, d % 3 == 0, rng);
+      if (HasFailure()) return;
+    }
+}
+
 // In place: forward with y == x and backward with gx == gy give the same
 // bits as out of place, in every band, with aligned rows and with every row
 // one element off alignment (the element-I/O kernels, whose forward reloads
@@ -2825,6 +2943,23 @@ TEST_F(CudaSanitizer, PairedForward) {
         Case opts;
         opts.weight = off != 3;
         check_paired_forward(dt, d, 6, off, opts, rng);
+        if (HasFailure()) return;
+      }
+    }
+}
+
+// The paired backward (x, gy, gx and g_h at one offset, the weight aligned) at each offset, in place too, with
+// rows enough that CTAs walk several row groups (the stages reused): D = 64 (tpr 8 at 16-bit), 512, 4096
+// (2 chunks per thread) and 7168 (4 at 16-bit, tpr 256).
+TEST_F(CudaSanitizer, PairedBackward) {
+  std::mt19937_64 rng(79);
+  for (int64_t d : {64, 512, 4096, 7168})
+    for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32}) {
+      const int64_t vec = dt == RMSNORM_DTYPE_F32 ? 4 : 8;
+      for (int64_t off = 1; off < vec; off += 2) {
+        Case opts;
+        opts.weight = off != 3;
+        check_paired_backward(dt, d, d > 1000 ? 3 * 132 + 5 : 40 * 132, off, opts, off == 1, rng);
         if (HasFailure()) return;
       }
     }

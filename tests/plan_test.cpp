@@ -1048,6 +1048,45 @@ TEST(Plan, PairedWholeRowsOnlyAtOneOffsetAndWholeChunks) {
   }
 }
 
+// The backward's I/O path: kPaired only where every given operand's rows sit at one offset (a multiple of the
+// element size) and every row stride is a whole number of 16-byte blocks, the weight aligned or none; and the
+// shifted kernel takes the offset as a constant only at D a multiple of the chunk width in the geometries that
+// hold that path (every backward geometry of the rows band, at every D, is checked against the predicate).
+TEST(Plan, BackwardPairedIoAndRows) {
+  char buf[256];
+  char* const a = buf + (16 - reinterpret_cast<uintptr_t>(buf) % 16);  // 16-byte aligned
+  for (int esize : {2, 4}) {
+    const int vec = 16 / esize;
+    for (int o = 0; o < 16; o += esize) {
+      const Io want = o == 0 ? Io::kVector : Io::kPaired;
+      EXPECT_EQ(backward_io({{a + o, 64}, {a + 16 + o, 64}, {a + 32 + o, 8 * vec}, {nullptr, 3}}, a + 48, esize), want) << o;
+      EXPECT_EQ(backward_io({{a + o, 64}, {a + o, 64}, {a + o, 64}, {a + 64 + o, 64}}, nullptr, esize), want) << o;
+      // A misaligned weight, another offset, an odd stride: kElement.
+      EXPECT_EQ(backward_io({{a + o, 64}, {a + o, 64}, {a + o, 64}}, a + esize, esize), Io::kElement) << o;
+      EXPECT_EQ(backward_io({{a + o, 64}, {a + (o + esize) % 16, 64}, {a + o, 64}}, a, esize), Io::kElement) << o;
+      EXPECT_EQ(backward_io({{a + o, 64}, {a + o, 65}, {a + o, 64}}, a, esize), Io::kElement) << o;
+      EXPECT_EQ(backward_io({{a + o, 64}, {a + o, 64}, {a + o, 64}, {a + o, 64 + vec / 2}}, a, esize), Io::kElement) << o;
+    }
+    // An offset that is not a multiple of the element size (fp32 rows 2 bytes off).
+    if (esize == 4) EXPECT_EQ(backward_io({{a + 2, 64}, {a + 2, 64}, {a + 2, 64}}, a, esize), Io::kElement);
+    for (const Device& dev : {hopper(16), hopper(8), ampere()}) {
+      for (int64_t d = 1; d <= 20000; ++d) {
+        const Launch l = backward_launch(1000, d, esize, Io::kPaired, true, dev);
+        const Launch e = backward_launch(1000, d, esize, Io::kElement, true, dev);
+        ASSERT_EQ(l.kernel, e.kernel) << d;
+        ASSERT_EQ(l.grid, e.grid) << d;
+        ASSERT_EQ(l.smem, e.smem) << d;
+        ASSERT_EQ(l.stages, e.stages) << d;
+        const int tpr = l.row.threads_per_row, cpt = l.row.chunks_per_thread;
+        const bool rows = backward_paired_rows(l.io, d, esize, tpr, cpt);
+        ASSERT_EQ(rows, d % vec == 0 && (esize == 4 || cpt == kFewChunksPerThread || tpr >= 256)) << d;
+        ASSERT_FALSE(backward_paired_rows(Io::kElement, d, esize, tpr, cpt)) << d;
+        ASSERT_FALSE(backward_paired_rows(Io::kPairedRows, d, esize, tpr, cpt)) << d;
+      }
+    }
+  }
+}
+
 }  // namespace
 // Element-I/O forward stores: head, whole aligned blocks, tail cover a row's
 // columns exactly once; every block starts on a 16-byte boundary and has an

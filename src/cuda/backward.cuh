@@ -49,6 +49,8 @@ struct BackwardParams {
   // rmsnorm_add_backward: gx = T(T(gx of the norm) + g_h); null: the plain backward.
   const T* g_h = nullptr;
   int64_t g_h_stride = 0;
+  // backward_rows_paired: every operand's rows at this offset (elements, > 0) in their 16-byte blocks; 0: not.
+  int paired_offset = 0;
 };
 
 // gx chunk c of a row plus the residual stream's gradient (ghr: that row of
@@ -59,15 +61,18 @@ struct BackwardParams {
 // test there cost the plain backward 12-18% at 1024x65536 and 1024x262144
 // (A/B on the H200, 2026-12-01); in the rows kernels it cost nothing
 // measurable, so they keep one instantiation and the runtime test.
-template <bool kMayAdd, typename T>
-__device__ __forceinline__ Chunk<T> plus_g_h(const Chunk<T>& g, const T* ghr, int c, int cols, bool vector_io) {
-  if constexpr (!kMayAdd) return g;
-  if (ghr == nullptr) return g;
-  const Chunk<T> h = load_chunk(ghr, c, cols, vector_io);
+template <typename T>
+__device__ __forceinline__ Chunk<T> add_g_h(const Chunk<T>& g, const Chunk<T>& h) {
   Chunk<T> o;
 #pragma unroll
   for (int j = 0; j < Chunk<T>::kN; j += 2) o.set2(j, g.get(j) + h.get(j), g.get(j + 1) + h.get(j + 1));
   return o;
+}
+template <bool kMayAdd, typename T>
+__device__ __forceinline__ Chunk<T> plus_g_h(const Chunk<T>& g, const T* ghr, int c, int cols, bool vector_io) {
+  if constexpr (!kMayAdd) return g;
+  if (ghr == nullptr) return g;
+  return add_g_h(g, load_chunk(ghr, c, cols, vector_io));
 }
 
 // Adds a chunk's terms to this thread's running sums: x^2 (in the forward's
@@ -119,6 +124,32 @@ __device__ __forceinline__ RowScalars plain_row_scalars(const BackwardParams<T>&
   return s;
 }
 
+// gx of one element, and its gw term gy * x_hat: every path computes them by these two expressions.
+__device__ __forceinline__ float gx_elem(float x, float gy, float w, RowScalars s) {
+  const float xh = x * s.r;
+  return s.r * (w * gy - xh * s.c);
+}
+__device__ __forceinline__ float gw_term(float x, float gy, RowScalars s) { return gy * (x * s.r); }
+
+// gx of one chunk (or of any kN consecutive columns with their w').
+template <typename T, typename Gy>
+__device__ __forceinline__ Chunk<T> gx_chunk(const Chunk<T>& x, const Gy& gy, const float (&w)[Chunk<T>::kN],
+                                            RowScalars s) {
+  Chunk<T> gx;
+#pragma unroll
+  for (int j = 0; j < Chunk<T>::kN; j += 2)
+    gx.set2(j, gx_elem(x.get(j), gy.get(j), w[j], s), gx_elem(x.get(j + 1), gy.get(j + 1), w[j + 1], s));
+  return gx;
+}
+
+// gy * x_hat of each element of a chunk, added to gw_sums.
+template <typename T, typename Gy>
+__device__ __forceinline__ void add_gw_terms(const Chunk<T>& x, const Gy& gy, RowScalars s,
+                                             float (&gw_sums)[Chunk<T>::kN]) {
+#pragma unroll
+  for (int j = 0; j < Chunk<T>::kN; ++j) gw_sums[j] += gw_term(x.get(j), gy.get(j), s);
+}
+
 // gx for one chunk; gy * x_hat of each element is added to gw_sums.
 template <typename T, typename Gy>
 __device__ __forceinline__ Chunk<T> grad_chunk(const Chunk<T>& x, const Gy& gy, const float (&w)[Chunk<T>::kN],
@@ -126,15 +157,9 @@ __device__ __forceinline__ Chunk<T> grad_chunk(const Chunk<T>& x, const Gy& gy, 
   Chunk<T> gx;
 #pragma unroll
   for (int j = 0; j < Chunk<T>::kN; j += 2) {
-    float o[2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const float xh = x.get(j + k) * s.r;
-      const float g = gy.get(j + k);
-      o[k] = s.r * (w[j + k] * g - xh * s.c);
-      gw_sums[j + k] += g * xh;
-    }
-    gx.set2(j, o[0], o[1]);
+    gw_sums[j] += gw_term(x.get(j), gy.get(j), s);
+    gw_sums[j + 1] += gw_term(x.get(j + 1), gy.get(j + 1), s);
+    gx.set2(j, gx_elem(x.get(j), gy.get(j), w[j], s), gx_elem(x.get(j + 1), gy.get(j + 1), w[j + 1], s));
   }
   return gx;
 }
@@ -278,15 +303,53 @@ __device__ __forceinline__ void stage_group_shifted(const T* __restrict__ base, 
 // Chunk `it` of this thread from staged blocks: its own block and the next
 // (the next lane's, the slot's lane 0 one step on, or the extra block),
 // funnel-shifted by the row's misalignment `shift` (bytes, 0..15).
-template <typename T, int kTpr, int kCtaThreads, int kCpt>
+// kShift >= 0: the shift is that constant (backward_rows_paired), the window fixed at compile time.
+template <typename T, int kTpr, int kCtaThreads, int kCpt, int kShift = -1>
 __device__ __forceinline__ Chunk<T> shifted_chunk(const uint4* buf, const uint4* extra, int it, int slot, int pos,
                                                  int shift) {
   const uint4 lo = buf[it * kCtaThreads + threadIdx.x];
   const uint4 hi = pos + 1 < kTpr       ? buf[it * kCtaThreads + threadIdx.x + 1]
                    : it + 1 < kCpt ? buf[(it + 1) * kCtaThreads + slot * kTpr]
                                    : extra[slot];
+  if constexpr (kShift >= 0) return shift_pair<T>(lo, hi, kShift);
   return shift_pair_select<T>(lo, hi, shift);
 }
+
+// w' of this thread's columns in backward_rows_paired (offset kO > 0 elements): by chunk (chunk c, for the
+// sums, the gw terms and the tail) and by block (block c holds columns c kN - kO .. c kN - kO + kN - 1: the last
+// kO columns of chunk c - 1, none for c = 0 as they lie before the row and are never stored, and the first
+// kN - kO of chunk c). w's chunk c is held in x's dtype and converted at each use, chunk c - 1 loaded again at
+// each use (an L1 hit): with both forms held in fp32 the kernel spilled at 4 chunks per thread (up to 1 KB at
+// bf16), with chunks c - 1 and c held in x's dtype up to 632 bytes. The weight is 16-byte aligned and D a
+// multiple of kN (plan::backward_paired_rows).
+template <typename T, int kO, int kCpt>
+struct PairedWeights {
+  static constexpr int kN = Chunk<T>::kN;
+  Chunk<T> cur[kCpt];
+  const T* w;
+  float offset;
+  template <typename Map>
+  __device__ __forceinline__ void load(const T* __restrict__ wp, int chunks, float off, const Map& m) {
+    w = wp;
+    offset = off;
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) {
+      const int c = m.chunk(it);
+      cur[it] = zero_chunk<T>();
+      if (w != nullptr && c < chunks) cur[it] = as_chunk<T>(reinterpret_cast<const uint4*>(w)[c]);
+    }
+  }
+  __device__ __forceinline__ void chunk(int it, float (&out)[kN]) const {
+    held_weights(cur[it], w != nullptr, offset, out);
+  }
+  // c: the chunk (and block) index of `it`.
+  __device__ __forceinline__ void block(int it, int c, float (&out)[kN]) const {
+    const Chunk<T> prev = w != nullptr && c > 0 ? as_chunk<T>(reinterpret_cast<const uint4*>(w)[c - 1]) : zero_chunk<T>();
+#pragma unroll
+    for (int q = 0; q < kN; ++q)
+      out[q] = w != nullptr ? (q < kO ? prev.get(kN - kO + q) : cur[it].get(q - kO)) + offset : 1.0f;
+  }
+};
 
 // gx of a staged misaligned row in gx's aligned 16-byte blocks. A row whose
 // gx starts `shift` bytes past a 16-byte boundary (shift > 0) has block v
@@ -663,129 +726,200 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
   ThreadWeights<T, kCpt, kVec || kShifted, W> wv;
   wv.load(p.w, p.chunks, p.cols, kVec, p.w_offset, m);
   int parity = 0, st = 0;
-  for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
-    const int64_t row = g * kSlots + m.slot;
-    const bool valid = row < p.rows;
-    const float given_r = p.rstd != nullptr && valid ? p.rstd[row] : 0.0f;
-    // Element I/O (cluster band): x and gy in registers. Otherwise read
-    // from the stage where used, before and again after the reduction, so
-    // that nothing is held in registers across it (held, the fp32 copies
-    // spilled at bf16).
-    Chunk<T> xr[kVec || kShifted ? 1 : kCpt], gyr[kVec || kShifted ? 1 : kCpt];
-    const uint4* cur = stage + st * kStage;
-    int x_shift = 0, gy_shift = 0;
-    if constexpr (kVec) {
-      stage_rows(g + (stages - 1) * m.units, st == 0 ? stages - 1 : st - 1);
-      cp_async_wait(stages - 1);
-      st = st + 1 == stages ? 0 : st + 1;
-    } else if constexpr (kShifted) {
-      // A chunk reads a neighbour's block: every copy of the slot's row must
-      // have landed (wait, then the slot's barrier), and a stage is refilled
-      // only after that barrier, when the slot is done with its last row.
-      if (stages >= 2) {
-        cp_async_wait(stages - 2);
-        slot_sync_any<kTpr, kSlots>(m.slot);
-        stage_rows(g + (stages - 1) * m.units, st == 0 ? stages - 1 : st - 1);
-      } else {
-        slot_sync_any<kTpr, kSlots>(m.slot);
-        stage_rows(g, st);
-        cp_async_wait(0);
-        slot_sync_any<kTpr, kSlots>(m.slot);
-      }
-      st = st + 1 == stages ? 0 : st + 1;
-      x_shift = static_cast<int>(reinterpret_cast<uintptr_t>(p.x + row * p.x_stride) & 15);
-      gy_shift = static_cast<int>(reinterpret_cast<uintptr_t>(p.gy + row * p.gy_stride) & 15);
-    } else {
-      load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, xr);
-      load_group(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, gyr);
-    }
-    auto x_of = [&](int it) {
-      if constexpr (kVec)
-        return as_chunk<T>(cur[it * kCtaThreads + threadIdx.x]);
-      else if constexpr (kShifted)
-        return shifted_chunk<T, kTpr, kCtaThreads, kCpt>(cur, cur + kCpt * kCtaThreads, it, m.slot, m.pos, x_shift);
+  // The row loop, for kO = -1 (each row's offsets at run time) or, in the shifted kernel, for one offset kO > 0
+  // (elements) of every operand's every row (backward_rows_paired: p.paired_offset), where the chunks' shifts are
+  // constants and gx is computed and stored in gx's aligned blocks.
+  auto rows_loop = [&](auto ko) {
+    constexpr int kO = decltype(ko)::value;
+    [[maybe_unused]] constexpr int kShift = kO * static_cast<int>(sizeof(T));  // bytes; < 0: at run time
+    PairedWeights<T, (kO > 0 ? kO : 1), (kO > 0 ? kCpt : 1)> pw;
+    if constexpr (kO > 0) pw.load(p.w, p.chunks, p.w_offset, m);
+    auto w_chunk = [&](int it, float (&w)[kN]) {
+      if constexpr (kO > 0)
+        pw.chunk(it, w);
       else
-        return xr[it];
-    };
-    auto gy_of = [&](int it) {
-      if constexpr (kVec)
-        return as_chunk<T>(cur[kOperand + it * kCtaThreads + threadIdx.x]);
-      else if constexpr (kShifted)
-        return shifted_chunk<T, kTpr, kCtaThreads, kCpt>(cur + kOperand, cur + kOperand + kCpt * kCtaThreads, it, m.slot,
-                                                         m.pos,
-                                              gy_shift);
-      else
-        return gyr[it];
-    };
-    float2 sums = make_float2(0.0f, 0.0f);
-#pragma unroll
-    for (int it = 0; it < kCpt; ++it) {
-      const int c = m.chunk(it);
-      if (valid && c < p.chunks) {
-        float w[kN];
         wv.get(it, w);
-        sums = add_chunk_sums(sums, x_of(it), gy_of(it), w);
+    };
+    for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
+      const int64_t row = g * kSlots + m.slot;
+      const bool valid = row < p.rows;
+      const float given_r = p.rstd != nullptr && valid ? p.rstd[row] : 0.0f;
+      // Element I/O (cluster band): x and gy in registers. Otherwise read
+      // from the stage where used, before and again after the reduction, so
+      // that nothing is held in registers across it (held, the fp32 copies
+      // spilled at bf16).
+      [[maybe_unused]] Chunk<T> xr[kVec || kShifted ? 1 : kCpt], gyr[kVec || kShifted ? 1 : kCpt];
+      const uint4* cur = stage + st * kStage;
+      [[maybe_unused]] int x_shift = 0, gy_shift = 0;
+      if constexpr (kVec) {
+        stage_rows(g + (stages - 1) * m.units, st == 0 ? stages - 1 : st - 1);
+        cp_async_wait(stages - 1);
+        st = st + 1 == stages ? 0 : st + 1;
+      } else if constexpr (kShifted) {
+        // A chunk reads a neighbour's block: every copy of the slot's row must
+        // have landed (wait, then the slot's barrier), and a stage is refilled
+        // only after that barrier, when the slot is done with its last row.
+        if (stages >= 2) {
+          cp_async_wait(stages - 2);
+          slot_sync_any<kTpr, kSlots>(m.slot);
+          stage_rows(g + (stages - 1) * m.units, st == 0 ? stages - 1 : st - 1);
+        } else {
+          slot_sync_any<kTpr, kSlots>(m.slot);
+          stage_rows(g, st);
+          cp_async_wait(0);
+          slot_sync_any<kTpr, kSlots>(m.slot);
+        }
+        st = st + 1 == stages ? 0 : st + 1;
+        if constexpr (kO < 0) {
+          x_shift = static_cast<int>(reinterpret_cast<uintptr_t>(p.x + row * p.x_stride) & 15);
+          gy_shift = static_cast<int>(reinterpret_cast<uintptr_t>(p.gy + row * p.gy_stride) & 15);
+        }
+      } else {
+        load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, xr);
+        load_group(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, gyr);
       }
-    }
-    sums = row_sum<kTpr, kSlots>(sums, scratch, parity);
-    if constexpr (kClustered) sums = cluster_sum(sums, exchange, parity);
-    // No rescaled path in this band (rstd.cuh).
-    if constexpr (kShifted && kTpr <= 32) {
-      // gx in gx's aligned blocks (store_gx_block) where a row slot lies in
-      // one warp (threads per row <= 32). Every thread takes part in the
-      // shuffles, whether its row is valid or not. With more threads per row
-      // the blocks at warp boundaries needed their halves written by element,
-      // and the A/B lost there (f32 base + 1 element 0.87x, odd row length
-      // 0.95x; docs/performance.md, "Misaligned backward: gx exchange").
-      const RowScalars s = plain_row_scalars(p, given_r, sums);
-      T* gxr = p.gx + row * p.gx_stride;
-      const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
-      const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(gxr) & 15);
-      const int lead = shift / static_cast<int>(sizeof(T));  // columns of block v before chunk v
-      const int lane = static_cast<int>(threadIdx.x) & 31;
-      const int last = lane | (kTpr - 1);  // the slot's last lane
-      Chunk<T> before;                      // this thread's gx of the previous step
+      auto x_of = [&](int it) {
+        if constexpr (kVec)
+          return as_chunk<T>(cur[it * kCtaThreads + threadIdx.x]);
+        else if constexpr (kShifted)
+          return shifted_chunk<T, kTpr, kCtaThreads, kCpt, kShift>(cur, cur + kCpt * kCtaThreads, it, m.slot, m.pos,
+                                                                  x_shift);
+        else
+          return xr[it];
+      };
+      auto gy_of = [&](int it) {
+        if constexpr (kVec)
+          return as_chunk<T>(cur[kOperand + it * kCtaThreads + threadIdx.x]);
+        else if constexpr (kShifted)
+          return shifted_chunk<T, kTpr, kCtaThreads, kCpt, kShift>(cur + kOperand, cur + kOperand + kCpt * kCtaThreads, it,
+                                                                  m.slot, m.pos, gy_shift);
+        else
+          return gyr[it];
+      };
+      float2 sums = make_float2(0.0f, 0.0f);
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
-        Chunk<T> g;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) g.w[k] = 0;
         if (valid && c < p.chunks) {
           float w[kN];
-          wv.get(it, w);
-          g = plus_g_h<kGh>(grad_chunk(x_of(it), gy_of(it), w, s, acc[it]), ghr, c, p.cols, false);
+          w_chunk(it, w);
+          sums = add_chunk_sums(sums, x_of(it), gy_of(it), w);
         }
-        // Chunk c - 1: the lane before's chunk, or for the slot's first lane
-        // the slot's last lane's chunk of the step before.
-        Chunk<T> prev = shfl_up_chunk(g);
-        const Chunk<T> wrap = shfl_chunk(it > 0 ? before : g, last);
-        if (m.pos == 0) prev = wrap;
-        before = g;
-        if (!valid || c >= p.chunks) continue;
-        if (shift == 0) {
-          store_gx_block(gxr, c * kN, p.cols, g);
-          continue;
-        }
-        store_gx_block(gxr, c * kN - lead, p.cols, shift_pair(prev, g, 16 - shift));
-        // The row's last block: the last chunk's tail.
-        if (c == p.chunks - 1) store_gx_elems(gxr, c * kN, kN - lead, kN, p.cols, g);
       }
-    } else if (valid) {
-      const RowScalars s = plain_row_scalars(p, given_r, sums);
-      T* gxr = p.gx + row * p.gx_stride;
-      const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
+      sums = row_sum<kTpr, kSlots>(sums, scratch, parity);
+      if constexpr (kClustered) sums = cluster_sum(sums, exchange, parity);
+      // No rescaled path in this band (rstd.cuh).
+      if constexpr (kShifted && kO > 0) {
+        // gx in gx's aligned blocks, each computed from the thread's own staged x and gy blocks and block_weights'
+        // w' (the same expressions as by chunk: the same bits); the gw terms by chunk, as on every path. Block 0's
+        // columns from 0 (its first kO lie before the row) and the tail (the last chunk's last kO columns, the
+        // first positions of block `chunks`) by store_span. With g_h, each block's g_h is loaded by the thread
+        // that stores that block, before it does (g_h may be gx).
+        if (valid) {
+          const RowScalars s = plain_row_scalars(p, given_r, sums);
+          T* const gxr = p.gx + row * p.gx_stride;
+          const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
 #pragma unroll
-      for (int it = 0; it < kCpt; ++it) {
-        const int c = m.chunk(it);
-        if (c < p.chunks) {
-          const Chunk<T> x = x_of(it), gy = gy_of(it);
-          float w[kN];
-          wv.get(it, w);
-          store_chunk(gxr, c, p.cols, kVec, plus_g_h<kGh>(grad_chunk(x, gy, w, s, acc[it]), ghr, c, p.cols, kVec));
+          for (int it = 0; it < kCpt; ++it) {
+            const int c = m.chunk(it);
+            if (c >= p.chunks) continue;
+            add_gw_terms(x_of(it), gy_of(it), s, acc[it]);
+            float wb[kN];
+            pw.block(it, c, wb);
+            Chunk<T> b = gx_chunk(as_chunk<T>(cur[it * kCtaThreads + threadIdx.x]),
+                                  as_chunk<T>(cur[kOperand + it * kCtaThreads + threadIdx.x]), wb, s);
+            if (c > 0) {
+              if (ghr != nullptr) b = add_g_h(b, as_chunk<T>(*reinterpret_cast<const uint4*>(ghr - kO + c * kN)));
+              store16(gxr - kO + c * kN, b);
+            } else {
+              if (ghr != nullptr) {
+                Chunk<T> h = zero_chunk<T>();
+                load_span<T, kO, kN>(ghr - kO, h);
+                b = add_g_h(b, h);
+              }
+              store_span<T, kO, kN>(gxr - kO, b);
+            }
+            if (c == p.chunks - 1) {
+              float w[kN];
+              w_chunk(it, w);
+              // Positions 0..kO - 1: the chunk's last kO columns.
+              Chunk<T> t = shift_pair<T>(gx_chunk(x_of(it), gy_of(it), w, s), zero_chunk<T>(),
+                                         (kN - kO) * static_cast<int>(sizeof(T)));
+              if (ghr != nullptr) {
+                Chunk<T> h = zero_chunk<T>();
+                load_span<T, 0, kO>(ghr + p.cols - kO, h);
+                t = add_g_h(t, h);
+              }
+              store_span<T, 0, kO>(gxr + p.cols - kO, t);
+            }
+          }
+        }
+      } else if constexpr (kShifted && kTpr <= 32) {
+        // gx in gx's aligned blocks (store_gx_block) where a row slot lies in
+        // one warp (threads per row <= 32). Every thread takes part in the
+        // shuffles, whether its row is valid or not. With more threads per row
+        // the blocks at warp boundaries needed their halves written by element,
+        // and the A/B lost there (f32 base + 1 element 0.87x, odd row length
+        // 0.95x; docs/performance.md, "Misaligned backward: gx exchange").
+        const RowScalars s = plain_row_scalars(p, given_r, sums);
+        T* gxr = p.gx + row * p.gx_stride;
+        const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
+        const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(gxr) & 15);
+        const int lead = shift / static_cast<int>(sizeof(T));  // columns of block v before chunk v
+        const int lane = static_cast<int>(threadIdx.x) & 31;
+        const int last = lane | (kTpr - 1);  // the slot's last lane
+        Chunk<T> before;                      // this thread's gx of the previous step
+#pragma unroll
+        for (int it = 0; it < kCpt; ++it) {
+          const int c = m.chunk(it);
+          Chunk<T> g;
+#pragma unroll
+          for (int k = 0; k < 4; ++k) g.w[k] = 0;
+          if (valid && c < p.chunks) {
+            float w[kN];
+            w_chunk(it, w);
+            g = plus_g_h<kGh>(grad_chunk(x_of(it), gy_of(it), w, s, acc[it]), ghr, c, p.cols, false);
+          }
+          // Chunk c - 1: the lane before's chunk, or for the slot's first lane
+          // the slot's last lane's chunk of the step before.
+          Chunk<T> prev = shfl_up_chunk(g);
+          const Chunk<T> wrap = shfl_chunk(it > 0 ? before : g, last);
+          if (m.pos == 0) prev = wrap;
+          before = g;
+          if (!valid || c >= p.chunks) continue;
+          if (shift == 0) {
+            store_gx_block(gxr, c * kN, p.cols, g);
+            continue;
+          }
+          store_gx_block(gxr, c * kN - lead, p.cols, shift_pair(prev, g, 16 - shift));
+          // The row's last block: the last chunk's tail.
+          if (c == p.chunks - 1) store_gx_elems(gxr, c * kN, kN - lead, kN, p.cols, g);
+        }
+      } else if (valid) {
+        const RowScalars s = plain_row_scalars(p, given_r, sums);
+        T* gxr = p.gx + row * p.gx_stride;
+        const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
+#pragma unroll
+        for (int it = 0; it < kCpt; ++it) {
+          const int c = m.chunk(it);
+          if (c < p.chunks) {
+            const Chunk<T> x = x_of(it), gy = gy_of(it);
+            float w[kN];
+            w_chunk(it, w);
+            store_chunk(gxr, c, p.cols, kVec, plus_g_h<kGh>(grad_chunk(x, gy, w, s, acc[it]), ghr, c, p.cols, kVec));
+          }
         }
       }
     }
+  };
+  if constexpr (kShifted && std::is_same_v<W, T> && plan::backward_paired_geometry(kTpr, kCpt, sizeof(T))) {
+    if (p.paired_offset > 0) {
+      with_nonzero_offset<T>(p.paired_offset, rows_loop);
+    } else {
+      rows_loop(std::integral_constant<int, -1>{});
+    }
+  } else {
+    rows_loop(std::integral_constant<int, -1>{});
   }
   if constexpr (kVec || kShifted) cp_async_wait(0);  // the groups staged past the last row are empty
   if constexpr (kClustered) cluster_sync();          // keep `exchange` alive until every CTA has read it
@@ -946,6 +1080,9 @@ BackwardParams<T> backward_params(const BackwardArgs& a, const plan::Launch& l) 
   p.stages = l.stages;
   p.g_h = static_cast<const T*>(a.g_h);
   p.g_h_stride = a.g_h_stride;
+  if (l.kernel == plan::Kernel::kBackwardRowsShifted &&
+      plan::backward_paired_rows(l.io, a.cols, sizeof(T), l.row.threads_per_row, l.row.chunks_per_thread))
+    p.paired_offset = static_cast<int>((reinterpret_cast<uintptr_t>(a.x) % 16) / sizeof(T));
   return p;
 }
 
@@ -984,12 +1121,17 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
   // (plan::weight_f32_backward_launch).
   const BackwardForm form = backward_form(a.dtype, wdt, gdt);
   const bool mixed = form == BackwardForm::kMixed;
-  const plan::Io io = plan::io_of({{a.x, a.x_stride},
-                                   {gdt == a.dtype ? a.gy : nullptr, a.gy_stride},
-                                   {a.gx, a.gx_stride},
-                                   {a.g_h, a.g_h_stride},
-                                   {wdt == a.dtype || form == BackwardForm::kWeightF32 ? a.weight : nullptr, 0}},
-                                  kEs);
+  // The plain form may take one offset for every operand's rows as a constant (plan::backward_io).
+  const plan::Io io =
+      form == BackwardForm::kPlain
+          ? plan::backward_io({{a.x, a.x_stride}, {a.gy, a.gy_stride}, {a.gx, a.gx_stride}, {a.g_h, a.g_h_stride}},
+                              a.weight, kEs)
+          : plan::io_of({{a.x, a.x_stride},
+                         {gdt == a.dtype ? a.gy : nullptr, a.gy_stride},
+                         {a.gx, a.gx_stride},
+                         {a.g_h, a.g_h_stride},
+                         {wdt == a.dtype || form == BackwardForm::kWeightF32 ? a.weight : nullptr, 0}},
+                        kEs);
   const bool with_gw = a.gw_mode != GwMode::kNone;
   const plan::Launch planned = mixed                                ? plan::mixed_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)
                                : form == BackwardForm::kWeightF32 ? plan::weight_f32_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)

@@ -245,4 +245,113 @@ __device__ __forceinline__ HeldWeight<T, W> load_row_weight(const W* __restrict_
   }
 }
 
+// Columns [first + kJ0, first + kJ1) of a row by element into a chunk's
+// elements kJ0..kJ1 - 1 (columns outside [0, cols) and the other elements: 0).
+template <typename T, int kJ0, int kJ1>
+__device__ __forceinline__ Chunk<T> load_elems(const T* __restrict__ row, int first, int cols) {
+  Chunk<T> p = zero_chunk<T>();
+#pragma unroll
+  for (int j = kJ0; j < kJ1; ++j)
+    if (first + j >= 0 && first + j < cols) p.set_elem(j, row[first + j]);
+  return p;
+}
+
+// The widest aligned access (in elements; at most 8 bytes) that starts at
+// position p0 of a 16-byte block and ends at or before p1.
+template <typename T>
+__host__ __device__ constexpr int span_piece(int p0, int p1) {
+  int s = Chunk<T>::kN / 2;
+  while (s > 1 && (p0 % s != 0 || p0 + s > p1)) s /= 2;
+  return s;
+}
+
+// Positions [kP0, kP1) of the 16-byte aligned block at `block` (constants):
+// the run split into its widest aligned pieces of 2, 4 or 8 bytes, so that a
+// row's head (the positions from its offset to the block's end) or its tail
+// (the block's first positions) is at most three accesses, not one per
+// element with its own bounds test. The caller guarantees that the positions
+// lie inside the row. Positions outside [kP0, kP1) of the chunk are left as
+// they are (loads) or not written (stores).
+template <typename T, int kP0, int kP1>
+__device__ __forceinline__ void load_span(const T* __restrict__ block, Chunk<T>& v) {
+  if constexpr (kP0 < kP1) {
+    constexpr int kS = span_piece<T>(kP0, kP1);
+    constexpr int kBytes = kS * static_cast<int>(sizeof(T));
+    const char* a = reinterpret_cast<const char*>(block) + kP0 * static_cast<int>(sizeof(T));
+    if constexpr (kBytes == 2) {
+      v.set_elem(kP0, from_bits<T>(*reinterpret_cast<const unsigned short*>(a)));
+    } else if constexpr (kBytes == 4) {
+      v.w[kP0 * sizeof(T) / 4] = *reinterpret_cast<const uint32_t*>(a);
+    } else {
+      const uint2 u = *reinterpret_cast<const uint2*>(a);
+      v.w[kP0 * sizeof(T) / 4] = u.x;
+      v.w[kP0 * sizeof(T) / 4 + 1] = u.y;
+    }
+    load_span<T, kP0 + kS, kP1>(block, v);
+  }
+}
+template <typename T, int kP0, int kP1>
+__device__ __forceinline__ void store_span(T* block, const Chunk<T>& v) {
+  if constexpr (kP0 < kP1) {
+    constexpr int kS = span_piece<T>(kP0, kP1);
+    constexpr int kBytes = kS * static_cast<int>(sizeof(T));
+    constexpr int kW = kP0 * static_cast<int>(sizeof(T)) / 4;
+    char* a = reinterpret_cast<char*>(block) + kP0 * static_cast<int>(sizeof(T));
+    if constexpr (kBytes == 2) {
+      const unsigned short h = static_cast<unsigned short>(v.w[kW] >> (16 * (kP0 % 2)));
+      asm volatile("st.global.b16 [%0], %1;" ::"l"(a), "h"(h) : "memory");
+    } else if constexpr (kBytes == 4) {
+      asm volatile("st.global.b32 [%0], %1;" ::"l"(a), "r"(v.w[kW]) : "memory");
+    } else {
+      asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(a), "r"(v.w[kW]), "r"(v.w[kW + 1]) : "memory");
+    }
+    store_span<T, kP0 + kS, kP1>(block, v);
+  }
+}
+
+// Element e (0 <= e < 2 kN, a constant after unrolling) of two consecutive blocks.
+template <typename T>
+__device__ __forceinline__ float pair_elem(const Chunk<T>& lo, const Chunk<T>& hi, int e) {
+  return e < Chunk<T>::kN ? lo.get(e) : hi.get(e - Chunk<T>::kN);
+}
+
+// f(std::integral_constant<int, o>) for o in 0..kN - 1 (the row's offset in elements).
+template <typename T, typename F>
+__device__ __forceinline__ void with_row_offset(int o, F&& f) {
+  using std::integral_constant;
+  if constexpr (Chunk<T>::kN == 4) {
+    switch (o) {
+      case 0: f(integral_constant<int, 0>{}); break;
+      case 1: f(integral_constant<int, 1>{}); break;
+      case 2: f(integral_constant<int, 2>{}); break;
+      default: f(integral_constant<int, 3>{}); break;
+    }
+  } else {
+    switch (o) {
+      case 0: f(integral_constant<int, 0>{}); break;
+      case 1: f(integral_constant<int, 1>{}); break;
+      case 2: f(integral_constant<int, 2>{}); break;
+      case 3: f(integral_constant<int, 3>{}); break;
+      case 4: f(integral_constant<int, 4>{}); break;
+      case 5: f(integral_constant<int, 5>{}); break;
+      case 6: f(integral_constant<int, 6>{}); break;
+      default: f(integral_constant<int, 7>{}); break;
+    }
+  }
+}
+
+// f(std::integral_constant<int, o>) for o in kO..kN - 1 (o >= kO: a misaligned row's offset in elements).
+template <typename T, int kO = 1, typename F>
+__device__ __forceinline__ void with_nonzero_offset(int o, F&& f) {
+  if constexpr (kO + 1 < Chunk<T>::kN) {
+    if (o == kO) {
+      f(std::integral_constant<int, kO>{});
+    } else {
+      with_nonzero_offset<T, kO + 1>(o, f);
+    }
+  } else {
+    f(std::integral_constant<int, kO>{});
+  }
+}
+
 }  // namespace rmsnorm::cuda
