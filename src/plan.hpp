@@ -29,7 +29,9 @@
 //             tpr = smallest power of two >= ceil(ceil(D / vec) / cpt) (cpt 4: 1..64, 256, 512; cpt 2: 8, 32, 256,
 //             and 512 at fp32);
 //             CTA = max(tpr, 256) fwd / max(tpr, 512) bwd threads   (each row's aligned blocks staged, gx in
-//                                                                    aligned blocks where tpr <= 32)
+//                                                                    aligned blocks where tpr <= 32, or where
+//                                                                    every operand shares one offset in every
+//                                                                    row: backward_paired_rows)
 //   kCluster  16385..131072    8193..65536      kForwardCluster /              kForwardClusterElement /
 //             (..262144 and ..131072 where the  kBackwardCluster (st.async     kBackwardClusterElement
 //             device co-schedules clusters of   exchange, cp.async stages)     (element loads into registers)
@@ -97,7 +99,10 @@ enum class Band : int { kRows = 0, kCluster = 1, kLooped = 2 };
 // aligned or none; kPaired: one offset for every row, kPairedRows: the offset
 // changes from row to row (odd row strides). The rows-band forward runs
 // kForwardRowsPaired with both (with kPairedRows it takes the rows of one
-// offset after another); every other kernel treats them as kElement.
+// offset after another). The plain backward's kPaired (backward_io: x, gy, gx
+// and g_h at one offset, every row) runs the shifted rows kernel with that
+// offset a constant where backward_paired_rows. Every other kernel treats
+// them as kElement.
 enum class Io : int { kVector = 0, kElement = 1, kPaired = 2, kPairedRows = 3 };
 
 enum class Direction : int { kForward = 0, kBackward = 1 };

@@ -65,7 +65,7 @@ template <typename T>
 __device__ __forceinline__ Chunk<T> add_g_h(const Chunk<T>& g, const Chunk<T>& h) {
   Chunk<T> o;
 #pragma unroll
-  for (int j = 0; j < Chunk<T>::kN; j += 2) o.set2(j, g.get(j) + h.get(j), g.get(j + 1) + h.get(j + 1));
+  for (int j = 0; j < Chunk<T>::kN; j += 2) o.set2(j, __fadd_rn(g.get(j), h.get(j)), __fadd_rn(g.get(j + 1), h.get(j + 1)));
   return o;
 }
 template <bool kMayAdd, typename T>
@@ -124,12 +124,16 @@ __device__ __forceinline__ RowScalars plain_row_scalars(const BackwardParams<T>&
   return s;
 }
 
-// gx of one element, and its gw term gy * x_hat: every path computes them by these two expressions.
+// gx of one element, and a gw sum plus its term gy * x_hat: every path computes them by these two functions,
+// their roundings spelled out (which products fuse into an FMA is not left to the compiler: with fp32 gx and g_h,
+// nvcc fused gx's last product with the add of g_h in one kernel and not in another, a bit apart).
 __device__ __forceinline__ float gx_elem(float x, float gy, float w, RowScalars s) {
-  const float xh = x * s.r;
-  return s.r * (w * gy - xh * s.c);
+  const float xh = __fmul_rn(x, s.r);
+  return __fmul_rn(s.r, __fmaf_rn(w, gy, -__fmul_rn(xh, s.c)));
 }
-__device__ __forceinline__ float gw_term(float x, float gy, RowScalars s) { return gy * (x * s.r); }
+__device__ __forceinline__ float gw_add(float sum, float x, float gy, RowScalars s) {
+  return __fmaf_rn(gy, __fmul_rn(x, s.r), sum);
+}
 
 // gx of one chunk (or of any kN consecutive columns with their w').
 template <typename T, typename Gy>
@@ -147,7 +151,7 @@ template <typename T, typename Gy>
 __device__ __forceinline__ void add_gw_terms(const Chunk<T>& x, const Gy& gy, RowScalars s,
                                              float (&gw_sums)[Chunk<T>::kN]) {
 #pragma unroll
-  for (int j = 0; j < Chunk<T>::kN; ++j) gw_sums[j] += gw_term(x.get(j), gy.get(j), s);
+  for (int j = 0; j < Chunk<T>::kN; ++j) gw_sums[j] = gw_add(gw_sums[j], x.get(j), gy.get(j), s);
 }
 
 // gx for one chunk; gy * x_hat of each element is added to gw_sums.
@@ -157,8 +161,8 @@ __device__ __forceinline__ Chunk<T> grad_chunk(const Chunk<T>& x, const Gy& gy, 
   Chunk<T> gx;
 #pragma unroll
   for (int j = 0; j < Chunk<T>::kN; j += 2) {
-    gw_sums[j] += gw_term(x.get(j), gy.get(j), s);
-    gw_sums[j + 1] += gw_term(x.get(j + 1), gy.get(j + 1), s);
+    gw_sums[j] = gw_add(gw_sums[j], x.get(j), gy.get(j), s);
+    gw_sums[j + 1] = gw_add(gw_sums[j + 1], x.get(j + 1), gy.get(j + 1), s);
     gx.set2(j, gx_elem(x.get(j), gy.get(j), w[j], s), gx_elem(x.get(j + 1), gy.get(j + 1), w[j + 1], s));
   }
   return gx;
