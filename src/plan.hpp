@@ -377,10 +377,12 @@ inline Io backward_io(std::initializer_list<RowsOperand> rows, const void* w, in
   }
   return Io::kPaired;
 }
-// The shifted kernels that hold backward_rows_paired: at 16-bit with 4 chunks per thread and fewer than 256
-// threads per row it spilled (148-632 bytes at bf16; ptxas, sm_90), and those keep the run-time offsets.
+// The shifted kernels that hold backward_rows_paired: at 16-bit with 4 chunks per thread it spilled (ptxas,
+// sm_90: bf16 148-632 bytes below 256 threads per row and 16 at 512, f16 332 and 620 at 256 and 512), and those
+// keep the run-time offsets.
 RMSNORM_HD constexpr bool backward_paired_geometry(int tpr, int cpt, int esize) {
-  return esize == 4 || cpt != kMaxChunksPerThread || tpr >= 256;
+  (void)tpr;
+  return esize == 4 || cpt != kMaxChunksPerThread;
 }
 // backward_rows_paired's condition (above): kPaired, D a multiple of the chunk width, and a geometry that holds it.
 inline bool backward_paired_rows(Io io, int64_t cols, int esize, int tpr, int cpt) {
