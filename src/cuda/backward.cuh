@@ -814,8 +814,8 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
       if constexpr (kClustered) sums = cluster_sum(sums, exchange, parity);
       // No rescaled path in this band (rstd.cuh).
       if constexpr (kShifted && kO > 0) {
-        // gx in gx's aligned blocks, each computed from the thread's own staged x and gy blocks and block_weights'
-        // w' (the same expressions as by chunk: the same bits); the gw terms by chunk, as on every path. Block 0's
+        // gx in gx's aligned blocks, each computed from the thread's own staged x and gy blocks and PairedWeights'
+        // w' by block (the same expressions as by chunk: the same bits); the gw terms by chunk, as on every path. Block 0's
         // columns from 0 (its first kO lie before the row) and the tail (the last chunk's last kO columns, the
         // first positions of block `chunks`) by store_span. With g_h, each block's g_h is loaded by the thread
         // that stores that block, before it does (g_h may be gx).
