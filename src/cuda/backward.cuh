@@ -730,39 +730,23 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
   ThreadWeights<T, kCpt, kVec || kShifted, W> wv;
   wv.load(p.w, p.chunks, p.cols, kVec, p.w_offset, m);
   int parity = 0, st = 0;
-  // The row loop, for kO = -1 (each row's offsets at run time) or, in the shifted kernel, for one offset kO > 0
-  // (elements) of every operand's every row (backward_rows_paired: p.paired_offset), where the chunks' shifts are
-  // constants and gx is computed and stored in gx's aligned blocks.
-  auto rows_loop = [&](auto ko) {
-    constexpr int kO = decltype(ko)::value;
-    [[maybe_unused]] constexpr int kShift = kO * static_cast<int>(sizeof(T));  // bytes; < 0: at run time
-    PairedWeights<T, (kO > 0 ? kO : 1), (kO > 0 ? kCpt : 1)> pw;
-    if constexpr (kO > 0) pw.load(p.w, p.chunks, p.w_offset, m);
-    auto w_chunk = [&](int it, float (&w)[kN]) {
-      if constexpr (kO > 0)
-        pw.chunk(it, w);
-      else
-        wv.get(it, w);
-    };
-    for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
-      const int64_t row = g * kSlots + m.slot;
-      const bool valid = row < p.rows;
-      const float given_r = p.rstd != nullptr && valid ? p.rstd[row] : 0.0f;
-      // Element I/O (cluster band): x and gy in registers. Otherwise read
-      // from the stage where used, before and again after the reduction, so
-      // that nothing is held in registers across it (held, the fp32 copies
-      // spilled at bf16).
-      [[maybe_unused]] Chunk<T> xr[kVec || kShifted ? 1 : kCpt], gyr[kVec || kShifted ? 1 : kCpt];
-      const uint4* cur = stage + st * kStage;
-      [[maybe_unused]] int x_shift = 0, gy_shift = 0;
-      if constexpr (kVec) {
-        stage_rows(g + (stages - 1) * m.units, st == 0 ? stages - 1 : st - 1);
-        cp_async_wait(stages - 1);
-        st = st + 1 == stages ? 0 : st + 1;
-      } else if constexpr (kShifted) {
-        // A chunk reads a neighbour's block: every copy of the slot's row must
-        // have landed (wait, then the slot's barrier), and a stage is refilled
-        // only after that barrier, when the slot is done with its last row.
+  // backward_rows_paired (p.paired_offset): every operand's every row at one offset kO > 0 (elements), the chunks'
+  // shifts constants, gx computed and stored in gx's aligned blocks. Its own row loop: with the run-time loop below
+  // turned into a lambda over the offset, the 16-bit 4-chunk kernels at <= 32 threads per row spilled 8 bytes and
+  // ran 3% slower (docs/performance.md, "Misaligned backward: the offset as a constant").
+  constexpr bool kPairedPath = kShifted && std::is_same_v<W, T> && plan::backward_paired_geometry(kTpr, kCpt, sizeof(T));
+  if constexpr (kPairedPath) {
+    auto paired_rows = [&](auto ko) {
+      constexpr int kO = decltype(ko)::value;
+      constexpr int kShift = kO * static_cast<int>(sizeof(T));  // bytes
+      PairedWeights<T, kO, kCpt> pw;
+      pw.load(p.w, p.chunks, p.w_offset, m);
+      for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
+        const int64_t row = g * kSlots + m.slot;
+        const bool valid = row < p.rows;
+        const float given_r = p.rstd != nullptr && valid ? p.rstd[row] : 0.0f;
+        const uint4* cur = stage + st * kStage;
+        // The shifted staging's order of waits and barriers (the run-time loop below).
         if (stages >= 2) {
           cp_async_wait(stages - 2);
           slot_sync_any<kTpr, kSlots>(m.slot);
@@ -774,156 +758,196 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
           slot_sync_any<kTpr, kSlots>(m.slot);
         }
         st = st + 1 == stages ? 0 : st + 1;
-        if constexpr (kO < 0) {
-          x_shift = static_cast<int>(reinterpret_cast<uintptr_t>(p.x + row * p.x_stride) & 15);
-          gy_shift = static_cast<int>(reinterpret_cast<uintptr_t>(p.gy + row * p.gy_stride) & 15);
+        auto x_of = [&](int it) {
+          return shifted_chunk<T, kTpr, kCtaThreads, kCpt, kShift>(cur, cur + kCpt * kCtaThreads, it, m.slot, m.pos, 0);
+        };
+        auto gy_of = [&](int it) {
+          return shifted_chunk<T, kTpr, kCtaThreads, kCpt, kShift>(cur + kOperand, cur + kOperand + kCpt * kCtaThreads,
+                                                                  it, m.slot, m.pos, 0);
+        };
+        float2 sums = make_float2(0.0f, 0.0f);
+#pragma unroll
+        for (int it = 0; it < kCpt; ++it) {
+          const int c = m.chunk(it);
+          if (valid && c < p.chunks) {
+            float w[kN];
+            pw.chunk(it, w);
+            sums = add_chunk_sums(sums, x_of(it), gy_of(it), w);
+          }
         }
-      } else {
-        load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, xr);
-        load_group(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, gyr);
+        sums = row_sum<kTpr, kSlots>(sums, scratch, parity);
+        if (!valid) continue;
+        // gx in gx's aligned blocks, each computed from the thread's own staged x and gy blocks and PairedWeights'
+        // w' by block (the same expressions as by chunk: the same bits); the gw terms by chunk, as on every path.
+        // Block 0's columns from 0 (its first kO lie before the row) and the tail (the last chunk's last kO columns,
+        // the first positions of block `chunks`) by store_span. With g_h, each block's g_h is loaded by the thread
+        // that stores that block, before it does (g_h may be gx). No rescaled path in this band (rstd.cuh).
+        const RowScalars s = plain_row_scalars(p, given_r, sums);
+        T* const gxr = p.gx + row * p.gx_stride;
+        const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
+#pragma unroll
+        for (int it = 0; it < kCpt; ++it) {
+          const int c = m.chunk(it);
+          if (c >= p.chunks) continue;
+          add_gw_terms(x_of(it), gy_of(it), s, acc[it]);
+          float wb[kN];
+          pw.block(it, c, wb);
+          Chunk<T> b = gx_chunk(as_chunk<T>(cur[it * kCtaThreads + threadIdx.x]),
+                                as_chunk<T>(cur[kOperand + it * kCtaThreads + threadIdx.x]), wb, s);
+          if (c > 0) {
+            if (ghr != nullptr) b = add_g_h(b, as_chunk<T>(*reinterpret_cast<const uint4*>(ghr - kO + c * kN)));
+            store16(gxr - kO + c * kN, b);
+          } else {
+            if (ghr != nullptr) {
+              Chunk<T> h = zero_chunk<T>();
+              load_span<T, kO, kN>(ghr - kO, h);
+              b = add_g_h(b, h);
+            }
+            store_span<T, kO, kN>(gxr - kO, b);
+          }
+          if (c == p.chunks - 1) {
+            float w[kN];
+            pw.chunk(it, w);
+            // Positions 0..kO - 1: the chunk's last kO columns.
+            Chunk<T> t = shift_pair<T>(gx_chunk(x_of(it), gy_of(it), w, s), zero_chunk<T>(),
+                                       (kN - kO) * static_cast<int>(sizeof(T)));
+            if (ghr != nullptr) {
+              Chunk<T> h = zero_chunk<T>();
+              load_span<T, 0, kO>(ghr + p.cols - kO, h);
+              t = add_g_h(t, h);
+            }
+            store_span<T, 0, kO>(gxr + p.cols - kO, t);
+          }
+        }
       }
-      auto x_of = [&](int it) {
-        if constexpr (kVec)
-          return as_chunk<T>(cur[it * kCtaThreads + threadIdx.x]);
-        else if constexpr (kShifted)
-          return shifted_chunk<T, kTpr, kCtaThreads, kCpt, kShift>(cur, cur + kCpt * kCtaThreads, it, m.slot, m.pos,
-                                                                  x_shift);
-        else
-          return xr[it];
-      };
-      auto gy_of = [&](int it) {
-        if constexpr (kVec)
-          return as_chunk<T>(cur[kOperand + it * kCtaThreads + threadIdx.x]);
-        else if constexpr (kShifted)
-          return shifted_chunk<T, kTpr, kCtaThreads, kCpt, kShift>(cur + kOperand, cur + kOperand + kCpt * kCtaThreads, it,
-                                                                  m.slot, m.pos, gy_shift);
-        else
-          return gyr[it];
-      };
-      float2 sums = make_float2(0.0f, 0.0f);
+    };
+    if (p.paired_offset > 0) with_nonzero_offset<T>(p.paired_offset, paired_rows);
+  }
+  // The run-time offsets: every path but backward_rows_paired's.
+  if (!kPairedPath || p.paired_offset <= 0)
+  for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
+    const int64_t row = g * kSlots + m.slot;
+    const bool valid = row < p.rows;
+    const float given_r = p.rstd != nullptr && valid ? p.rstd[row] : 0.0f;
+    // Element I/O (cluster band): x and gy in registers. Otherwise read
+    // from the stage where used, before and again after the reduction, so
+    // that nothing is held in registers across it (held, the fp32 copies
+    // spilled at bf16).
+    Chunk<T> xr[kVec || kShifted ? 1 : kCpt], gyr[kVec || kShifted ? 1 : kCpt];
+    const uint4* cur = stage + st * kStage;
+    int x_shift = 0, gy_shift = 0;
+    if constexpr (kVec) {
+      stage_rows(g + (stages - 1) * m.units, st == 0 ? stages - 1 : st - 1);
+      cp_async_wait(stages - 1);
+      st = st + 1 == stages ? 0 : st + 1;
+    } else if constexpr (kShifted) {
+      // A chunk reads a neighbour's block: every copy of the slot's row must
+      // have landed (wait, then the slot's barrier), and a stage is refilled
+      // only after that barrier, when the slot is done with its last row.
+      if (stages >= 2) {
+        cp_async_wait(stages - 2);
+        slot_sync_any<kTpr, kSlots>(m.slot);
+        stage_rows(g + (stages - 1) * m.units, st == 0 ? stages - 1 : st - 1);
+      } else {
+        slot_sync_any<kTpr, kSlots>(m.slot);
+        stage_rows(g, st);
+        cp_async_wait(0);
+        slot_sync_any<kTpr, kSlots>(m.slot);
+      }
+      st = st + 1 == stages ? 0 : st + 1;
+      x_shift = static_cast<int>(reinterpret_cast<uintptr_t>(p.x + row * p.x_stride) & 15);
+      gy_shift = static_cast<int>(reinterpret_cast<uintptr_t>(p.gy + row * p.gy_stride) & 15);
+    } else {
+      load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, xr);
+      load_group(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, gyr);
+    }
+    auto x_of = [&](int it) {
+      if constexpr (kVec)
+        return as_chunk<T>(cur[it * kCtaThreads + threadIdx.x]);
+      else if constexpr (kShifted)
+        return shifted_chunk<T, kTpr, kCtaThreads, kCpt>(cur, cur + kCpt * kCtaThreads, it, m.slot, m.pos, x_shift);
+      else
+        return xr[it];
+    };
+    auto gy_of = [&](int it) {
+      if constexpr (kVec)
+        return as_chunk<T>(cur[kOperand + it * kCtaThreads + threadIdx.x]);
+      else if constexpr (kShifted)
+        return shifted_chunk<T, kTpr, kCtaThreads, kCpt>(cur + kOperand, cur + kOperand + kCpt * kCtaThreads, it, m.slot,
+                                                         m.pos,
+                                              gy_shift);
+      else
+        return gyr[it];
+    };
+    float2 sums = make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) {
+      const int c = m.chunk(it);
+      if (valid && c < p.chunks) {
+        float w[kN];
+        wv.get(it, w);
+        sums = add_chunk_sums(sums, x_of(it), gy_of(it), w);
+      }
+    }
+    sums = row_sum<kTpr, kSlots>(sums, scratch, parity);
+    if constexpr (kClustered) sums = cluster_sum(sums, exchange, parity);
+    // No rescaled path in this band (rstd.cuh).
+    if constexpr (kShifted && kTpr <= 32) {
+      // gx in gx's aligned blocks (store_gx_block) where a row slot lies in
+      // one warp (threads per row <= 32). Every thread takes part in the
+      // shuffles, whether its row is valid or not. With more threads per row
+      // the blocks at warp boundaries needed their halves written by element,
+      // and the A/B lost there (f32 base + 1 element 0.87x, odd row length
+      // 0.95x; docs/performance.md, "Misaligned backward: gx exchange").
+      const RowScalars s = plain_row_scalars(p, given_r, sums);
+      T* gxr = p.gx + row * p.gx_stride;
+      const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
+      const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(gxr) & 15);
+      const int lead = shift / static_cast<int>(sizeof(T));  // columns of block v before chunk v
+      const int lane = static_cast<int>(threadIdx.x) & 31;
+      const int last = lane | (kTpr - 1);  // the slot's last lane
+      Chunk<T> before;                      // this thread's gx of the previous step
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
+        Chunk<T> g;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) g.w[k] = 0;
         if (valid && c < p.chunks) {
           float w[kN];
-          w_chunk(it, w);
-          sums = add_chunk_sums(sums, x_of(it), gy_of(it), w);
+          wv.get(it, w);
+          g = plus_g_h<kGh>(grad_chunk(x_of(it), gy_of(it), w, s, acc[it]), ghr, c, p.cols, false);
         }
+        // Chunk c - 1: the lane before's chunk, or for the slot's first lane
+        // the slot's last lane's chunk of the step before.
+        Chunk<T> prev = shfl_up_chunk(g);
+        const Chunk<T> wrap = shfl_chunk(it > 0 ? before : g, last);
+        if (m.pos == 0) prev = wrap;
+        before = g;
+        if (!valid || c >= p.chunks) continue;
+        if (shift == 0) {
+          store_gx_block(gxr, c * kN, p.cols, g);
+          continue;
+        }
+        store_gx_block(gxr, c * kN - lead, p.cols, shift_pair(prev, g, 16 - shift));
+        // The row's last block: the last chunk's tail.
+        if (c == p.chunks - 1) store_gx_elems(gxr, c * kN, kN - lead, kN, p.cols, g);
       }
-      sums = row_sum<kTpr, kSlots>(sums, scratch, parity);
-      if constexpr (kClustered) sums = cluster_sum(sums, exchange, parity);
-      // No rescaled path in this band (rstd.cuh).
-      if constexpr (kShifted && kO > 0) {
-        // gx in gx's aligned blocks, each computed from the thread's own staged x and gy blocks and PairedWeights'
-        // w' by block (the same expressions as by chunk: the same bits); the gw terms by chunk, as on every path. Block 0's
-        // columns from 0 (its first kO lie before the row) and the tail (the last chunk's last kO columns, the
-        // first positions of block `chunks`) by store_span. With g_h, each block's g_h is loaded by the thread
-        // that stores that block, before it does (g_h may be gx).
-        if (valid) {
-          const RowScalars s = plain_row_scalars(p, given_r, sums);
-          T* const gxr = p.gx + row * p.gx_stride;
-          const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
+    } else if (valid) {
+      const RowScalars s = plain_row_scalars(p, given_r, sums);
+      T* gxr = p.gx + row * p.gx_stride;
+      const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
 #pragma unroll
-          for (int it = 0; it < kCpt; ++it) {
-            const int c = m.chunk(it);
-            if (c >= p.chunks) continue;
-            add_gw_terms(x_of(it), gy_of(it), s, acc[it]);
-            float wb[kN];
-            pw.block(it, c, wb);
-            Chunk<T> b = gx_chunk(as_chunk<T>(cur[it * kCtaThreads + threadIdx.x]),
-                                  as_chunk<T>(cur[kOperand + it * kCtaThreads + threadIdx.x]), wb, s);
-            if (c > 0) {
-              if (ghr != nullptr) b = add_g_h(b, as_chunk<T>(*reinterpret_cast<const uint4*>(ghr - kO + c * kN)));
-              store16(gxr - kO + c * kN, b);
-            } else {
-              if (ghr != nullptr) {
-                Chunk<T> h = zero_chunk<T>();
-                load_span<T, kO, kN>(ghr - kO, h);
-                b = add_g_h(b, h);
-              }
-              store_span<T, kO, kN>(gxr - kO, b);
-            }
-            if (c == p.chunks - 1) {
-              float w[kN];
-              w_chunk(it, w);
-              // Positions 0..kO - 1: the chunk's last kO columns.
-              Chunk<T> t = shift_pair<T>(gx_chunk(x_of(it), gy_of(it), w, s), zero_chunk<T>(),
-                                         (kN - kO) * static_cast<int>(sizeof(T)));
-              if (ghr != nullptr) {
-                Chunk<T> h = zero_chunk<T>();
-                load_span<T, 0, kO>(ghr + p.cols - kO, h);
-                t = add_g_h(t, h);
-              }
-              store_span<T, 0, kO>(gxr + p.cols - kO, t);
-            }
-          }
-        }
-      } else if constexpr (kShifted && kTpr <= 32) {
-        // gx in gx's aligned blocks (store_gx_block) where a row slot lies in
-        // one warp (threads per row <= 32). Every thread takes part in the
-        // shuffles, whether its row is valid or not. With more threads per row
-        // the blocks at warp boundaries needed their halves written by element,
-        // and the A/B lost there (f32 base + 1 element 0.87x, odd row length
-        // 0.95x; docs/performance.md, "Misaligned backward: gx exchange").
-        const RowScalars s = plain_row_scalars(p, given_r, sums);
-        T* gxr = p.gx + row * p.gx_stride;
-        const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
-        const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(gxr) & 15);
-        const int lead = shift / static_cast<int>(sizeof(T));  // columns of block v before chunk v
-        const int lane = static_cast<int>(threadIdx.x) & 31;
-        const int last = lane | (kTpr - 1);  // the slot's last lane
-        Chunk<T> before;                      // this thread's gx of the previous step
-#pragma unroll
-        for (int it = 0; it < kCpt; ++it) {
-          const int c = m.chunk(it);
-          Chunk<T> g;
-#pragma unroll
-          for (int k = 0; k < 4; ++k) g.w[k] = 0;
-          if (valid && c < p.chunks) {
-            float w[kN];
-            w_chunk(it, w);
-            g = plus_g_h<kGh>(grad_chunk(x_of(it), gy_of(it), w, s, acc[it]), ghr, c, p.cols, false);
-          }
-          // Chunk c - 1: the lane before's chunk, or for the slot's first lane
-          // the slot's last lane's chunk of the step before.
-          Chunk<T> prev = shfl_up_chunk(g);
-          const Chunk<T> wrap = shfl_chunk(it > 0 ? before : g, last);
-          if (m.pos == 0) prev = wrap;
-          before = g;
-          if (!valid || c >= p.chunks) continue;
-          if (shift == 0) {
-            store_gx_block(gxr, c * kN, p.cols, g);
-            continue;
-          }
-          store_gx_block(gxr, c * kN - lead, p.cols, shift_pair(prev, g, 16 - shift));
-          // The row's last block: the last chunk's tail.
-          if (c == p.chunks - 1) store_gx_elems(gxr, c * kN, kN - lead, kN, p.cols, g);
-        }
-      } else if (valid) {
-        const RowScalars s = plain_row_scalars(p, given_r, sums);
-        T* gxr = p.gx + row * p.gx_stride;
-        const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
-#pragma unroll
-        for (int it = 0; it < kCpt; ++it) {
-          const int c = m.chunk(it);
-          if (c < p.chunks) {
-            const Chunk<T> x = x_of(it), gy = gy_of(it);
-            float w[kN];
-            w_chunk(it, w);
-            store_chunk(gxr, c, p.cols, kVec, plus_g_h<kGh>(grad_chunk(x, gy, w, s, acc[it]), ghr, c, p.cols, kVec));
-          }
+      for (int it = 0; it < kCpt; ++it) {
+        const int c = m.chunk(it);
+        if (c < p.chunks) {
+          const Chunk<T> x = x_of(it), gy = gy_of(it);
+          float w[kN];
+          wv.get(it, w);
+          store_chunk(gxr, c, p.cols, kVec, plus_g_h<kGh>(grad_chunk(x, gy, w, s, acc[it]), ghr, c, p.cols, kVec));
         }
       }
     }
-  };
-  if constexpr (kShifted && std::is_same_v<W, T> && plan::backward_paired_geometry(kTpr, kCpt, sizeof(T))) {
-    if (p.paired_offset > 0) {
-      with_nonzero_offset<T>(p.paired_offset, rows_loop);
-    } else {
-      rows_loop(std::integral_constant<int, -1>{});
-    }
-  } else {
-    rows_loop(std::integral_constant<int, -1>{});
   }
   if constexpr (kVec || kShifted) cp_async_wait(0);  // the groups staged past the last row are empty
   if constexpr (kClustered) cluster_sync();          // keep `exchange` alive until every CTA has read it
