@@ -168,15 +168,30 @@ __device__ __forceinline__ Chunk<T> grad_chunk(const Chunk<T>& x, const Gy& gy, 
   return gx;
 }
 
+// The gw sums' layout. kO == 0: acc[it][j] is column c kN + j (c = m.chunk(it)). kO > 0 (backward_rows_paired,
+// the sums by gx's aligned blocks): column c kN - kO + j; chunk 0's first kO positions lie before the row and
+// hold nothing, and the row's last kO columns (the block past the last chunk) are in `tail`, held by the thread
+// of the last chunk.
+template <int kO>
+using GwTail = float[kO > 0 ? kO : 1];
+
 // gw sums of one thread's own columns (a CTA or cluster with one row slot):
 // its partial for those columns, or gw itself when there is one partial.
-template <typename T, int kTpr, bool kClustered, int kCpt>
+template <typename T, int kTpr, bool kClustered, int kCpt, int kO = 0>
 __device__ __forceinline__ void emit_thread_gw(const BackwardParams<T>& p, const RowMap<kTpr, kClustered>& m,
-                                               const float (&acc)[kCpt][Chunk<T>::kN]) {
+                                               const float (&acc)[kCpt][Chunk<T>::kN],
+                                               const GwTail<kO>& tail = GwTail<kO>{}) {
+  constexpr int kN = Chunk<T>::kN;
 #pragma unroll
   for (int it = 0; it < kCpt; ++it) {
     const int c = m.chunk(it);
-    if (c < p.chunks) emit_gw_chunk<T>(p.gw, m.unit, p.cols, c, acc[it]);
+    if (c >= p.chunks) continue;
+    if constexpr (kO == 0) {
+      emit_gw_chunk<T>(p.gw, m.unit, p.cols, c, acc[it]);
+    } else {
+      emit_gw_cols<T>(p.gw, m.unit, p.cols, c * kN - kO, acc[it]);
+      if (c == p.chunks - 1) emit_gw_cols<T>(p.gw, m.unit, p.cols, p.cols - kO, tail);
+    }
   }
 }
 
@@ -304,17 +319,20 @@ __device__ __forceinline__ void stage_group_shifted(const T* __restrict__ base, 
   }
 }
 
-// Chunk `it` of this thread from staged blocks: its own block and the next
-// (the next lane's, the slot's lane 0 one step on, or the extra block),
-// funnel-shifted by the row's misalignment `shift` (bytes, 0..15).
+// The staged block after this thread's block `it` (the next lane's, the slot's lane 0 one step on, or the extra
+// block); and chunk `it` of this thread from staged blocks: its own block and the next, funnel-shifted by the row's misalignment `shift` (bytes, 0..15).
 // kShift >= 0: the shift is that constant (backward_rows_paired), the window fixed at compile time.
+template <int kTpr, int kCtaThreads, int kCpt>
+__device__ __forceinline__ uint4 next_block(const uint4* buf, const uint4* extra, int it, int slot, int pos) {
+  return pos + 1 < kTpr      ? buf[it * kCtaThreads + threadIdx.x + 1]
+         : it + 1 < kCpt ? buf[(it + 1) * kCtaThreads + slot * kTpr]
+                         : extra[slot];
+}
 template <typename T, int kTpr, int kCtaThreads, int kCpt, int kShift = -1>
 __device__ __forceinline__ Chunk<T> shifted_chunk(const uint4* buf, const uint4* extra, int it, int slot, int pos,
                                                  int shift) {
   const uint4 lo = buf[it * kCtaThreads + threadIdx.x];
-  const uint4 hi = pos + 1 < kTpr       ? buf[it * kCtaThreads + threadIdx.x + 1]
-                   : it + 1 < kCpt ? buf[(it + 1) * kCtaThreads + slot * kTpr]
-                                   : extra[slot];
+  const uint4 hi = next_block<kTpr, kCtaThreads, kCpt>(buf, extra, it, slot, pos);
   if constexpr (kShift >= 0) return shift_pair<T>(lo, hi, kShift);
   return shift_pair_select<T>(lo, hi, shift);
 }
@@ -345,6 +363,11 @@ struct PairedWeights {
   }
   __device__ __forceinline__ void chunk(int it, float (&out)[kN]) const {
     held_weights(cur[it], w != nullptr, offset, out);
+  }
+  // The row's last kO columns (the last chunk's, `it`) at positions 0 .. kO - 1, as the block past the last chunk.
+  __device__ __forceinline__ void tail(int it, float (&out)[kN]) const {
+#pragma unroll
+    for (int q = 0; q < kN; ++q) out[q] = w != nullptr ? (q < kO ? cur[it].get(kN - kO + q) : 0.0f) + offset : 1.0f;
   }
   // c: the chunk (and block) index of `it`.
   __device__ __forceinline__ void block(int it, int c, float (&out)[kN]) const {
@@ -407,21 +430,38 @@ __device__ __forceinline__ Chunk<T> shfl_up_chunk(const Chunk<T>& v) {
 // the slots are added in slot order through the table of plan::combine_index
 // in `sums` (the stages' shared memory, written by consecutive threads, read
 // without bank conflicts), then each column is written once.
-template <typename T, int kTpr, bool kClustered, int kSlots, int kCpt>
+// kO, tail: the sums' layout (GwTail). With kO > 0 the slot's tail goes in the table where its chunk 0's first kO
+// positions would be (they hold nothing), and is written from there to the row's last kO columns.
+template <typename T, int kTpr, bool kClustered, int kSlots, int kCpt, int kO = 0>
 __device__ __forceinline__ void emit_cta_gw(const BackwardParams<T>& p, const RowMap<kTpr, kClustered>& m,
-                                            const float (&acc)[kCpt][Chunk<T>::kN], float* sums) {
+                                            const float (&acc)[kCpt][Chunk<T>::kN], float* sums,
+                                            const GwTail<kO>& tail = GwTail<kO>{}) {
   constexpr int kCtaThreads = kTpr * kSlots;
   constexpr int kN = Chunk<T>::kN;
+  // The column of position j of chunk c's sums.
+  auto column = [&](int c, int j) {
+    if constexpr (kO == 0) return c * kN + j;
+    return c == 0 && j < kO ? p.cols - kO + j : c * kN - kO + j;
+  };
   if constexpr (kSlots == 1) {
     // One slot: this thread's sums are the CTA's (cluster's) partial for its columns.
-    emit_thread_gw<T>(p, m, acc);
+    emit_thread_gw<T, kTpr, kClustered, kCpt, kO>(p, m, acc, tail);
   } else {
     constexpr int kEs = static_cast<int>(sizeof(T));
     __syncthreads();  // every thread is done with its stages
 #pragma unroll
-    for (int it = 0; it < kCpt; ++it)
+    for (int it = 0; it < kCpt; ++it) {
+      const int c = m.chunk(it);
 #pragma unroll
-      for (int j = 0; j < kN; ++j) sums[plan::combine_index(it, j, threadIdx.x, kCtaThreads, kEs)] = acc[it][j];
+      for (int j = 0; j < kN; ++j)
+        if (kO == 0 || c != 0 || j >= kO) sums[plan::combine_index(it, j, threadIdx.x, kCtaThreads, kEs)] = acc[it][j];
+      if constexpr (kO > 0) {
+        if (c == p.chunks - 1)
+#pragma unroll
+          for (int j = 0; j < kO; ++j)
+            sums[plan::combine_index(0, j, m.slot * kTpr, kCtaThreads, kEs)] = tail[j];
+      }
+    }
     __syncthreads();
     if constexpr (kCpt * kTpr >= kCtaThreads) {
       // At least one chunk per thread (kCpt * kTpr >= the CTA's threads): a thread adds one
@@ -438,15 +478,21 @@ __device__ __forceinline__ void emit_cta_gw(const BackwardParams<T>& p, const Ro
 #pragma unroll
           for (int s = 1; s < kSlots; ++s) v[j] += a[s * kTpr];
         }
-        emit_gw_chunk<T>(p.gw, m.unit, p.cols, c, v);
+        if constexpr (kO == 0) {
+          emit_gw_chunk<T>(p.gw, m.unit, p.cols, c, v);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kN; ++j) emit_gw<T>(p.gw, m.unit, p.cols, column(c, j), v[j]);
+        }
       }
     } else {
       // Fewer chunks than threads: one thread per column, so that more
       // threads share the slot additions (kSlots of them per column).
       for (int e = threadIdx.x; e < kCpt * kTpr * kN; e += kCtaThreads) {
         const int it = e / (kTpr * kN), l = (e / kN) % kTpr, j = e % kN;
-        const int col = (it * kTpr + l) * kN + j;
-        if (col >= p.cols) continue;
+        const int c = it * kTpr + l;
+        if (c * kN + (kO > 0 ? 0 : j) >= p.cols) continue;  // with kO > 0, D is a multiple of kN
+        const int col = column(c, j);
         const float* a = sums + plan::combine_index(it, j, l, kCtaThreads, kEs);
         float v = a[0];
 #pragma unroll
@@ -741,6 +787,9 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
       constexpr int kShift = kO * static_cast<int>(sizeof(T));  // bytes
       PairedWeights<T, kO, kCpt> pw;
       pw.load(p.w, p.chunks, p.w_offset, m);
+      float tail[kO];  // the gw sums of the row's last kO columns (GwTail)
+#pragma unroll
+      for (int q = 0; q < kO; ++q) tail[q] = 0.0f;
       for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
         const int64_t row = g * kSlots + m.slot;
         const bool valid = row < p.rows;
@@ -777,11 +826,13 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
         }
         sums = row_sum<kTpr, kSlots>(sums, scratch, parity);
         if (!valid) continue;
-        // gx in gx's aligned blocks, each computed from the thread's own staged x and gy blocks and PairedWeights'
-        // w' by block (the same expressions as by chunk: the same bits); the gw terms by chunk, as on every path.
-        // Block 0's columns from 0 (its first kO lie before the row) and the tail (the last chunk's last kO columns,
-        // the first positions of block `chunks`) by store_span. With g_h, each block's g_h is loaded by the thread
-        // that stores that block, before it does (g_h may be gx). No rescaled path in this band (rstd.cuh).
+        // gx and the gw terms in gx's aligned blocks, each from the thread's own staged x and gy blocks and
+        // PairedWeights' w' by block: x_hat once per element, and the same expressions as by chunk (the same bits).
+        // So the gw sums are kept by block (GwTail): block 0's first kO positions lie before the row (their terms
+        // are never written), and the row's last kO columns (the block past the last chunk, next_block) go to
+        // `tail`. gx's block 0 from column 0 and the tail by store_span. With g_h, each block's g_h is loaded by
+        // the thread that stores that block, before it does (g_h may be gx). No rescaled path in this band
+        // (rstd.cuh).
         const RowScalars s = plain_row_scalars(p, given_r, sums);
         T* const gxr = p.gx + row * p.gx_stride;
         const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
@@ -789,11 +840,10 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
         for (int it = 0; it < kCpt; ++it) {
           const int c = m.chunk(it);
           if (c >= p.chunks) continue;
-          add_gw_terms(x_of(it), gy_of(it), s, acc[it]);
           float wb[kN];
           pw.block(it, c, wb);
-          Chunk<T> b = gx_chunk(as_chunk<T>(cur[it * kCtaThreads + threadIdx.x]),
-                                as_chunk<T>(cur[kOperand + it * kCtaThreads + threadIdx.x]), wb, s);
+          Chunk<T> b = grad_chunk(as_chunk<T>(cur[it * kCtaThreads + threadIdx.x]),
+                                  as_chunk<T>(cur[kOperand + it * kCtaThreads + threadIdx.x]), wb, s, acc[it]);
           if (c > 0) {
             if (ghr != nullptr) b = add_g_h(b, as_chunk<T>(*reinterpret_cast<const uint4*>(ghr - kO + c * kN)));
             store16(gxr - kO + c * kN, b);
@@ -806,11 +856,15 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
             store_span<T, kO, kN>(gxr - kO, b);
           }
           if (c == p.chunks - 1) {
-            float w[kN];
-            pw.chunk(it, w);
-            // Positions 0..kO - 1: the chunk's last kO columns.
-            Chunk<T> t = shift_pair<T>(gx_chunk(x_of(it), gy_of(it), w, s), zero_chunk<T>(),
-                                       (kN - kO) * static_cast<int>(sizeof(T)));
+            const Chunk<T> xt = as_chunk<T>(next_block<kTpr, kCtaThreads, kCpt>(cur, cur + kCpt * kCtaThreads, it,
+                                                                                m.slot, m.pos));
+            const Chunk<T> gyt = as_chunk<T>(next_block<kTpr, kCtaThreads, kCpt>(
+                cur + kOperand, cur + kOperand + kCpt * kCtaThreads, it, m.slot, m.pos));
+            float wt[kN];
+            pw.tail(it, wt);
+            Chunk<T> t = gx_chunk(xt, gyt, wt, s);
+#pragma unroll
+            for (int q = 0; q < kO; ++q) tail[q] = gw_add(tail[q], xt.get(q), gyt.get(q), s);
             if (ghr != nullptr) {
               Chunk<T> h = zero_chunk<T>();
               load_span<T, 0, kO>(ghr + p.cols - kO, h);
@@ -820,11 +874,15 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
           }
         }
       }
+      cp_async_wait(0);  // the groups staged past the last row are empty
+      if (with_gw) emit_cta_gw<T, kTpr, false, kSlots, kCpt, kO>(p, m, acc, reinterpret_cast<float*>(stage), tail);
     };
-    if (p.paired_offset > 0) with_nonzero_offset<T>(p.paired_offset, paired_rows);
+    if (p.paired_offset > 0) {
+      with_nonzero_offset<T>(p.paired_offset, paired_rows);
+      return;
+    }
   }
   // The run-time offsets: every path but backward_rows_paired's.
-  if (!kPairedPath || p.paired_offset <= 0)
   for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
     const int64_t row = g * kSlots + m.slot;
     const bool valid = row < p.rows;

@@ -38,6 +38,16 @@ __device__ __forceinline__ void emit_gw(const GwOut& o, int64_t partial, int64_t
     o.partials[partial * cols + col] = v;
 }
 
+// The finished gw sums v[0 .. kM) of columns first .. first + kM - 1, those inside [0, cols), by element
+// (backward_rows_paired's sums by gx's blocks, which start kO columns before a chunk: once per CTA).
+template <typename T, int kM>
+__device__ __forceinline__ void emit_gw_cols(const GwOut& o, int64_t partial, int cols, int first,
+                                             const float (&v)[kM]) {
+#pragma unroll
+  for (int j = 0; j < kM; ++j)
+    if (first + j >= 0 && first + j < cols) emit_gw<T>(o, partial, cols, first + j, v[j]);
+}
+
 // kN fp32 values to dst[0 .. n) (n may be less than kN at the row's end):
 // 16-byte stores where dst is 16-byte aligned and the chunk is whole.
 template <int kN>
