@@ -377,12 +377,12 @@ inline Io backward_io(std::initializer_list<RowsOperand> rows, const void* w, in
   }
   return Io::kPaired;
 }
-// The shifted kernels that hold backward_rows_paired: at 16-bit with 4 chunks per thread it spilled (ptxas,
-// sm_90: bf16 148-632 bytes below 256 threads per row and 16 at 512, f16 332 and 620 at 256 and 512), and those
-// keep the run-time offsets.
+// The shifted kernels that hold backward_rows_paired: every fp32 one, and 16-bit ones at 2 chunks per thread or
+// at 4 with 256 or 512 threads per row. The 16-bit 4-chunk kernels below 256 threads per row spilled with it
+// (ptxas, sm_90: bf16 288 bytes and f16 300 at 64 threads per row, 16 bytes at 2..32), and keep the run-time
+// offsets.
 RMSNORM_HD constexpr bool backward_paired_geometry(int tpr, int cpt, int esize) {
-  (void)tpr;
-  return esize == 4 || cpt != kMaxChunksPerThread;
+  return esize == 4 || cpt != kMaxChunksPerThread || tpr >= 256;
 }
 // backward_rows_paired's condition (above): kPaired, D a multiple of the chunk width, and a geometry that holds it.
 inline bool backward_paired_rows(Io io, int64_t cols, int esize, int tpr, int cpt) {
