@@ -377,12 +377,18 @@ inline Io backward_io(std::initializer_list<RowsOperand> rows, const void* w, in
   }
   return Io::kPaired;
 }
-// The shifted kernels that hold backward_rows_paired: every fp32 one, and 16-bit ones at 2 chunks per thread or
-// at 4 with 256 or 512 threads per row. The 16-bit 4-chunk kernels below 256 threads per row spilled with it
-// (ptxas, sm_90: bf16 288 bytes and f16 300 at 64 threads per row, 16 bytes at 2..32), and keep the run-time
-// offsets.
+// The shifted kernels that hold backward_rows_paired: every one but the 16-bit 4-chunk kernels at 64 threads per
+// row (D 1025..2048), which spilled with it (ptxas, sm_90: bf16 288 bytes, f16 300) and keep the run-time
+// offsets. The 16-bit 4-chunk kernels at 2..32 threads per row spill 16 bytes with it (backward_paired_barrier).
 RMSNORM_HD constexpr bool backward_paired_geometry(int tpr, int cpt, int esize) {
-  return esize == 4 || cpt != kMaxChunksPerThread || tpr >= 256;
+  return esize == 4 || cpt != kMaxChunksPerThread || tpr != 64;
+}
+// Whether the paired path's held weights go through an empty asm at each use (PairedWeights::held): ptxas hoisted
+// their conversions out of the row loop and spilled the fp32 forms at f16 with 4 chunks per thread (380 and 716
+// bytes at 256 and 512 threads per row) and at both 16-bit dtypes with 4 chunks and at most 32 threads per row
+// (bf16 24-40 bytes); at bf16 with 512 the barrier itself cost a 16-byte spill.
+RMSNORM_HD constexpr bool backward_paired_barrier(int tpr, int cpt, bool f16) {
+  return cpt == kMaxChunksPerThread && (f16 || tpr <= 32);
 }
 // backward_rows_paired's condition (above): kPaired, D a multiple of the chunk width, and a geometry that holds it.
 inline bool backward_paired_rows(Io io, int64_t cols, int esize, int tpr, int cpt) {

@@ -1079,9 +1079,10 @@ TEST(Plan, BackwardPairedIoAndRows) {
         ASSERT_EQ(l.stages, e.stages) << d;
         const int tpr = l.row.threads_per_row, cpt = l.row.chunks_per_thread;
         const bool rows = backward_paired_rows(l.io, d, esize, tpr, cpt);
-        ASSERT_EQ(rows, d % vec == 0 && (esize == 4 || cpt != kMaxChunksPerThread || tpr >= 256)) << d;
+        ASSERT_EQ(rows, d % vec == 0 && (esize == 4 || cpt != kMaxChunksPerThread || tpr != 64)) << d;
         if (l.kernel == Kernel::kBackwardRowsShifted && esize == 2 && d % vec == 0)
-          ASSERT_EQ(rows, cpt == kFewChunksPerThread || d > 4096) << d;
+          ASSERT_EQ(rows, cpt == kFewChunksPerThread || d <= 1024 || d > 2048) << d;  // 64 threads x 4 chunks
+        if (esize == 2 && d % vec == 0 && d > 1024 && d <= 2048) ASSERT_FALSE(rows) << d;
         ASSERT_FALSE(backward_paired_rows(Io::kElement, d, esize, tpr, cpt)) << d;
         ASSERT_FALSE(backward_paired_rows(Io::kPairedRows, d, esize, tpr, cpt)) << d;
       }

@@ -344,7 +344,7 @@ __device__ __forceinline__ Chunk<T> shifted_chunk(const uint4* buf, const uint4*
 // each use (an L1 hit): with both forms held in fp32 the kernel spilled at 4 chunks per thread (up to 1 KB at
 // bf16), with chunks c - 1 and c held in x's dtype up to 632 bytes. The weight is 16-byte aligned and D a
 // multiple of kN (plan::backward_paired_rows).
-template <typename T, int kO, int kCpt>
+template <typename T, int kO, int kCpt, bool kBarrier>
 struct PairedWeights {
   static constexpr int kN = Chunk<T>::kN;
   Chunk<T> cur[kCpt];
@@ -361,12 +361,11 @@ struct PairedWeights {
       if (w != nullptr && c < chunks) cur[it] = as_chunk<T>(reinterpret_cast<const uint4*>(w)[c]);
     }
   }
-  // cur[it]; at f16 through an empty asm, so that its conversions stay in the row loop: hoisted out of it (they
-  // do not change from row to row), their fp32 forms spilled at 4 chunks per thread (380 and 716 bytes at 256 and
-  // 512 threads per row). At bf16 the barrier itself cost a 16-byte spill at 512.
+  // cur[it]; with kBarrier through an empty asm, so that its conversions stay in the row loop: hoisted out of it
+  // (they do not change from row to row), their fp32 forms spilled (plan::backward_paired_barrier).
   __device__ __forceinline__ Chunk<T> held(int it) const {
     Chunk<T> k = cur[it];
-    if constexpr (std::is_same_v<T, __half>) {
+    if constexpr (kBarrier) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(k.w[i]));
     }
@@ -799,7 +798,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
     auto paired_rows = [&](auto ko) {
       constexpr int kO = decltype(ko)::value;
       constexpr int kShift = kO * static_cast<int>(sizeof(T));  // bytes
-      PairedWeights<T, kO, kCpt> pw;
+      PairedWeights<T, kO, kCpt, plan::backward_paired_barrier(kTpr, kCpt, std::is_same_v<T, __half>)> pw;
       pw.load(p.w, p.chunks, p.w_offset, m);
       float tail[kO];  // the gw sums of the row's last kO columns (GwTail)
 #pragma unroll
