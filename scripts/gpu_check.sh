@@ -235,7 +235,7 @@ run_step ctest '
     exclude="shared_library_exports_only_the_c_abi|export_check_catches_a_cxx_symbol"
     # scripts/prebuild.sh drops the CPU backend'"'"'s test binary (tests/cpu_test.cpp: its suites, no GPU read).
     [ -e "$BUILD_DIR/tests/rmsnorm_cpu_test" ] || exclude="$exclude|^(Cols/CpuProduct|Dtypes/CpuSweep|Cpu[A-Za-z]*)[.]"
-    # and the planner's (tests/plan_test.cpp: host only).
+    # and the planner'"'"'s (tests/plan_test.cpp: host only).
     [ -e "$BUILD_DIR/tests/rmsnorm_plan_test" ] || exclude="$exclude|^Plan[.]"
     echo "prebuilt tree ($(head -n 1 "$BUILD_DIR/PREBUILD_REVISION")): leaving out $exclude (host tools, run in CI)"
   fi
