@@ -235,8 +235,9 @@ run_step ctest '
     exclude="shared_library_exports_only_the_c_abi|export_check_catches_a_cxx_symbol"
     # scripts/prebuild.sh drops the CPU backend'"'"'s test binary (tests/cpu_test.cpp: its suites, no GPU read).
     [ -e "$BUILD_DIR/tests/rmsnorm_cpu_test" ] || exclude="$exclude|^(Cols/CpuProduct|Dtypes/CpuSweep|Cpu[A-Za-z]*)[.]"
-    # and the planner'"'"'s (tests/plan_test.cpp: host only).
+    # So are the planner'"'"'s and the host 16-bit conversions'"'"' (tests/plan_test.cpp, half_test.cpp: host only).
     [ -e "$BUILD_DIR/tests/rmsnorm_plan_test" ] || exclude="$exclude|^Plan[.]"
+    [ -e "$BUILD_DIR/tests/rmsnorm_half_test" ] || exclude="$exclude|^(Half[A-Za-z]*|[A-Za-z]*/HalfTest)[.]"
     echo "prebuilt tree ($(head -n 1 "$BUILD_DIR/PREBUILD_REVISION")): leaving out $exclude (host tools, run in CI)"
   fi
   ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 600 -j "$CTEST_JOBS" \
