@@ -385,8 +385,8 @@ RMSNORM_HD constexpr bool backward_paired_geometry(int tpr, int cpt, int esize) 
 }
 // Whether the paired path's held weights go through an empty asm at each use (PairedWeights::held): ptxas hoisted
 // their conversions out of the row loop and spilled the fp32 forms at f16 with 4 chunks per thread (380 and 716
-// bytes at 256 and 512 threads per row) and at both 16-bit dtypes with 4 chunks and at most 32 threads per row
-// (bf16 24-40 bytes); at bf16 with 512 the barrier itself cost a 16-byte spill.
+// bytes at 256 and 512 threads per row); with 4 chunks and at most 32 threads per row bf16 spilled 24-40 bytes
+// without it and 16 with it (f16 16 with it); at bf16 with 512 threads per row the barrier itself cost 16 bytes.
 RMSNORM_HD constexpr bool backward_paired_barrier(int tpr, int cpt, bool f16) {
   return cpt == kMaxChunksPerThread && (f16 || tpr <= 32);
 }

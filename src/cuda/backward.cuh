@@ -320,7 +320,8 @@ __device__ __forceinline__ void stage_group_shifted(const T* __restrict__ base, 
 }
 
 // The staged block after this thread's block `it` (the next lane's, the slot's lane 0 one step on, or the extra
-// block); and chunk `it` of this thread from staged blocks: its own block and the next, funnel-shifted by the row's misalignment `shift` (bytes, 0..15).
+// block); and chunk `it` of this thread from staged blocks: its own block and the next, funnel-shifted by the row's
+// misalignment `shift` (bytes, 0..15).
 // kShift >= 0: the shift is that constant (backward_rows_paired), the window fixed at compile time.
 template <int kTpr, int kCtaThreads, int kCpt>
 __device__ __forceinline__ uint4 next_block(const uint4* buf, const uint4* extra, int it, int slot, int pos) {
@@ -376,7 +377,6 @@ struct PairedWeights {
   }
   // The row's last kO columns (the last chunk's, `it`) at positions 0 .. kO - 1, as the block past the last chunk.
   __device__ __forceinline__ void tail(int it, float (&out)[kN]) const {
-#pragma unroll
     const Chunk<T> k = held(it);
 #pragma unroll
     for (int q = 0; q < kN; ++q) out[q] = w != nullptr ? (q < kO ? k.get(kN - kO + q) : 0.0f) + offset : 1.0f;
