@@ -63,7 +63,7 @@ case "$mode" in
     src="$(mktemp -d)"
     git archive "$rev" | tar -x -C "$src"
     # The compact build of scripts/prebuild.sh (this tree's), of the exported revision's benchmark alone.
-    SRC="$src" TARGETS=rmsnorm_bench bash scripts/prebuild.sh "$src/build" >/dev/null
+    SRC="$src" SHARED=OFF TARGETS=rmsnorm_bench bash scripts/prebuild.sh "$src/build" >/dev/null  # one binary, copied
     rm -rf "$dir"
     mkdir -p "$dir"
     cp "$src/build/rmsnorm_bench" "$dir/rmsnorm_bench"

@@ -238,6 +238,7 @@ run_step ctest '
     # So are the planner'"'"'s and the host 16-bit conversions'"'"' (tests/plan_test.cpp, half_test.cpp: host only).
     [ -e "$BUILD_DIR/tests/rmsnorm_plan_test" ] || exclude="$exclude|^Plan[.]"
     [ -e "$BUILD_DIR/tests/rmsnorm_half_test" ] || exclude="$exclude|^(Half[A-Za-z]*|[A-Za-z0-9_]*/HalfTest)[.]"
+    [ -e "$BUILD_DIR/tests/rmsnorm_harness_test" ] || exclude="$exclude|^Harness[A-Za-z]*[.]"
     echo "prebuilt tree ($(head -n 1 "$BUILD_DIR/PREBUILD_REVISION")): leaving out $exclude (host tools, run in CI)"
   fi
   ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 600 -j "$CTEST_JOBS" \
