@@ -86,6 +86,7 @@ struct Options {
   std::string commit;
   std::vector<std::string> custom;  // --shape ROWSxCOLS:DTYPE[:offset], repeatable: these instead of the list
   bool no_pdl = false;  // --no-pdl: every library call with RMSNORM_FLAG_NO_PDL (a diagnostic A/B of PDL)
+  bool quant = false;   // --quant: the quantized forwards of every shape too
 };
 
 struct Stats {
@@ -817,6 +818,41 @@ void run_shape(const Shape& sh, cudaStream_t stream, const rmsnorm_backend_t& be
     c.check = check_rows(false, sh.rows, sh.cols, sh.dtype, kEps, at(sets[0].x), nullptr, w.get(), at(sets[0].out), stride);
     finish_case(c);
   }
+  // The quantized forwards (--quant): q (1 byte an element) and the scales written once per call, x read from the
+  // rotated sets. Their correctness is the tests' (Cuda.ForwardQuant and the rest); timing only here.
+  if (g_opt.quant) {
+    DeviceBuffer q(elems), row_scales(static_cast<size_t>(sh.rows) * sizeof(float)), scale(sizeof(float));
+    const float scale_value = 0.05f;
+    RMSNORM_BENCH_CUDA(cudaMemcpy(scale.get(), &scale_value, sizeof(float), cudaMemcpyHostToDevice));
+    struct QuantCase {
+      const char* op;
+      rmsnorm_quant_kind_t kind;
+      rmsnorm_quant_scale_t mode;
+    };
+    const QuantCase kinds[] = {{"forward_fp8_per_row", RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_PER_ROW},
+                               {"forward_fp8_static", RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_STATIC},
+                               {"forward_int8_per_row", RMSNORM_QUANT_INT8, RMSNORM_QUANT_PER_ROW}};
+    for (const QuantCase& qc : kinds) {
+      const bool per_row = qc.mode == RMSNORM_QUANT_PER_ROW;
+      rmsnorm_quant_t qt{};
+      qt.kind = qc.kind;
+      qt.scale_mode = qc.mode;
+      qt.scale = per_row ? nullptr : static_cast<const float*>(scale.get());
+      qt.row_scales = per_row ? static_cast<float*>(row_scales.get()) : nullptr;
+      CaseResult c = base;
+      c.op = qc.op;
+      // x and w read, q and the scales written.
+      const int64_t scale_bytes = (per_row ? sh.rows : 1) * static_cast<int64_t>(sizeof(float));
+      c.bytes = static_cast<double>(sh.rows * sh.cols * static_cast<int64_t>(esize + 1) +
+                                    sh.cols * static_cast<int64_t>(esize) + scale_bytes);
+      c.st = time_stream(stream, g_opt.reps, k, qc.op, [&](int i) {
+        const OperandSet& s = sets[static_cast<size_t>(i)];
+        return rmsnorm_forward_quant(&prob, at(s.x), stride, w.get(), &qt, q.get(), stride, nullptr,
+                                     &be);
+      });
+      finish_case(c);
+    }
+  }
   // The saved rstd of a training forward, produced outside timing.
   for (OperandSet& s : sets)
     check_status(rmsnorm_forward(&prob, at(s.x), stride, w.get(), at(s.out), stride, static_cast<float*>(s.rstd.get()), &be),
@@ -1110,6 +1146,7 @@ void usage() {
       "                  8192x4096:bf16:offset for bases one element off; repeatable; no decode)\n"
       "  --no-extra      skip the extra large-data shapes\n"
       "  --no-pdl        launch every call with RMSNORM_FLAG_NO_PDL (diagnostic: a run to set against the default)\n"
+      "  --quant         also time each shape's quantized forwards (fp8 per row, fp8 static, int8 per row)\n"
       "  --json FILE     write every number and the run's metadata to FILE\n"
       "  --commit STR    commit recorded in the JSON (default: $RMSNORM_COMMIT, else \"unknown\")\n");
 }
@@ -1139,6 +1176,8 @@ void parse(int argc, char** argv) {
       g_opt.extra = false;
     } else if (a == "--no-pdl") {
       g_opt.no_pdl = true;
+    } else if (a == "--quant") {
+      g_opt.quant = true;
     } else if (a == "--commit") {
       g_opt.commit = value();
     } else if (a == "-h" || a == "--help") {

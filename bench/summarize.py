@@ -24,6 +24,9 @@ OP_NAMES = {
     "decode_vjp": "decode VJP (graph)",
     "decode_forward_fp8_static": "decode fwd fp8 static (graph)",
     "decode_forward_fp8_per_row": "decode fwd fp8 per row (graph)",
+    "forward_fp8_per_row": "fwd fp8 per row",
+    "forward_fp8_static": "fwd fp8 static",
+    "forward_int8_per_row": "fwd int8 per row",
 }
 
 
