@@ -263,8 +263,15 @@ RMSNORM_HD constexpr size_t stage_bytes(int cta_threads, int operands, int cpt) 
 // extra entry per slot; a chunk is then its own block and the next (a
 // neighbour's, after a barrier) shifted by the row's misalignment.
 // uint4 [operand][cpt][thread] then [operand's extra][slots].
+// Where a row takes more than a warp (tpr > 32), each warp's last lane also stages the block after each of its own
+// (backward_rows_paired reads its neighbour's blocks only inside the warp: no slot barrier for the staging):
+// uint4 [operand][cpt][thread], [operand's extra][slots], [operand's next blocks][cpt][warps].
+RMSNORM_HD constexpr int shifted_next_blocks(int cta_threads, int slots, int cpt) {
+  return cta_threads / slots > 32 ? cpt * (cta_threads / 32) : 0;
+}
 RMSNORM_HD constexpr size_t shifted_stage_bytes(int cta_threads, int slots, int operands, int cpt) {
-  return static_cast<size_t>(cta_threads * cpt + slots) * kChunkBytes * operands;
+  return static_cast<size_t>(cta_threads * cpt + slots + shifted_next_blocks(cta_threads, slots, cpt)) * kChunkBytes *
+         operands;
 }
 
 // The backward's end-of-kernel sum of the gw partials of a CTA's row slots:

@@ -319,6 +319,40 @@ __device__ __forceinline__ void stage_group_shifted(const T* __restrict__ base, 
   }
 }
 
+// backward_rows_paired's staging of a row group where a row takes more than a warp: stage_group_shifted's blocks
+// but the extra one, and each warp's last lane also copies the block after each of its own to next[it][warp], so
+// that every block a thread reads was staged by a lane of its own warp (paired_next_block): a warp barrier orders
+// the copies and the reads, where the slot's barrier did.
+template <typename T, int kTpr, int kCtaThreads, int kCpt>
+__device__ __forceinline__ void stage_group_paired(const T* __restrict__ base, int64_t stride, int64_t rows,
+                                                   int chunks, int cols, const RowMap<kTpr, false>& m, int64_t g,
+                                                   int slots, uint4* buf, uint4* next) {
+  static_assert(kTpr > 32, "rows of at most a warp: stage_group_shifted");
+  const int64_t row = g * slots + m.slot;
+  if (row >= rows) return;
+  const char* r = reinterpret_cast<const char*>(base + row * stride);
+  const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(r) & 15);
+  const char* r0 = r - shift;
+  const int64_t end = shift + static_cast<int64_t>(cols) * static_cast<int64_t>(sizeof(T));  // bytes from r0
+  auto copy = [&](uint4* dst, int v) {
+    const int64_t left = end - int64_t{16} * v;
+    const int bytes = left >= 16 ? 16 : left > 0 ? static_cast<int>(left) : 0;
+    cp_async_chunk(dst, bytes > 0 ? r0 + int64_t{16} * v : r0, bytes);
+  };
+#pragma unroll
+  for (int it = 0; it < kCpt; ++it) {
+    const int v = it * kTpr + m.pos;
+    if (v <= chunks) copy(&buf[it * kCtaThreads + threadIdx.x], v);
+  }
+  if (threadIdx.x % 32 == 31) {
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) {
+      const int v = it * kTpr + m.pos + 1;
+      if (v <= chunks) copy(&next[it * (kCtaThreads / 32) + threadIdx.x / 32], v);
+    }
+  }
+}
+
 // The staged block after this thread's block `it` (the next lane's, the slot's lane 0 one step on, or the extra
 // block); and chunk `it` of this thread from staged blocks: its own block and the next, funnel-shifted by the row's
 // misalignment `shift` (bytes, 0..15).
@@ -328,6 +362,19 @@ __device__ __forceinline__ uint4 next_block(const uint4* buf, const uint4* extra
   return pos + 1 < kTpr      ? buf[it * kCtaThreads + threadIdx.x + 1]
          : it + 1 < kCpt ? buf[(it + 1) * kCtaThreads + slot * kTpr]
                          : extra[slot];
+}
+// The same in backward_rows_paired's stages: where a row takes more than a warp, the next lane's block, or for a
+// warp's last lane its own copy in next[it][warp] (stage_group_paired).
+template <int kTpr, int kCtaThreads, int kCpt>
+__device__ __forceinline__ uint4 paired_next_block(const uint4* buf, int it, int slot, int pos) {
+  const uint4* extra = buf + kCpt * kCtaThreads;
+  if constexpr (kTpr <= 32) {
+    return next_block<kTpr, kCtaThreads, kCpt>(buf, extra, it, slot, pos);
+  } else {
+    const uint4* next = extra + kCtaThreads / kTpr;
+    return threadIdx.x % 32 != 31 ? buf[it * kCtaThreads + threadIdx.x + 1]
+                                  : next[it * (kCtaThreads / 32) + threadIdx.x / 32];
+  }
 }
 template <typename T, int kTpr, int kCtaThreads, int kCpt, int kShift = -1>
 __device__ __forceinline__ Chunk<T> shifted_chunk(const uint4* buf, const uint4* extra, int it, int slot, int pos,
@@ -750,11 +797,13 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
   __shared__ float2 exchange[2];
   extern __shared__ uint4 stage[];  // cp.async stages; at the end, the gw slot sum
   constexpr bool kShifted = !kVec && !kClustered;  // element I/O through staged aligned blocks
+  constexpr int kNext = kTpr > 32 ? kCpt * (kCtaThreads / 32) : 0;  // stage_group_paired's next blocks
   static_assert(plan::shifted_stage_bytes(kCtaThreads, kSlots, 2, kCpt) ==
-                    2 * sizeof(uint4) * (kCpt * kCtaThreads + kSlots),
+                    2 * sizeof(uint4) * (kCpt * kCtaThreads + kSlots + kNext),
                 "plan: shifted stage size");
-  constexpr int kStage = kShifted ? 2 * (kCpt * kCtaThreads + kSlots) : 2 * kCpt * kCtaThreads;  // uint4 per stage
-  constexpr int kOperand = kShifted ? kCpt * kCtaThreads + kSlots : kCpt * kCtaThreads;         // gy's offset in a stage
+  constexpr int kShiftedOperand = kCpt * kCtaThreads + kSlots + kNext;
+  constexpr int kStage = kShifted ? 2 * kShiftedOperand : 2 * kCpt * kCtaThreads;  // uint4 per stage
+  constexpr int kOperand = kShifted ? kShiftedOperand : kCpt * kCtaThreads;       // gy's offset in a stage
 
   pdl_enter();
   if constexpr (kClustered && kVec) {
@@ -772,8 +821,26 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
 #pragma unroll
     for (int j = 0; j < kN; ++j) acc[it][j] = 0.0f;
 
+  // backward_rows_paired (p.paired_offset): every operand's every row at one offset kO > 0 (elements), the chunks'
+  // shifts constants, gx computed and stored in gx's aligned blocks. Its own row loop: with the run-time loop below
+  // turned into a lambda over the offset, the 16-bit 4-chunk kernels at <= 32 threads per row spilled 8 bytes and
+  // ran 3% slower (docs/performance.md, "Misaligned backward: the offset as a constant").
+  constexpr bool kPairedPath =
+      kShifted && std::is_same_v<W, T> && (kPairedO > 0 || !plan::backward_paired_per_offset(kTpr, kCpt, sizeof(T)));
+  const bool paired = kPairedPath && (kPairedO > 0 || p.paired_offset > 0);
   auto stage_rows = [&](int64_t g, int s) {
     uint4* buf = stage + s * kStage;
+    if constexpr (kPairedPath && kTpr > 32) {
+      if (paired) {
+        // Every block a thread reads staged by its own warp (paired_next_block).
+        stage_group_paired<T, kTpr, kCtaThreads, kCpt>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, g, kSlots, buf,
+                                                       buf + kCpt * kCtaThreads + kSlots);
+        stage_group_paired<T, kTpr, kCtaThreads, kCpt>(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, m, g, kSlots,
+                                                       buf + kOperand, buf + kOperand + kCpt * kCtaThreads + kSlots);
+        cp_async_commit();
+        return;
+      }
+    }
     if constexpr (kShifted) {
       stage_group_shifted<T, kTpr, kCtaThreads, kCpt>(p.x, p.x_stride, p.rows, p.chunks, p.cols, m, g, kSlots, buf,
                                                       buf + kCpt * kCtaThreads);
@@ -794,12 +861,6 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
   ThreadWeights<T, kCpt, kVec || kShifted, W> wv;
   wv.load(p.w, p.chunks, p.cols, kVec, p.w_offset, m);
   int parity = 0, st = 0;
-  // backward_rows_paired (p.paired_offset): every operand's every row at one offset kO > 0 (elements), the chunks'
-  // shifts constants, gx computed and stored in gx's aligned blocks. Its own row loop: with the run-time loop below
-  // turned into a lambda over the offset, the 16-bit 4-chunk kernels at <= 32 threads per row spilled 8 bytes and
-  // ran 3% slower (docs/performance.md, "Misaligned backward: the offset as a constant").
-  constexpr bool kPairedPath =
-      kShifted && std::is_same_v<W, T> && (kPairedO > 0 || !plan::backward_paired_per_offset(kTpr, kCpt, sizeof(T)));
   if constexpr (kPairedPath) {
     auto paired_rows = [&](auto ko) {
       constexpr int kO = decltype(ko)::value;
@@ -814,24 +875,26 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
         const bool valid = row < p.rows;
         const float given_r = p.rstd != nullptr && valid ? p.rstd[row] : 0.0f;
         const uint4* cur = stage + st * kStage;
-        // The shifted staging's order of waits and barriers (the run-time loop below).
+        // The shifted staging's order of waits and barriers (the run-time loop below), the warp's barrier for the
+        // slot's.
         if (stages >= 2) {
           cp_async_wait(stages - 2);
-          slot_sync_any<kTpr, kSlots>(m.slot);
+          __syncwarp();
           stage_rows(g + (stages - 1) * m.units, st == 0 ? stages - 1 : st - 1);
         } else {
-          slot_sync_any<kTpr, kSlots>(m.slot);
+          __syncwarp();
           stage_rows(g, st);
           cp_async_wait(0);
-          slot_sync_any<kTpr, kSlots>(m.slot);
+          __syncwarp();
         }
         st = st + 1 == stages ? 0 : st + 1;
         auto x_of = [&](int it) {
-          return shifted_chunk<T, kTpr, kCtaThreads, kCpt, kShift>(cur, cur + kCpt * kCtaThreads, it, m.slot, m.pos, 0);
+          return shift_pair<T>(cur[it * kCtaThreads + threadIdx.x],
+                               paired_next_block<kTpr, kCtaThreads, kCpt>(cur, it, m.slot, m.pos), kShift);
         };
         auto gy_of = [&](int it) {
-          return shifted_chunk<T, kTpr, kCtaThreads, kCpt, kShift>(cur + kOperand, cur + kOperand + kCpt * kCtaThreads,
-                                                                  it, m.slot, m.pos, 0);
+          return shift_pair<T>(cur[kOperand + it * kCtaThreads + threadIdx.x],
+                               paired_next_block<kTpr, kCtaThreads, kCpt>(cur + kOperand, it, m.slot, m.pos), kShift);
         };
         float2 sums = make_float2(0.0f, 0.0f);
 #pragma unroll
@@ -875,10 +938,9 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
             store_span<T, kO, kN>(gxr - kO, b);
           }
           if (c == p.chunks - 1) {
-            const Chunk<T> xt = as_chunk<T>(next_block<kTpr, kCtaThreads, kCpt>(cur, cur + kCpt * kCtaThreads, it,
-                                                                                m.slot, m.pos));
-            const Chunk<T> gyt = as_chunk<T>(next_block<kTpr, kCtaThreads, kCpt>(
-                cur + kOperand, cur + kOperand + kCpt * kCtaThreads, it, m.slot, m.pos));
+            const Chunk<T> xt = as_chunk<T>(paired_next_block<kTpr, kCtaThreads, kCpt>(cur, it, m.slot, m.pos));
+            const Chunk<T> gyt =
+                as_chunk<T>(paired_next_block<kTpr, kCtaThreads, kCpt>(cur + kOperand, it, m.slot, m.pos));
             float wt[kN];
             pw.tail(it, wt);
             Chunk<T> t = gx_chunk(xt, gyt, wt, s);
@@ -898,7 +960,7 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
     };
     if constexpr (kPairedO > 0) {
       paired_rows(std::integral_constant<int, kPairedO>{});
-    } else if (p.paired_offset > 0) {
+    } else if (paired) {
       with_nonzero_offset<T>(p.paired_offset, paired_rows);
       return;
     }
