@@ -764,7 +764,8 @@ __global__ void __launch_bounds__(kDecode ? plan::backward_decode_cta_threads(kT
 // kVec: x and gy through the cp.async pipeline (see forward_kernel; stage
 // layout uint4 [stages][x, gy][kCpt][kCtaThreads]); otherwise, in the rows band,
 // the same pipeline over each row's aligned blocks (stage_group_shifted;
-// layout [stages][x, gy][kCpt][kCtaThreads] then [x extra, gy extra][kSlots]), and
+// layout [stages][x, gy] of [kCpt][kCtaThreads] blocks, [kSlots] extra blocks
+// and, where kTpr > 32, [kCpt][warps] next blocks: stage_group_paired), and
 // in the cluster band element I/O into registers.
 // Each thread keeps the fp32 gw sums of its own columns in registers; at the
 // end the row slots' sums are added in slot order through shared memory.
