@@ -20,11 +20,11 @@
 # compile", so the device call is where they are checked.
 # SHARED=ON (the default): the library is built as one shared library with every symbol visible
 # (RMSNORM_SHARED_INTERNAL, CMakeLists.txt) that the tests, the CLI and the benchmark load, so the kernels are in the
-# tree once: 14 MB at 3badf2a, 5.6 minutes on 2 cores (a ctest run here over it: 240 tests, the GPU ones skipped).
-# Room then for the A/B sides of scripts/gpu_ab.sh in the same call's carry. SHARED=OFF: each binary links the
-# static library and holds every kernel (about 7 MB each; 57 MiB in all with the drops below, over 64 MiB without
-# them once the paired backward held a kernel per offset). The processes then hold two copies of the CUDA runtime
-# (the library's static one and the test's), as the PyTorch extension does beside PyTorch's.
+# tree once: 15 MB at 3badf2a, 5.6 minutes on 2 cores (a ctest run here over it: 240 tests, the GPU ones skipped),
+# which leaves room for the A/B sides of scripts/gpu_ab.sh in the same call's carry. The processes then hold two
+# copies of the CUDA runtime (the library's static one and the test's), as the PyTorch extension does beside
+# PyTorch's. SHARED=OFF: each binary links the static library and holds every kernel (about 7 MB each, near the
+# device tool's 64 MiB with the drops below).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
