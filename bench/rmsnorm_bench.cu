@@ -744,6 +744,24 @@ void finish_case(CaseResult& c) {
   g_cases.push_back(c);
 }
 
+// The scale and row-scale buffers of the quantized forwards' cases, and their rmsnorm_quant_t: a static scale of
+// 0.05 (read from device memory, as the library reads it), or per-row scales written to `row_scales`.
+struct QuantBuffers {
+  DeviceBuffer scale, row_scales;
+  explicit QuantBuffers(int64_t rows) : scale(sizeof(float)), row_scales(static_cast<size_t>(rows) * sizeof(float)) {
+    const float scale_value = 0.05f;
+    RMSNORM_BENCH_CUDA(cudaMemcpy(scale.get(), &scale_value, sizeof(float), cudaMemcpyHostToDevice));
+  }
+  rmsnorm_quant_t quant(rmsnorm_quant_kind_t kind, bool per_row) const {
+    rmsnorm_quant_t qt{};
+    qt.kind = kind;
+    qt.scale_mode = per_row ? RMSNORM_QUANT_PER_ROW : RMSNORM_QUANT_STATIC;
+    qt.scale = per_row ? nullptr : static_cast<const float*>(scale.get());
+    qt.row_scales = per_row ? static_cast<float*>(row_scales.get()) : nullptr;
+    return qt;
+  }
+};
+
 void run_shape(const Shape& sh, cudaStream_t stream, const rmsnorm_backend_t& be) {
   const size_t esize = rmsnorm_dtype_size(sh.dtype);
   const int64_t stride = sh.cols;
@@ -821,28 +839,22 @@ void run_shape(const Shape& sh, cudaStream_t stream, const rmsnorm_backend_t& be
   // The quantized forwards (--quant): q (1 byte an element) and the scales written once per call, x read from the
   // rotated sets. Their correctness is the tests' (Cuda.ForwardQuant and the rest); timing only here.
   if (g_opt.quant) {
-    DeviceBuffer q(elems), row_scales(static_cast<size_t>(sh.rows) * sizeof(float)), scale(sizeof(float));
-    const float scale_value = 0.05f;
-    RMSNORM_BENCH_CUDA(cudaMemcpy(scale.get(), &scale_value, sizeof(float), cudaMemcpyHostToDevice));
+    DeviceBuffer q(elems);
+    const QuantBuffers qb(sh.rows);
     struct QuantCase {
       const char* op;
       rmsnorm_quant_kind_t kind;
-      rmsnorm_quant_scale_t mode;
+      bool per_row;
     };
-    const QuantCase kinds[] = {{"forward_fp8_per_row", RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_PER_ROW},
-                               {"forward_fp8_static", RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_STATIC},
-                               {"forward_int8_per_row", RMSNORM_QUANT_INT8, RMSNORM_QUANT_PER_ROW}};
+    const QuantCase kinds[] = {{"forward_fp8_per_row", RMSNORM_QUANT_FP8_E4M3, true},
+                               {"forward_fp8_static", RMSNORM_QUANT_FP8_E4M3, false},
+                               {"forward_int8_per_row", RMSNORM_QUANT_INT8, true}};
     for (const QuantCase& qc : kinds) {
-      const bool per_row = qc.mode == RMSNORM_QUANT_PER_ROW;
-      rmsnorm_quant_t qt{};
-      qt.kind = qc.kind;
-      qt.scale_mode = qc.mode;
-      qt.scale = per_row ? nullptr : static_cast<const float*>(scale.get());
-      qt.row_scales = per_row ? static_cast<float*>(row_scales.get()) : nullptr;
+      const rmsnorm_quant_t qt = qb.quant(qc.kind, qc.per_row);
       CaseResult c = base;
       c.op = qc.op;
       // x and w read, q and the scales written.
-      const int64_t scale_bytes = (per_row ? sh.rows : 1) * static_cast<int64_t>(sizeof(float));
+      const int64_t scale_bytes = (qc.per_row ? sh.rows : 1) * static_cast<int64_t>(sizeof(float));
       c.bytes = static_cast<double>(sh.rows * sh.cols * static_cast<int64_t>(esize + 1) +
                                     sh.cols * static_cast<int64_t>(esize) + scale_bytes);
       c.st = time_stream(stream, g_opt.reps, k, qc.op, [&](int i) {
@@ -1034,19 +1046,14 @@ void run_decode(const DecodeShape& sh, cudaStream_t stream, const rmsnorm_backen
   // The quantized forward at decode: fp8 e4m3 with a static scale (its
   // reciprocal is read from device memory, a second DRAM round trip the x
   // loads need not wait for) and with per-row scales. Graph replays as above.
-  DeviceBuffer scale(sizeof(float)), q(elems), row_scales(static_cast<size_t>(sh.rows) * sizeof(float));
-  const float scale_value = 0.05f;
-  RMSNORM_BENCH_CUDA(cudaMemcpy(scale.get(), &scale_value, sizeof(float), cudaMemcpyHostToDevice));
+  DeviceBuffer q(elems);
+  const QuantBuffers qb(sh.rows);
   for (int k = 0; k < 4; ++k) {
     const bool pdl = k < 2;
     const bool per_row = k % 2 == 1;
     if (pdl && g_opt.no_pdl) continue;
     const rmsnorm_problem_t& pr = pdl ? prob : plain;
-    rmsnorm_quant_t qt{};
-    qt.kind = RMSNORM_QUANT_FP8_E4M3;
-    qt.scale_mode = per_row ? RMSNORM_QUANT_PER_ROW : RMSNORM_QUANT_STATIC;
-    qt.scale = per_row ? nullptr : static_cast<const float*>(scale.get());
-    qt.row_scales = per_row ? static_cast<float*>(row_scales.get()) : nullptr;
+    const rmsnorm_quant_t qt = qb.quant(RMSNORM_QUANT_FP8_E4M3, per_row);
     check_status(rmsnorm_forward_quant(&pr, sets[0].x.get(), sh.cols, w.get(), &qt, q.get(), sh.cols, nullptr, &be),
                  "rmsnorm_forward_quant");
     RMSNORM_BENCH_CUDA(cudaStreamSynchronize(stream));
