@@ -1,4 +1,5 @@
-// Exhaustive tests of the host 16-bit conversions in src/common/half.hpp.
+// Exhaustive tests of the host 16-bit conversions in src/common/half.hpp, and of
+// the CPU backend's bulk conversions (src/cpu/convert.hpp) against them.
 // Every other test and the CPU backend trust these, so they are checked
 // against values computed independently (ldexp of sign, exponent and
 // mantissa; rounding done in double arithmetic), never against themselves.
@@ -7,13 +8,16 @@
 #include <algorithm>
 #include <cfenv>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <limits>
 #include <ostream>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "common/half.hpp"
+#include "cpu/convert.hpp"
 
 namespace rmsnorm {
 namespace {
@@ -241,6 +245,53 @@ INSTANTIATE_TEST_SUITE_P(Formats, HalfTest, ::testing::Values(&kF16, &kBF16),
                          [](const ::testing::TestParamInfo<const Format*>& info) {
                            return std::string(info.param->name);
                          });
+
+// The CPU backend's bulk conversions (F16C / AVX2 instructions where the CPU
+// has them) give the scalar functions' bits for every float and every 16-bit
+// pattern, at unaligned starts and with tails shorter than a vector.
+// The scalar functions are template arguments so that the 2^32 reference
+// conversions inline (about 2 s per format).
+template <void (*kEncodeN)(const float*, int64_t, uint16_t*), void (*kDecodeN)(const uint16_t*, int64_t, float*),
+          uint16_t (*kEncode)(float), float (*kDecode)(uint16_t)>
+void check_bulk(const char* name, bool simd) {
+  std::printf("bulk %s conversions: %s\n", name, simd ? "SIMD" : "scalar");
+  constexpr int64_t kBlock = int64_t{1} << 20;
+  std::vector<float> f(kBlock + 1);
+  std::vector<uint16_t> h(kBlock + 1);
+  int64_t bad = 0;
+  for (uint64_t base = 0; base < (uint64_t{1} << 32); base += kBlock) {
+    for (int64_t k = 0; k < kBlock; ++k) f[static_cast<size_t>(k + 1)] = bits_float(static_cast<uint32_t>(base + k));
+    const int64_t n = kBlock - static_cast<int64_t>((base >> 20) % 16);  // tails of 0..15 elements
+    kEncodeN(f.data() + 1, n, h.data() + 1);
+    for (int64_t k = 0; k < n; ++k) {
+      const uint16_t want = kEncode(f[static_cast<size_t>(k + 1)]), got = h[static_cast<size_t>(k + 1)];
+      if (got != want && ++bad <= 5)
+        ADD_FAILURE() << name << " encode_n(0x" << std::hex << base + k << ") = 0x" << got << ", want 0x" << want;
+    }
+  }
+  std::vector<uint16_t> all(65537);
+  for (uint32_t v = 0; v < 65536; ++v) all[v + 1] = static_cast<uint16_t>(v);
+  for (int64_t start : {1, 2, 3}) {
+    std::vector<float> out(65537, 0.0f);
+    kDecodeN(all.data() + start, 65537 - start, out.data() + start);
+    for (int64_t k = start; k < 65537; ++k) {
+      const uint16_t v = all[static_cast<size_t>(k)];
+      const uint32_t got = float_bits(out[static_cast<size_t>(k)]), want = float_bits(kDecode(v));
+      if (got != want && ++bad <= 5)
+        ADD_FAILURE() << name << " decode_n(0x" << std::hex << v << ") = 0x" << got << ", want 0x" << want;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(HalfBulk, F16MatchesScalarForEveryPattern) {
+  check_bulk<cpu::float_to_f16_n, cpu::f16_to_float_n, float_to_half, half_to_float>("f16", cpu::f16_bulk_uses_f16c());
+}
+
+TEST(HalfBulk, Bf16MatchesScalarForEveryPattern) {
+  check_bulk<cpu::float_to_bf16_n, cpu::bf16_to_float_n, float_to_bf16, bf16_to_float>("bf16",
+                                                                                      cpu::bf16_bulk_uses_avx2());
+}
 
 }  // namespace
 }  // namespace rmsnorm

@@ -36,6 +36,7 @@
 // memory returns an error with the outputs untouched and workers never throw.
 #include "cpu/cpu_backend.hpp"
 #include "common/quant.hpp"
+#include "cpu/convert.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -66,12 +67,16 @@ struct Elem<DType::kF16> {
   using T = uint16_t;
   static float load(uint16_t v) { return half_to_float(v); }
   static uint16_t store(float f) { return float_to_half(f); }
+  static void load_n(const uint16_t* s, int64_t n, float* d) { f16_to_float_n(s, n, d); }
+  static void store_n(const float* s, int64_t n, uint16_t* d) { float_to_f16_n(s, n, d); }
 };
 template <>
 struct Elem<DType::kBF16> {
   using T = uint16_t;
   static float load(uint16_t v) { return bf16_to_float(v); }
   static uint16_t store(float f) { return float_to_bf16(f); }
+  static void load_n(const uint16_t* s, int64_t n, float* d) { bf16_to_float_n(s, n, d); }
+  static void store_n(const float* s, int64_t n, uint16_t* d) { float_to_bf16_n(s, n, d); }
 };
 
 template <typename F>
@@ -139,8 +144,29 @@ const float* widen(const typename Elem<dt>::T* src, int64_t n, float* scratch) {
     (void)scratch;
     return src;
   } else {
-    for (int64_t j = 0; j < n; ++j) scratch[j] = Elem<dt>::load(src[j]);
+    Elem<dt>::load_n(src, n, scratch);
     return scratch;
+  }
+}
+
+// out[j] = d(value(j)) for j in [0, n). fp32 is stored in the loop; 16-bit
+// rows go a block at a time through a float buffer on the stack and the bulk
+// conversion (F16C / AVX2 where the CPU has them: the scalar f16 conversion
+// does not vectorise, and the compiler's bf16 loop is SSE2 only). The bits are
+// those of the scalar conversions either way.
+inline constexpr int64_t kConvertBlock = 256;
+
+template <DType d, typename Value>
+void store_row(typename Elem<d>::T* out, int64_t n, Value value) {
+  if constexpr (d == DType::kF32) {
+    for (int64_t j = 0; j < n; ++j) out[j] = value(j);
+  } else {
+    float buf[kConvertBlock];
+    for (int64_t j0 = 0; j0 < n; j0 += kConvertBlock) {
+      const int64_t m = std::min(kConvertBlock, n - j0);
+      for (int64_t k = 0; k < m; ++k) buf[k] = value(j0 + k);
+      Elem<d>::store_n(buf, m, out + j0);
+    }
   }
 }
 
@@ -211,7 +237,7 @@ void forward_rows(const ForwardArgs& a, const float* wp, float* scratch, int64_t
         y[j] = Elem<ydt>::store(xh * wp[j]);
       }
     } else {
-      for (int64_t j = 0; j < cols; ++j) y[j] = Elem<ydt>::store((x[j] * r) * wp[j]);
+      store_row<ydt>(y, cols, [x, r, wp](int64_t j) { return (x[j] * r) * wp[j]; });
     }
   }
 }
@@ -251,7 +277,7 @@ void backward_rows(const BackwardArgs& a, const float* wp, RowStats* stats, floa
     }
     T* gx = static_cast<T*>(a.gx) + i * a.gx_stride;
     if (a.g_h == nullptr) {
-      for (int64_t j = 0; j < cols; ++j) gx[j] = Elem<dt>::store(gx_of(x[j], wp[j] * gy[j], st.r, st.c));
+      store_row<dt>(gx, cols, [x, gy, wp, st](int64_t j) { return gx_of(x[j], wp[j] * gy[j], st.r, st.c); });
     } else {
       const T* gh = static_cast<const T*>(a.g_h) + i * a.g_h_stride;
       for (int64_t j = 0; j < cols; ++j) gx[j] = plus_g_h<dt>(Elem<dt>::store(gx_of(x[j], wp[j] * gy[j], st.r, st.c)), gh[j]);
@@ -281,11 +307,11 @@ void gw_tile(const BackwardArgs& a, const float* wp, const RowStats* stats, int6
     T* gx = static_cast<T*>(a.gx) + i * a.gx_stride + c0;
     const T* gh = a.g_h != nullptr ? static_cast<const T*>(a.g_h) + i * a.g_h_stride + c0 : nullptr;
     const float* w = wp + c0;
-    for (int64_t j = 0; j < n; ++j) {
-      const float xv = x[j], g = gy[j];
-      acc[j] += g * (xv * st.r);
-      const T v = Elem<dt>::store(gx_of(xv, w[j] * g, st.r, st.c));
-      gx[j] = gh != nullptr ? plus_g_h<dt>(v, gh[j]) : v;
+    for (int64_t j = 0; j < n; ++j) acc[j] += gy[j] * (x[j] * st.r);
+    if (gh == nullptr) {
+      store_row<dt>(gx, n, [x, gy, w, st](int64_t j) { return gx_of(x[j], w[j] * gy[j], st.r, st.c); });
+    } else {
+      for (int64_t j = 0; j < n; ++j) gx[j] = plus_g_h<dt>(Elem<dt>::store(gx_of(x[j], w[j] * gy[j], st.r, st.c)), gh[j]);
     }
   }
 }
