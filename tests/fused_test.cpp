@@ -362,6 +362,8 @@ uint8_t fp8_oracle(float v) {
 TEST(Quant, Fp8MatchesTheBruteForceOracle) {
   std::vector<float> vs = {0.0f, -0.0f, 448.0f, 449.0f, 464.0f, 480.0f, 1e30f, -1e30f, INFINITY, -INFINITY, NAN,
                            std::ldexp(1.0f, -10), std::ldexp(1.0f, -9), std::ldexp(3.0f, -11), 1e-30f};
+  for (uint32_t nan_bits : {0x7f800001u, 0x7fbfffffu, 0x7fc00001u})  // signalling and quiet: +448 whatever the sign
+    vs.push_back(bits_float(nan_bits));
   for (int k = 0; k <= 126; ++k) {
     const float a = static_cast<float>(fp8_value(k));
     vs.push_back(a);
@@ -387,7 +389,8 @@ TEST(Quant, Int8RoundsHalfToEvenAndSaturates) {
   const std::vector<std::pair<float, int>> cases = {
       {0.5f, 0},   {1.5f, 2},     {2.5f, 2},     {-0.5f, 0},   {-1.5f, -2},   {126.5f, 126}, {127.4f, 127},
       {127.5f, 127}, {200.0f, 127}, {-128.4f, -128}, {-129.0f, -128}, {-1e30f, -128}, {INFINITY, 127},
-      {-INFINITY, -128}, {NAN, 0}, {0.49999997f, 0}, {3.0f, 3}};
+      {-INFINITY, -128}, {NAN, 0}, {-NAN, 0}, {bits_float(0x7f800001u), 0}, {bits_float(0xffbfffffu), 0},
+      {0.49999997f, 0}, {3.0f, 3}, {1024.5f, 127}, {-1e6f, -128}, {-0.0f, 0}};
   for (const auto& [v, want] : cases) EXPECT_EQ(int(quant::int8_saturated(v)), want) << "v = " << v;
 }
 

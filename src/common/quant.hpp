@@ -7,6 +7,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define RMSNORM_QHD __host__ __device__
@@ -22,33 +23,55 @@ inline constexpr float kInt8Max = 127.0f;
 inline constexpr float kFp8MinScale = 1.0f / (448.0f * 512.0f);
 inline constexpr float kInt8MinScale = FLT_EPSILON;
 
-// v clamped to [-448, 448] (fminf / fmaxf: NaN gives +448), then to the
+// The two conversions below are the rule for the CPU backend (the device
+// has instructions for it: cuda/quant.cuh). One float add each, and integer
+// selects on the float's bits: no float compare, conversion or library call
+// (fminf and nearbyint are calls on the host), so that the loops over a row
+// vectorise.
+RMSNORM_QHD inline uint32_t float_bits_qhd(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+RMSNORM_QHD inline float bits_float_qhd(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// v clamped to [-448, 448] (NaN of either sign gives +448), then to the
 // nearest e4m3fn value, ties to even: 1 sign, 4 exponent bits (bias 7), 3
-// mantissa bits, subnormals below 2^-6, no infinities.
+// mantissa bits, subnormals below 2^-6, no infinities. For a = |v| in
+// [2^k, 2^(k+1)) (k >= -6; below 2^-6, as k = -6) e4m3's spacing is 2^(k-3),
+// the ulp of M = 2^(k+20): t = M + a rounds a to j spacings (in the current
+// rounding mode: to nearest even by default), and j = bits(t) - bits(M) (8..16
+// in a binade, 0..8 below it). The code is then 8 (k + 6) + j; a carry to
+// j = 16 lands on the next binade's first code.
 RMSNORM_QHD inline uint8_t fp8_e4m3_saturated(float v) {
-  const float c = fmaxf(-kFp8Max, fminf(v, kFp8Max));
-  const uint8_t sign = std::signbit(c) ? 0x80 : 0x00;
-  const float a = fabsf(c);
-  if (a < 0.015625f) {  // below 2^-6: multiples of 2^-9 (8 of them reach 2^-6, code 0x08)
-    return static_cast<uint8_t>(sign | static_cast<uint8_t>(nearbyintf(a * 512.0f)));
-  }
-  int e = 0;
-  const float f = frexpf(a, &e);  // a = f 2^e, f in [0.5, 1)
-  // a = (1 + m / 8) 2^(e - 1); 8 m is exact in fp32, rounded to nearest even.
-  int m = static_cast<int>(nearbyintf((2.0f * f - 1.0f) * 8.0f));
-  int exp = e - 1;
-  if (m == 8) {
-    m = 0;
-    ++exp;
-  }
-  return static_cast<uint8_t>(sign | ((exp + 7) << 3) | m);
+  constexpr uint32_t k448 = 0x43e00000u;  // 448.0f
+  const uint32_t u = float_bits_qhd(v), mag = u & 0x7fffffffu;
+  const bool nan = mag > 0x7f800000u;
+  const uint32_t sign = nan ? 0u : (u >> 24) & 0x80u;
+  const uint32_t abits = nan || mag > k448 ? k448 : mag;
+  const uint32_t e = abits >> 23 > 121u ? abits >> 23 : 121u;  // 121 = 127 - 6: k + 127, at least 2^-6's
+  const uint32_t mbits = (e + 20u) << 23;
+  const uint32_t j = float_bits_qhd(bits_float_qhd(abits) + bits_float_qhd(mbits)) - mbits;
+  return static_cast<uint8_t>(sign | ((e - 121u) * 8u + j));
 }
 
 // v to int8: nearest, ties to even, saturated to [-128, 127]; NaN gives 0.
-// Selects, not branches: the device's per-element code is issue-bound.
+// |v| is first capped at 1024 (on the bits: the same result, since clamping to
+// integer bounds commutes with rounding to integers); then t = c + 1.5 2^23,
+// whose ulp is 1, holds c rounded (nearbyint's result in the current mode) as
+// bits(t) - bits(1.5 2^23), and the integer is clamped.
 RMSNORM_QHD inline int8_t int8_saturated(float v) {
-  const float c = v != v ? 0.0f : fminf(fmaxf(v, -128.0f), 127.0f);
-  return static_cast<int8_t>(nearbyintf(c));
+  constexpr uint32_t k1024 = 0x44800000u, kMagic = 0x4b400000u;  // 1024.0f, 1.5 2^23
+  const uint32_t u = float_bits_qhd(v), mag = u & 0x7fffffffu;
+  // A NaN becomes +0 by a mask, not a select: with a select the compiler branches around the add.
+  const uint32_t keep = 0u - static_cast<uint32_t>(mag <= 0x7f800000u);
+  const float c = bits_float_qhd(((u & 0x80000000u) | (mag > k1024 ? k1024 : mag)) & keep);
+  const int32_t i = static_cast<int32_t>(float_bits_qhd(c + bits_float_qhd(kMagic)) - kMagic);
+  return static_cast<int8_t>(i < -128 ? -128 : (i > 127 ? 127 : i));
 }
 
 // A row's dequantization scale from max|y| (NaN ignored by fmaxf) and an
