@@ -61,6 +61,8 @@ struct Elem<DType::kF32> {
   using T = float;
   static float load(float v) { return v; }
   static float store(float f) { return f; }
+  static void load_n(const float* s, int64_t n, float* d) { std::copy(s, s + n, d); }
+  static void store_n(const float* s, int64_t n, float* d) { std::copy(s, s + n, d); }
 };
 template <>
 struct Elem<DType::kF16> {
@@ -129,13 +131,6 @@ inline float row_rstd(const float* x, int64_t cols, float eps) {
 // One expression shared by both backward paths, so they agree bitwise.
 inline float gx_of(float x, float wg, float r, float c) { return r * (wg - (x * r) * c); }
 
-// rmsnorm_add_backward: gx (already rounded to T) plus the residual stream's
-// gradient, added in fp32 and rounded once (autograd's accumulation).
-template <DType dt>
-inline typename Elem<dt>::T plus_g_h(typename Elem<dt>::T gx, typename Elem<dt>::T gh) {
-  return Elem<dt>::store(Elem<dt>::load(gx) + Elem<dt>::load(gh));
-}
-
 // 16-bit rows are widened into scratch (len n); fp32 rows are read in place.
 template <DType dt>
 const float* widen(const typename Elem<dt>::T* src, int64_t n, float* scratch) {
@@ -170,6 +165,37 @@ void store_row(typename Elem<d>::T* out, int64_t n, Value value) {
   }
 }
 
+// buf[0, m) (m <= kConvertBlock) rounded to d and back: the value d stores.
+template <DType d>
+void round_block(float* buf, int64_t m) {
+  if constexpr (d != DType::kF32) {
+    typename Elem<d>::T t[kConvertBlock];
+    Elem<d>::store_n(buf, m, t);
+    Elem<d>::load_n(t, m, buf);
+  }
+}
+
+// gx[j] = d(value(j)); with the residual stream's gradient gh (rmsnorm_add_backward):
+// d(float(d(value(j))) + float(gh[j])), gx rounded, then added in fp32 and rounded
+// once more (autograd's accumulation). A block of gh is read before that block of gx
+// is written, so gx == gh is safe.
+template <DType d, typename Value>
+void store_gx(typename Elem<d>::T* gx, const typename Elem<d>::T* gh, int64_t n, Value value) {
+  if (gh == nullptr) {
+    store_row<d>(gx, n, value);
+    return;
+  }
+  float buf[kConvertBlock], hb[kConvertBlock];
+  for (int64_t j0 = 0; j0 < n; j0 += kConvertBlock) {
+    const int64_t m = std::min(kConvertBlock, n - j0);
+    for (int64_t k = 0; k < m; ++k) buf[k] = value(j0 + k);
+    round_block<d>(buf, m);
+    const float* hf = widen<d>(gh + j0, m, hb);
+    for (int64_t k = 0; k < m; ++k) buf[k] += hf[k];
+    Elem<d>::store_n(buf, m, gx + j0);
+  }
+}
+
 // Scratch row length a worker needs: none when fp32 rows are read in place.
 constexpr int64_t widen_len(DType dt, int64_t cols) { return dt == DType::kF32 ? 0 : cols; }
 
@@ -188,29 +214,30 @@ std::vector<float> weight_prime(const void* weight, DType dt, int64_t cols, bool
 }
 
 // The residual add: h[j] = T(x[j] + residual[j]) written, and its value as
-// stored widened into scratch. x[j] and residual[j] are read before h[j] is
-// written, so h == x and h == residual are safe.
+// stored widened into scratch, a block of columns at a time (16-bit through
+// the bulk conversions). A block of x and of the residual is read before that
+// block of h is written, so h == x and h == residual are safe.
 // With residual_f32 (RMSNORM_FLAG_RESIDUAL_F32) residual and h are float: h = float(x) + residual.
 template <DType dt>
 const float* add_rows_into(const ForwardArgs& a, int64_t i, float* scratch) {
   using T = typename Elem<dt>::T;
   const T* x = static_cast<const T*>(a.x) + i * a.x_stride;
-  if (a.residual_f32) {
-    const float* res = static_cast<const float*>(a.residual) + i * a.residual_stride;
-    float* h = static_cast<float*>(a.h) + i * a.h_stride;
-    for (int64_t j = 0; j < a.cols; ++j) {
-      const float v = Elem<dt>::load(x[j]) + res[j];
-      h[j] = v;
-      scratch[j] = v;
+  float xb[kConvertBlock];
+  for (int64_t j0 = 0; j0 < a.cols; j0 += kConvertBlock) {
+    const int64_t m = std::min(kConvertBlock, a.cols - j0);
+    const float* xf = widen<dt>(x + j0, m, xb);
+    float* v = scratch + j0;
+    if (a.residual_f32) {
+      const float* res = static_cast<const float*>(a.residual) + i * a.residual_stride + j0;
+      for (int64_t k = 0; k < m; ++k) v[k] = xf[k] + res[k];
+      std::copy(v, v + m, static_cast<float*>(a.h) + i * a.h_stride + j0);
+    } else {
+      const float* rf = widen<dt>(static_cast<const T*>(a.residual) + i * a.residual_stride + j0, m, v);
+      for (int64_t k = 0; k < m; ++k) v[k] = xf[k] + rf[k];
+      T* h = static_cast<T*>(a.h) + i * a.h_stride + j0;
+      Elem<dt>::store_n(v, m, h);
+      if constexpr (dt != DType::kF32) Elem<dt>::load_n(h, m, v);  // h's value as stored
     }
-    return scratch;
-  }
-  const T* res = static_cast<const T*>(a.residual) + i * a.residual_stride;
-  T* h = static_cast<T*>(a.h) + i * a.h_stride;
-  for (int64_t j = 0; j < a.cols; ++j) {
-    const T v = Elem<dt>::store(Elem<dt>::load(x[j]) + Elem<dt>::load(res[j]));
-    h[j] = v;
-    scratch[j] = Elem<dt>::load(v);
   }
   return scratch;
 }
@@ -232,9 +259,12 @@ void forward_rows(const ForwardArgs& a, const float* wp, float* scratch, int64_t
     // round_xhat rounds x_hat to the norm's input dtype: x's, or with an fp32 residual stream h's (float: no
     // rounding, so the plain formula).
     if (a.round_xhat && !a.residual_f32) {
-      for (int64_t j = 0; j < cols; ++j) {
-        const float xh = Elem<dt>::load(Elem<dt>::store(x[j] * r));  // x_hat rounded to x's dtype
-        y[j] = Elem<ydt>::store(xh * wp[j]);
+      float xh[kConvertBlock];
+      for (int64_t j0 = 0; j0 < cols; j0 += kConvertBlock) {
+        const int64_t m = std::min(kConvertBlock, cols - j0);
+        for (int64_t k = 0; k < m; ++k) xh[k] = x[j0 + k] * r;
+        round_block<dt>(xh, m);  // x_hat rounded to x's dtype
+        store_row<ydt>(y + j0, m, [&xh, w = wp + j0](int64_t k) { return xh[k] * w[k]; });
       }
     } else {
       store_row<ydt>(y, cols, [x, r, wp](int64_t j) { return (x[j] * r) * wp[j]; });
@@ -276,12 +306,8 @@ void backward_rows(const BackwardArgs& a, const float* wp, RowStats* stats, floa
       continue;
     }
     T* gx = static_cast<T*>(a.gx) + i * a.gx_stride;
-    if (a.g_h == nullptr) {
-      store_row<dt>(gx, cols, [x, gy, wp, st](int64_t j) { return gx_of(x[j], wp[j] * gy[j], st.r, st.c); });
-    } else {
-      const T* gh = static_cast<const T*>(a.g_h) + i * a.g_h_stride;
-      for (int64_t j = 0; j < cols; ++j) gx[j] = plus_g_h<dt>(Elem<dt>::store(gx_of(x[j], wp[j] * gy[j], st.r, st.c)), gh[j]);
-    }
+    const T* gh = a.g_h != nullptr ? static_cast<const T*>(a.g_h) + i * a.g_h_stride : nullptr;
+    store_gx<dt>(gx, gh, cols, [x, gy, wp, st](int64_t j) { return gx_of(x[j], wp[j] * gy[j], st.r, st.c); });
   }
 }
 
@@ -325,11 +351,7 @@ void gw_tile(const BackwardArgs& a, const float* wp, const RowStats* stats, int6
     const T* gh = a.g_h != nullptr ? static_cast<const T*>(a.g_h) + i * a.g_h_stride + c0 : nullptr;
     const float* w = wp + c0;
     for (int64_t j = 0; j < n; ++j) acc[j] += gy[j] * (x[j] * st.r);
-    if (gh == nullptr) {
-      store_row<dt>(gx, n, [x, gy, w, st](int64_t j) { return gx_of(x[j], w[j] * gy[j], st.r, st.c); });
-    } else {
-      for (int64_t j = 0; j < n; ++j) gx[j] = plus_g_h<dt>(Elem<dt>::store(gx_of(x[j], w[j] * gy[j], st.r, st.c)), gh[j]);
-    }
+    store_gx<dt>(gx, gh, n, [x, gy, w, st](int64_t j) { return gx_of(x[j], w[j] * gy[j], st.r, st.c); });
   }
 }
 
