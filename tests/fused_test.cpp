@@ -149,11 +149,12 @@ TEST(AddForward, Flags) {
 TEST(AddForward, InPlace) {
   std::mt19937_64 rng(33);
   for (int32_t dt : kDtypes) {
-    for (int over : {0, 1}) {  // 0: h == x, 1: h == residual
+    for (int over : {0, 1})  // 0: h == x, 1: h == residual
+    for (int64_t cols : {130, 1000}) {  // 1000: several of the CPU backend's 256-column blocks, the last partial
       AddCase c;
       c.dtype = dt;
       c.rows = 9;
-      c.cols = 130;
+      c.cols = cols;
       SCOPED_TRACE(describe(c) + (over == 0 ? " h == x" : " h == residual"));
       HostMatrix x(c.dtype, c.rows, c.cols), res(c.dtype, c.rows, c.cols), w(c.dtype, 1, c.cols);
       harness::fill_normal(x, rng());

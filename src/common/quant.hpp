@@ -61,16 +61,19 @@ RMSNORM_QHD inline uint8_t fp8_e4m3_saturated(float v) {
 
 // v to int8: nearest, ties to even, saturated to [-128, 127]; NaN gives 0.
 // |v| is first capped at 1024 (on the bits: the same result, since clamping to
-// integer bounds commutes with rounding to integers); then t = c + 1.5 2^23,
-// whose ulp is 1, holds c rounded (nearbyint's result in the current mode) as
-// bits(t) - bits(1.5 2^23), and the integer is clamped.
+// integer bounds commutes with rounding to integers); then t = c + M, M = 1.5
+// 2^23 with c's sign, whose ulp is 1, holds c rounded as +-(bits(t) - bits(M))
+// (nearbyint's result in every rounding mode, M carrying c's sign so that
+// toward-zero rounds the magnitude), and the integer is clamped.
 RMSNORM_QHD inline int8_t int8_saturated(float v) {
   constexpr uint32_t k1024 = 0x44800000u, kMagic = 0x4b400000u;  // 1024.0f, 1.5 2^23
-  const uint32_t u = float_bits_qhd(v), mag = u & 0x7fffffffu;
+  const uint32_t u = float_bits_qhd(v), mag = u & 0x7fffffffu, sign = u & 0x80000000u;
   // A NaN becomes +0 by a mask, not a select: with a select the compiler branches around the add.
   const uint32_t keep = 0u - static_cast<uint32_t>(mag <= 0x7f800000u);
-  const float c = bits_float_qhd(((u & 0x80000000u) | (mag > k1024 ? k1024 : mag)) & keep);
-  const int32_t i = static_cast<int32_t>(float_bits_qhd(c + bits_float_qhd(kMagic)) - kMagic);
+  const float c = bits_float_qhd((sign | (mag > k1024 ? k1024 : mag)) & keep);
+  const uint32_t m = (sign & keep) | kMagic;
+  const int32_t d = static_cast<int32_t>(float_bits_qhd(c + bits_float_qhd(m)) - m);
+  const int32_t i = sign & keep ? -d : d;
   return static_cast<int8_t>(i < -128 ? -128 : (i > 127 ? 127 : i));
 }
 

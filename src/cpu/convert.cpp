@@ -1,7 +1,10 @@
 // F16C's VCVTPH2PS is exact for every binary16 pattern (a NaN comes back
-// quiet); VCVTPS2PH with the rounding immediate 0 rounds to nearest even
-// whatever MXCSR says, and quiets NaNs keeping the payload's top bits, as
-// float_to_half does. The bf16 functions are integer AVX2: the shift, and
+// quiet); VCVTPS2PH with _MM_FROUND_TO_NEAREST_INT in its immediate rounds to
+// nearest even whatever MXCSR's rounding mode, and quiets NaNs keeping the
+// payload's top bits, as float_to_half does. Neither depends on DAZ / FTZ.
+// Unlike the scalar functions (integer arithmetic) they raise the inexact and
+// overflow flags (_MM_FROUND_NO_EXC does nothing in the VEX form), which only
+// matters to a caller that unmasks those exceptions. The bf16 functions are integer AVX2: the shift, and
 // float_to_bf16's carry rounding and NaN rule (AVX512-BF16's VCVTNEPS2BF16 is
 // not used: it flushes subnormals). tests/half_test.cpp checks every pattern
 // against the scalar functions. Only these leaf functions are compiled for
@@ -13,6 +16,7 @@
 #include "common/half.hpp"
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define RMSNORM_HAVE_X86_BULK 1
 #endif
@@ -25,7 +29,7 @@ __attribute__((target("avx,f16c"))) void f16_to_float_f16c(const uint16_t* src, 
   int64_t j = 0;
   for (; j + 8 <= n; j += 8)
     _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j))));
-  for (; j < n; ++j) dst[j] = _cvtsh_ss(src[j]);
+  for (; j < n; ++j) dst[j] = half_to_float(src[j]);
 }
 
 __attribute__((target("avx,f16c"))) void float_to_f16_f16c(const float* src, int64_t n, uint16_t* dst) {
@@ -33,7 +37,7 @@ __attribute__((target("avx,f16c"))) void float_to_f16_f16c(const float* src, int
   int64_t j = 0;
   for (; j + 8 <= n; j += 8)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j), _mm256_cvtps_ph(_mm256_loadu_ps(src + j), kRne));
-  for (; j < n; ++j) dst[j] = _cvtss_sh(src[j], kRne);
+  for (; j < n; ++j) dst[j] = float_to_half(src[j]);
 }
 
 __attribute__((target("avx2"))) void bf16_to_float_avx2(const uint16_t* src, int64_t n, float* dst) {
@@ -68,10 +72,12 @@ __attribute__((target("avx2"))) void float_to_bf16_avx2(const float* src, int64_
 }
 
 // AVX is checked for F16C too: VEX encodings need the OS to save the YMM
-// state, which __builtin_cpu_supports("avx") tests.
+// state, which __builtin_cpu_supports("avx") tests. F16C itself is read from
+// CPUID (leaf 1, ECX bit 29): __builtin_cpu_supports("f16c") needs clang 18.
 bool detect_f16c() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
 }
 bool detect_avx2() {
   __builtin_cpu_init();

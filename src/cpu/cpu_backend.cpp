@@ -460,7 +460,8 @@ rmsnorm_status_t forward_quant(const ForwardArgs& a, const QuantArgs& qa, int nu
   try {
     const std::vector<float> wp = weight_prime(a.weight, a.weight_f32 ? DType::kF32 : a.dtype, a.cols, a.weight_offset);
     const int threads = threads_for(num_threads, a.rows, a.rows * a.cols);
-    Scratch scratch(threads, 3, a.cols);  // the widened row, y of the row as forward stores it, and y widened
+    // The widened row, y of the row as forward stores it, and (16-bit) y widened.
+    Scratch scratch(threads, a.dtype == DType::kF32 ? 2 : 3, a.cols);
     const float inv_scale = qa.per_row ? 0.0f : 1.0f / *qa.scale;
     dispatch_dtype(a.dtype, [&](auto tag) {
       constexpr DType dt = decltype(tag)::value;
@@ -483,7 +484,7 @@ rmsnorm_status_t forward_quant(const ForwardArgs& a, const QuantArgs& qa, int nu
             b.h = static_cast<char*>(a.h) + static_cast<size_t>(i * a.h_stride) * es;
           }
           forward_rows<dt>(b, wp.data(), scratch.get(t, 0), 0, 1);
-          const float* yw = widen<dt>(yt, a.cols, scratch.get(t, 2));  // y as stored, in float
+          const float* yw = widen<dt>(yt, a.cols, dt == DType::kF32 ? nullptr : scratch.get(t, 2));  // y as stored
           unsigned char* qr = static_cast<unsigned char*>(qa.q) + i * qa.q_stride;
           // Per row: one block of all the columns; block scales: each block of block_cols columns alone.
           const int64_t bc = qa.block_cols > 0 ? qa.block_cols : a.cols;
