@@ -91,37 +91,43 @@ bool detect_avx2() { return false; }
 const bool kHaveF16c = detect_f16c();
 const bool kHaveAvx2 = detect_avx2();
 
+#ifdef RMSNORM_HAVE_X86_BULK
+#define RMSNORM_X86_ONLY(f) f
+#else
+#define RMSNORM_X86_ONLY(f) nullptr
+#endif
+
+// The SIMD function where the CPU has its instructions, else the scalar one element by element.
+// (bulk's type is not deduced, so that it may be nullptr.)
+template <typename S, typename D>
+struct BulkFn {
+  using type = void (*)(const S*, int64_t, D*);
+};
+template <typename S, typename D>
+void convert(bool simd, typename BulkFn<S, D>::type bulk, D (*one)(S), const S* src, int64_t n, D* dst) {
+  if (simd && bulk != nullptr) {
+    bulk(src, n, dst);
+    return;
+  }
+  for (int64_t j = 0; j < n; ++j) dst[j] = one(src[j]);
+}
+
 }  // namespace
 
 bool f16_bulk_uses_f16c() { return kHaveF16c; }
 bool bf16_bulk_uses_avx2() { return kHaveAvx2; }
 
 void f16_to_float_n(const uint16_t* src, int64_t n, float* dst) {
-#ifdef RMSNORM_HAVE_X86_BULK
-  if (kHaveF16c) return f16_to_float_f16c(src, n, dst);
-#endif
-  for (int64_t j = 0; j < n; ++j) dst[j] = half_to_float(src[j]);
+  convert(kHaveF16c, RMSNORM_X86_ONLY(f16_to_float_f16c), half_to_float, src, n, dst);
 }
-
 void float_to_f16_n(const float* src, int64_t n, uint16_t* dst) {
-#ifdef RMSNORM_HAVE_X86_BULK
-  if (kHaveF16c) return float_to_f16_f16c(src, n, dst);
-#endif
-  for (int64_t j = 0; j < n; ++j) dst[j] = float_to_half(src[j]);
+  convert(kHaveF16c, RMSNORM_X86_ONLY(float_to_f16_f16c), float_to_half, src, n, dst);
 }
-
 void bf16_to_float_n(const uint16_t* src, int64_t n, float* dst) {
-#ifdef RMSNORM_HAVE_X86_BULK
-  if (kHaveAvx2) return bf16_to_float_avx2(src, n, dst);
-#endif
-  for (int64_t j = 0; j < n; ++j) dst[j] = bf16_to_float(src[j]);
+  convert(kHaveAvx2, RMSNORM_X86_ONLY(bf16_to_float_avx2), bf16_to_float, src, n, dst);
 }
-
 void float_to_bf16_n(const float* src, int64_t n, uint16_t* dst) {
-#ifdef RMSNORM_HAVE_X86_BULK
-  if (kHaveAvx2) return float_to_bf16_avx2(src, n, dst);
-#endif
-  for (int64_t j = 0; j < n; ++j) dst[j] = float_to_bf16(src[j]);
+  convert(kHaveAvx2, RMSNORM_X86_ONLY(float_to_bf16_avx2), float_to_bf16, src, n, dst);
 }
 
 }  // namespace rmsnorm::cpu
