@@ -301,6 +301,8 @@ const char* rmsnorm_status_string(rmsnorm_status_t status) {
 
 const char* rmsnorm_last_error(void) { return g_last_error.c_str(); }
 
+int32_t rmsnorm_version(void) { return RMSNORM_VERSION; }
+
 size_t rmsnorm_dtype_size(int32_t dtype) { return known_dtype(dtype) ? dtype_size(static_cast<DType>(dtype)) : 0; }
 
 int rmsnorm_cuda_available(void) {

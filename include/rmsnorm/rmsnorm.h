@@ -77,6 +77,8 @@ extern "C" {
 #define RMSNORM_VERSION_MAJOR 0
 #define RMSNORM_VERSION_MINOR 1
 #define RMSNORM_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH, what rmsnorm_version() returns */
+#define RMSNORM_VERSION (RMSNORM_VERSION_MAJOR * 10000 + RMSNORM_VERSION_MINOR * 100 + RMSNORM_VERSION_PATCH)
 
 typedef enum rmsnorm_status {
   RMSNORM_STATUS_SUCCESS = 0,
@@ -208,6 +210,12 @@ RMSNORM_API const char* rmsnorm_status_string(rmsnorm_status_t status);
 /* Message of the last failing call on this thread (argument and reason);
  * "" when the last call succeeded. Valid until the next call on this thread. */
 RMSNORM_API const char* rmsnorm_last_error(void);
+
+/* RMSNORM_VERSION of the library as built, so that a program (or an FFI
+ * binding, which cannot read the macros) can check at run time that the
+ * library it loaded is the one its header describes (before 1.0 any version
+ * may change the ABI, so compare the whole number). */
+RMSNORM_API int32_t rmsnorm_version(void);
 
 /* Size in bytes of an element of dtype, 0 for an unknown dtype. */
 RMSNORM_API size_t rmsnorm_dtype_size(int32_t dtype);

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import pathlib
+import re
+
 import pytest
 import torch
 
@@ -163,3 +167,16 @@ def test_eager_call_below_autograd():
     with torch._C._AutoDispatchBelowAutograd():
         y = rmsnorm.rms_norm(x, 8, w)
     assert torch.equal(y, want)
+
+
+def test_versions_agree():
+    """The package's version is the rmsnorm library's built into it (rmsnorm.h's, which CMake checks against
+    project()), the installed distribution's and, in a source checkout, pyproject.toml's."""
+    from rmsnorm import _build_info
+
+    assert rmsnorm.__version__ == _build_info.LIBRARY_VERSION
+    assert importlib.metadata.version("rmsnorm") == rmsnorm.__version__
+    pyproject = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if pyproject.exists():
+        m = re.search(r'^version = "([^"]+)"$', pyproject.read_text(), re.M)
+        assert m is not None and m.group(1) == rmsnorm.__version__

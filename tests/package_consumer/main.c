@@ -43,6 +43,11 @@ int main(void) {
     fprintf(stderr, "negative eps gave %s\n", rmsnorm_status_string(s));
     return 1;
   }
+  /* The library linked is the one the header describes. */
+  if (rmsnorm_version() != RMSNORM_VERSION) {
+    fprintf(stderr, "library version %d, header %d\n", (int)rmsnorm_version(), RMSNORM_VERSION);
+    return 1;
+  }
   printf("rmsnorm consumer: ok (rmsnorm %d.%d.%d, CUDA available: %d)\n", RMSNORM_VERSION_MAJOR,
          RMSNORM_VERSION_MINOR, RMSNORM_VERSION_PATCH, rmsnorm_cuda_available());
   return 0;
