@@ -444,15 +444,18 @@ TEST(Quant, QuotientByInverseGivesTheDividedCode) {
       // |y| standing for the row's max: the largest quotient the rule admits).
       const bool finite = quant::quotients_finite(std::isnan(y) ? 0.0f : std::fabs(y), inv);
       const float fast = quant::corrected_quotient(y, s, inv);
-      if (finite)
+      if (finite) {
         ASSERT_EQ(quant::fp8_e4m3_saturated(fast), cw) << "y = " << y << ", s = " << s << ": corrected " << fast;
+      }
       if (!(std::fabs(want) >= 0x1p-60f) || std::isnan(want)) continue;
       uint32_t uw, ug, uf;
       std::memcpy(&uw, &want, 4);
       std::memcpy(&ug, &got, 4);
       std::memcpy(&uf, &fast, 4);
       ASSERT_EQ(ug, uw) << "y = " << y << ", s = " << s << ": " << got << " against " << want;
-      if (finite) ASSERT_EQ(uf, uw) << "y = " << y << ", s = " << s << ": corrected " << fast << " against " << want;
+      if (finite) {
+        ASSERT_EQ(uf, uw) << "y = " << y << ", s = " << s << ": corrected " << fast << " against " << want;
+      }
     }
   }
 }

@@ -1068,7 +1068,9 @@ TEST(Plan, BackwardPairedIoAndRows) {
       EXPECT_EQ(backward_io({{a + o, 64}, {a + o, 64}, {a + o, 64}, {a + o, 64 + vec / 2}}, a, esize), Io::kElement) << o;
     }
     // An offset that is not a multiple of the element size (fp32 rows 2 bytes off).
-    if (esize == 4) EXPECT_EQ(backward_io({{a + 2, 64}, {a + 2, 64}, {a + 2, 64}}, a, esize), Io::kElement);
+    if (esize == 4) {
+      EXPECT_EQ(backward_io({{a + 2, 64}, {a + 2, 64}, {a + 2, 64}}, a, esize), Io::kElement);
+    }
     for (const Device& dev : {hopper(16), hopper(8), ampere()}) {
       for (int64_t d = 1; d <= 20000; ++d) {
         const Launch l = backward_launch(1000, d, esize, Io::kPaired, true, dev);
@@ -1080,9 +1082,12 @@ TEST(Plan, BackwardPairedIoAndRows) {
         const int tpr = l.row.threads_per_row, cpt = l.row.chunks_per_thread;
         const bool rows = backward_paired_rows(l.io, d, esize, tpr, cpt);
         ASSERT_EQ(rows, d % vec == 0 && (esize == 4 || cpt != kMaxChunksPerThread || tpr != 64)) << d;
-        if (l.kernel == Kernel::kBackwardRowsShifted && esize == 2 && d % vec == 0)
+        if (l.kernel == Kernel::kBackwardRowsShifted && esize == 2 && d % vec == 0) {
           ASSERT_EQ(rows, cpt == kFewChunksPerThread || d <= 1024 || d > 2048) << d;  // 64 threads x 4 chunks
-        if (esize == 2 && d % vec == 0 && d > 1024 && d <= 2048) ASSERT_FALSE(rows) << d;
+        }
+        if (esize == 2 && d % vec == 0 && d > 1024 && d <= 2048) {
+          ASSERT_FALSE(rows) << d;
+        }
         ASSERT_FALSE(backward_paired_rows(Io::kElement, d, esize, tpr, cpt)) << d;
         ASSERT_FALSE(backward_paired_rows(Io::kPairedRows, d, esize, tpr, cpt)) << d;
       }
