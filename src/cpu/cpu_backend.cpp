@@ -31,9 +31,14 @@
 //     gw per GwMode. gx is written in the same tiles, each element after the
 //     tile has read gy there, so gx == gy (in place) is safe.
 //
-// All scratch (w', widened 16-bit rows, per-row statistics) is allocated by
-// the calling thread before anything is written, so running out of host
-// memory returns an error with the outputs untouched and workers never throw.
+// 16-bit rows are widened, and 16-bit outputs stored, a block of columns at a
+// time through the bulk conversions of cpu/convert.hpp (F16C / AVX2 where the
+// CPU has them), with the scalar conversions' bits.
+//
+// All heap scratch (w', widened 16-bit rows, per-row statistics) is allocated
+// by the calling thread before anything is written, so running out of host
+// memory returns an error with the outputs untouched and workers never throw;
+// the conversion blocks are small arrays on the workers' stacks.
 #include "cpu/cpu_backend.hpp"
 #include "common/quant.hpp"
 #include "cpu/convert.hpp"
