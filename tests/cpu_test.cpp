@@ -119,21 +119,6 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng, Scale scale = unit_scale
 
 const void* weight_ptr(const Case& c, const Inputs& in) { return c.weight == WeightKind::kNone ? nullptr : in.w.data(); }
 
-// Bytes of m's storage that are not elements (row padding, base offset,
-// slack) must still hold the 0xFF poison.
-::testing::AssertionResult padding_untouched(const char* what, const HostMatrix& m) {
-  std::vector<bool> elem(m.storage.size(), false);
-  for (int64_t r = 0; r < m.rows; ++r)
-    for (int64_t c = 0; c < m.cols; ++c) {
-      const size_t b = static_cast<size_t>((m.offset + m.index(r, c)) * static_cast<int64_t>(m.esize()));
-      for (size_t k = 0; k < m.esize(); ++k) elem[b + k] = true;
-    }
-  for (size_t i = 0; i < m.storage.size(); ++i)
-    if (!elem[i] && m.storage[i] != 0xFF)
-      return ::testing::AssertionFailure() << what << ": byte " << i << " outside the elements was written";
-  return ::testing::AssertionSuccess();
-}
-
 struct RefForward {
   std::vector<double> y, rstd, xhat, wprime;
 };

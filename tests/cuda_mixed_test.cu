@@ -98,18 +98,6 @@ reference::Options ref_options(const MixedCase& c) {
   return o;
 }
 
-// Every byte of got's storage outside its rows' elements is still the 0xFF poison.
-::testing::AssertionResult padding_untouched(const char* what, const HostMatrix& got) {
-  std::vector<bool> inside(got.storage.size(), false);
-  for (int64_t r = 0; r < got.rows; ++r)
-    for (int64_t k = 0; k < got.cols; ++k)
-      for (size_t b = 0; b < got.esize(); ++b) inside[(got.offset + got.index(r, k)) * got.esize() + b] = true;
-  for (size_t i = 0; i < got.storage.size(); ++i)
-    if (!inside[i] && got.storage[i] != 0xFF)
-      return ::testing::AssertionFailure() << what << ": byte " << i << " outside the rows was written";
-  return ::testing::AssertionSuccess();
-}
-
 // w' of column k as the kernels compute it: fp32 w (+ 1 with the offset), or 1 without a weight.
 float w_prime(const MixedCase& c, const HostMatrix& w, int64_t k) {
   return c.weight ? static_cast<float>(w.get(0, k)) + (c.weight_offset ? 1.0f : -0.0f) : 1.0f;  // w + -0 == w

@@ -205,6 +205,7 @@ void gpu_forward(const Case& c, const Inputs& in, HostMatrix* y, std::vector<flo
   ASSERT_EQ(st, RMSNORM_STATUS_SUCCESS) << rmsnorm_last_error();
   CUDA_OK(cudaDeviceSynchronize());
   download(dy, *y);
+  EXPECT_TRUE(padding_untouched("y", *y));
   rstd->assign(static_cast<size_t>(c.rows), NAN);
   if (c.with_rstd) CUDA_OK(cudaMemcpy(rstd->data(), drstd, static_cast<size_t>(c.rows) * 4, cudaMemcpyDeviceToHost));
 }
@@ -305,6 +306,8 @@ void gpu_backward(const Case& c, const Inputs& in, const std::vector<float>& rst
   CUDA_OK(cudaDeviceSynchronize());
   download(dgx, out->gx);
   download(dgw, gw);
+  EXPECT_TRUE(padding_untouched("gx", out->gx));
+  EXPECT_TRUE(padding_untouched("gw (the slack after it)", gw));
   out->gw = gw.to_double();
 }
 
@@ -838,6 +841,8 @@ void check_add_forward(const Case& c, int over, std::mt19937_64& rng) {
   HostMatrix h_got;
   download_checked_h(c, a, over, &h_got);
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  EXPECT_TRUE(padding_untouched("y", y));
+  EXPECT_TRUE(padding_untouched("h", h_got));
   // The plain forward of h as stored.
   Case plain = c;
   plain.with_rstd = true;

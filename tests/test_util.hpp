@@ -34,6 +34,22 @@ using harness::ulp;
 using harness::y_round_xhat_tol;
 using harness::y_tol;
 
+// Every byte of m's storage that is not an element (row padding, the base
+// offset, the slack after the last row) still holds the 0xFF poison that
+// HostMatrix starts with: for outputs, so that a stray write shows.
+inline ::testing::AssertionResult padding_untouched(const char* what, const HostMatrix& m) {
+  std::vector<bool> elem(m.storage.size(), false);
+  for (int64_t r = 0; r < m.rows; ++r)
+    for (int64_t c = 0; c < m.cols; ++c) {
+      const size_t b = static_cast<size_t>((m.offset + m.index(r, c)) * static_cast<int64_t>(m.esize()));
+      for (size_t k = 0; k < m.esize(); ++k) elem[b + k] = true;
+    }
+  for (size_t i = 0; i < m.storage.size(); ++i)
+    if (!elem[i] && m.storage[i] != 0xFF)
+      return ::testing::AssertionFailure() << what << ": byte " << i << " outside the elements was written";
+  return ::testing::AssertionSuccess();
+}
+
 // N(0,1) * row_scale(r), rounded to dtype, exact zeros replaced (so an
 // unwritten or mis-indexed output cannot pass by accident); a fresh stream
 // drawn from rng.
