@@ -7,7 +7,8 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
+
+#include "common/half.hpp"
 
 #if defined(__CUDACC__)
 #define RMSNORM_QHD __host__ __device__
@@ -23,22 +24,11 @@ inline constexpr float kInt8Max = 127.0f;
 inline constexpr float kFp8MinScale = 1.0f / (448.0f * 512.0f);
 inline constexpr float kInt8MinScale = FLT_EPSILON;
 
-// The two conversions below are the rule for the CPU backend (the device
-// has instructions for it: cuda/quant.cuh). One float add each, and integer
-// selects on the float's bits: no float compare, conversion or library call
-// (fminf and nearbyint are calls on the host), so that the loops over a row
-// vectorise.
-RMSNORM_QHD inline uint32_t float_bits_qhd(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-RMSNORM_QHD inline float bits_float_qhd(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
+// The two conversions below are the rule for the CPU backend and the tests,
+// host only (the device has instructions for it: cuda/quant.cuh). One float
+// add each, and integer selects on the float's bits (common/half.hpp's casts):
+// no float compare, conversion or library call (fminf and nearbyint are calls
+// on the host), so that the loops over a row vectorise.
 // v clamped to [-448, 448] (NaN of either sign gives +448), then to the
 // nearest e4m3fn value, ties to even: 1 sign, 4 exponent bits (bias 7), 3
 // mantissa bits, subnormals below 2^-6, no infinities. For a = |v| in
@@ -47,15 +37,15 @@ RMSNORM_QHD inline float bits_float_qhd(uint32_t u) {
 // rounding mode: to nearest even by default), and j = bits(t) - bits(M) (8..16
 // in a binade, 0..8 below it). The code is then 8 (k + 6) + j; a carry to
 // j = 16 lands on the next binade's first code.
-RMSNORM_QHD inline uint8_t fp8_e4m3_saturated(float v) {
+inline uint8_t fp8_e4m3_saturated(float v) {
   constexpr uint32_t k448 = 0x43e00000u;  // 448.0f
-  const uint32_t u = float_bits_qhd(v), mag = u & 0x7fffffffu;
+  const uint32_t u = float_bits(v), mag = u & 0x7fffffffu;
   const bool nan = mag > 0x7f800000u;
   const uint32_t sign = nan ? 0u : (u >> 24) & 0x80u;
   const uint32_t abits = nan || mag > k448 ? k448 : mag;
   const uint32_t e = abits >> 23 > 121u ? abits >> 23 : 121u;  // 121 = 127 - 6: k + 127, at least 2^-6's
   const uint32_t mbits = (e + 20u) << 23;
-  const uint32_t j = float_bits_qhd(bits_float_qhd(abits) + bits_float_qhd(mbits)) - mbits;
+  const uint32_t j = float_bits(bits_float(abits) + bits_float(mbits)) - mbits;
   return static_cast<uint8_t>(sign | ((e - 121u) * 8u + j));
 }
 
@@ -65,14 +55,14 @@ RMSNORM_QHD inline uint8_t fp8_e4m3_saturated(float v) {
 // 2^23 with c's sign, whose ulp is 1, holds c rounded as +-(bits(t) - bits(M))
 // (nearbyint's result in every rounding mode, M carrying c's sign so that
 // toward-zero rounds the magnitude), and the integer is clamped.
-RMSNORM_QHD inline int8_t int8_saturated(float v) {
+inline int8_t int8_saturated(float v) {
   constexpr uint32_t k1024 = 0x44800000u, kMagic = 0x4b400000u;  // 1024.0f, 1.5 2^23
-  const uint32_t u = float_bits_qhd(v), mag = u & 0x7fffffffu, sign = u & 0x80000000u;
+  const uint32_t u = float_bits(v), mag = u & 0x7fffffffu, sign = u & 0x80000000u;
   // A NaN becomes +0 by a mask, not a select: with a select the compiler branches around the add.
   const uint32_t keep = 0u - static_cast<uint32_t>(mag <= 0x7f800000u);
-  const float c = bits_float_qhd((sign | (mag > k1024 ? k1024 : mag)) & keep);
+  const float c = bits_float((sign | (mag > k1024 ? k1024 : mag)) & keep);
   const uint32_t m = (sign & keep) | kMagic;
-  const int32_t d = static_cast<int32_t>(float_bits_qhd(c + bits_float_qhd(m)) - m);
+  const int32_t d = static_cast<int32_t>(float_bits(c + bits_float(m)) - m);
   const int32_t i = sign & keep ? -d : d;
   return static_cast<int8_t>(i < -128 ? -128 : (i > 127 ? 127 : i));
 }

@@ -111,14 +111,21 @@ class Scratch {
   std::vector<float> buf_;
 };
 
-template <typename Term>
-inline float sum8(int64_t n, Term term) {
+// op folded over term(0..n) in sum8's order: 8 independent chains from +0,
+// then combined pairwise.
+template <typename Term, typename Op>
+inline float fold8(int64_t n, Term term, Op op) {
   float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   int64_t j = 0;
   for (; j + 8 <= n; j += 8)
-    for (int k = 0; k < 8; ++k) a[k] += term(j + k);
-  for (int k = 0; j + k < n; ++k) a[k] += term(j + k);
-  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    for (int k = 0; k < 8; ++k) a[k] = op(a[k], term(j + k));
+  for (int k = 0; j + k < n; ++k) a[k] = op(a[k], term(j + k));
+  return op(op(op(a[0], a[1]), op(a[2], a[3])), op(op(a[4], a[5]), op(a[6], a[7])));
+}
+
+template <typename Term>
+inline float sum8(int64_t n, Term term) {
+  return fold8(n, term, [](float a, float b) { return a + b; });
 }
 
 // cols <= plan::kMaxCols, so the int conversions below are exact.
@@ -316,21 +323,11 @@ void backward_rows(const BackwardArgs& a, const float* wp, RowStats* stats, floa
   }
 }
 
-// max |y[j]| over [0, n), NaN ignored (fmaxf's rule, as selects: fmaxf is a
-// library call here), in 8 independent chains like sum8 so that the loop is
-// not one latency-bound chain; a maximum does not depend on the order.
+// max |y[j]| over [0, n), NaN ignored (fmaxf's rule, as a select: fmaxf is a
+// library call here), in fold8's chains so that the loop is not one
+// latency-bound chain; a maximum does not depend on the order.
 inline float abs_max(const float* y, int64_t n) {
-  float m[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  auto step = [&m, y](int k, int64_t j) {
-    const float v = std::fabs(y[j]);
-    m[k] = v > m[k] ? v : m[k];
-  };
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int k = 0; k < 8; ++k) step(k, j + k);
-  for (int k = 0; j + k < n; ++k) step(k, j + k);
-  for (int k = 1; k < 8; ++k) m[0] = m[k] > m[0] ? m[k] : m[0];
-  return m[0];
+  return fold8(n, [y](int64_t j) { return std::fabs(y[j]); }, [](float m, float v) { return v > m ? v : m; });
 }
 
 // Partial p's first row, the fixed partition gw's summation order is defined on.
