@@ -12,6 +12,10 @@
 #    liger_kernel imports: carry its wheel in .whl/ and this script installs it into /tmp/site first.
 # 5. with FUSED_BENCH=1, runs bench/fused_bench.py ($OUT/fused.json; FUSED_ARGS, e.g. "--quick").
 #
+# WHEEL=PATH (a wheel from scripts/prebuild_wheel.sh, carried in .carry/) installs that wheel instead of step 1's
+# build, which takes about 220 s of device time on 16 cores; the script checks that it has the CUDA backend and that
+# its _autograd.so loads (built against this very torch), and builds from the tree as in step 1 if either fails.
+#
 # scripts/gpu_check.sh runs this as its `python` step. Knobs: JOBS (16), PYTEST (1; 0 skips the tests),
 # PYTEST_ARGS (shell words, e.g. "-x -k 'cuda and not slow'"), BENCH (0), BENCH_ARGS (e.g. "--quick"), RMSNORM_COMMIT. The benchmark after the
 # tests may not fit in one 10-minute call; then run it alone on the warm machine:
@@ -33,10 +37,29 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
   exit 1
 python3 -m pip list 2>/dev/null | grep -i -E '^(scikit-build-core|transformers|liger-kernel|matplotlib|pytest) '
 
-echo "== pip install (CUDA backend, sm_90)"
-t0=$(date +%s)
-python3 -m pip install --no-build-isolation --no-deps --force-reinstall -v . || { echo "pip install failed"; exit 1; }
-echo "pip install: $(($(date +%s) - t0)) s"
+installed=0
+if [ -n "${WHEEL:-}" ]; then
+  echo "== pip install $WHEEL (prebuilt: $(cat "$(dirname "$WHEEL")/PREBUILD_REVISION" 2>/dev/null | tr '\n' ' '))"
+  # The prebuilt wheel must be what a build here would give: the CUDA backend, and the C++ autograd node loaded
+  # (rmsnorm.cpp_autograd: _build_info.TORCH_VERSION is this torch's), or the host-cost figures would time the
+  # Python Function instead.
+  if python3 -m pip install -q --no-index --no-deps --force-reinstall "$WHEEL" &&
+    (cd /tmp && python3 -c "
+import torch, rmsnorm
+assert rmsnorm.cuda_built(), 'no CUDA backend in the wheel'
+assert rmsnorm.cpp_autograd, 'the wheel was built against torch %s, this is %s' % (rmsnorm._build_info.TORCH_VERSION, torch.__version__)
+print('prebuilt wheel: CUDA backend and C++ autograd loaded')"); then
+    installed=1
+  else
+    echo "the prebuilt wheel is not usable here; building from the tree"
+  fi
+fi
+if [ "$installed" = 0 ]; then
+  echo "== pip install (CUDA backend, sm_90)"
+  t0=$(date +%s)
+  python3 -m pip install --no-build-isolation --no-deps --force-reinstall -v . || { echo "pip install failed"; exit 1; }
+  echo "pip install: $(($(date +%s) - t0)) s"
+fi
 
 # From another folder, so that nothing in the tree shadows the installed package.
 (cd /tmp && python3 -c "
