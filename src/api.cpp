@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <initializer_list>
 #include <limits>
+#include <new>
 #include <string>
 #include <thread>
 
@@ -23,15 +24,43 @@ namespace rmsnorm {
 
 namespace {
 thread_local std::string g_last_error;
+// Set instead of g_last_error where a message could not be built (no memory for it); a literal.
+thread_local const char* g_fixed_error = nullptr;
 }
 
-void set_last_error(std::string message) { g_last_error = std::move(message); }
-void clear_last_error() { g_last_error.clear(); }
+void set_last_error(std::string message) {
+  g_fixed_error = nullptr;
+  g_last_error = std::move(message);
+}
+void clear_last_error() {
+  g_fixed_error = nullptr;
+  g_last_error.clear();
+}
 
 rmsnorm_status_t fail(rmsnorm_status_t status, const std::string& what, const std::string& why) {
   set_last_error(what + ": " + why);
   return status;
 }
+
+namespace {
+
+// Every entry point runs its body through this, so that no C++ exception crosses the C ABI. What can throw is
+// std::bad_alloc: building an error message, or the CPU backend's scratch (which the backend itself turns into
+// INTERNAL_ERROR before it writes anything). A message is built while validating, before anything is written, so
+// "a failing call writes nothing" holds here too.
+template <typename Fn>
+rmsnorm_status_t guarded(Fn&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    g_fixed_error = "out of host memory (while validating the arguments or building the error message)";
+  } catch (...) {
+    g_fixed_error = "unexpected C++ exception inside the library";
+  }
+  return RMSNORM_STATUS_INTERNAL_ERROR;
+}
+
+}  // namespace
 
 namespace {
 
@@ -299,7 +328,7 @@ const char* rmsnorm_status_string(rmsnorm_status_t status) {
   return "RMSNORM_STATUS_UNKNOWN";
 }
 
-const char* rmsnorm_last_error(void) { return g_last_error.c_str(); }
+const char* rmsnorm_last_error(void) { return g_fixed_error != nullptr ? g_fixed_error : g_last_error.c_str(); }
 
 int32_t rmsnorm_version(void) { return RMSNORM_VERSION; }
 
@@ -341,9 +370,9 @@ rmsnorm_backend_t rmsnorm_backend_cuda(int32_t device, void* stream) {
   return b;
 }
 
-rmsnorm_status_t rmsnorm_forward(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
-                                 const void* weight, void* y, int64_t y_row_stride, float* rstd,
-                                 const rmsnorm_backend_t* backend) {
+static rmsnorm_status_t forward_entry(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
+                                      const void* weight, void* y, int64_t y_row_stride, float* rstd,
+                                      const rmsnorm_backend_t* backend) {
   clear_last_error();
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
@@ -391,6 +420,12 @@ rmsnorm_status_t rmsnorm_forward(const rmsnorm_problem_t* problem, const void* x
 #endif
 }
 
+rmsnorm_status_t rmsnorm_forward(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
+                                 const void* weight, void* y, int64_t y_row_stride, float* rstd,
+                                 const rmsnorm_backend_t* backend) {
+  return guarded([&] { return forward_entry(problem, x, x_row_stride, weight, y, y_row_stride, rstd, backend); });
+}
+
 static rmsnorm_status_t workspace_size_impl(const rmsnorm_problem_t* problem, int32_t gw_mode, const Common& c,
                                             size_t* bytes) {
   const GwMode mode = static_cast<GwMode>(gw_mode);
@@ -412,10 +447,10 @@ static rmsnorm_status_t workspace_size_impl(const rmsnorm_problem_t* problem, in
 
 static bool valid_gw_mode(int32_t m) { return m >= RMSNORM_GW_NONE && m <= RMSNORM_GW_ACCUMULATE_F32; }
 
-rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
-                                     const void* residual, int64_t residual_row_stride, const void* weight, void* h,
-                                     int64_t h_row_stride, void* y, int64_t y_row_stride, float* rstd,
-                                     const rmsnorm_backend_t* backend) {
+static rmsnorm_status_t add_forward_entry(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
+                                          const void* residual, int64_t residual_row_stride, const void* weight,
+                                          void* h, int64_t h_row_stride, void* y, int64_t y_row_stride, float* rstd,
+                                          const rmsnorm_backend_t* backend) {
   clear_last_error();
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
@@ -481,6 +516,16 @@ rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* problem, const voi
 #else
   return fail(RMSNORM_STATUS_INTERNAL_ERROR, "backend", "unreachable");
 #endif
+}
+
+rmsnorm_status_t rmsnorm_add_forward(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
+                                     const void* residual, int64_t residual_row_stride, const void* weight, void* h,
+                                     int64_t h_row_stride, void* y, int64_t y_row_stride, float* rstd,
+                                     const rmsnorm_backend_t* backend) {
+  return guarded([&] {
+    return add_forward_entry(problem, x, x_row_stride, residual, residual_row_stride, weight, h, h_row_stride, y,
+                             y_row_stride, rstd, backend);
+  });
 }
 
 // rmsnorm_forward_quant, and with a residual (non-null) rmsnorm_add_forward_quant: h = T(x + residual) written to
@@ -652,15 +697,19 @@ static const char kBlockQuantNames[] = "rmsnorm_forward_block_quant and rmsnorm_
 rmsnorm_status_t rmsnorm_forward_quant(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
                                        const void* weight, const rmsnorm_quant_t* quant, void* q, int64_t q_row_stride,
                                        float* rstd, const rmsnorm_backend_t* backend) {
-  return quant_entry(problem, backend, quant, read_quant, x, x_row_stride, nullptr, 0, weight, nullptr, 0, q,
-                     q_row_stride, rstd, kRowQuantNames);
+  return guarded([&] {
+    return quant_entry(problem, backend, quant, read_quant, x, x_row_stride, nullptr, 0, weight, nullptr, 0, q,
+                       q_row_stride, rstd, kRowQuantNames);
+  });
 }
 
 rmsnorm_status_t rmsnorm_forward_block_quant(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
                                              const void* weight, const rmsnorm_block_quant_t* quant, void* q,
                                              int64_t q_row_stride, float* rstd, const rmsnorm_backend_t* backend) {
-  return quant_entry(problem, backend, quant, read_block_quant, x, x_row_stride, nullptr, 0, weight, nullptr, 0, q,
-                     q_row_stride, rstd, kBlockQuantNames);
+  return guarded([&] {
+    return quant_entry(problem, backend, quant, read_block_quant, x, x_row_stride, nullptr, 0, weight, nullptr, 0, q,
+                       q_row_stride, rstd, kBlockQuantNames);
+  });
 }
 
 rmsnorm_status_t rmsnorm_add_forward_block_quant(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
@@ -668,9 +717,11 @@ rmsnorm_status_t rmsnorm_add_forward_block_quant(const rmsnorm_problem_t* proble
                                                  void* h, int64_t h_row_stride, const rmsnorm_block_quant_t* quant,
                                                  void* q, int64_t q_row_stride, float* rstd,
                                                  const rmsnorm_backend_t* backend) {
-  RMSNORM_TRY(check_add_pointers(problem, residual, h));
-  return quant_entry(problem, backend, quant, read_block_quant, x, x_row_stride, residual, residual_row_stride, weight,
-                     h, h_row_stride, q, q_row_stride, rstd, kBlockQuantNames);
+  return guarded([&] {
+    RMSNORM_TRY(check_add_pointers(problem, residual, h));
+    return quant_entry(problem, backend, quant, read_block_quant, x, x_row_stride, residual, residual_row_stride,
+                       weight, h, h_row_stride, q, q_row_stride, rstd, kBlockQuantNames);
+  });
 }
 
 rmsnorm_status_t rmsnorm_add_forward_quant(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
@@ -678,21 +729,26 @@ rmsnorm_status_t rmsnorm_add_forward_quant(const rmsnorm_problem_t* problem, con
                                            void* h, int64_t h_row_stride, const rmsnorm_quant_t* quant, void* q,
                                            int64_t q_row_stride, float* rstd, const rmsnorm_backend_t* backend) {
   // With no rows nothing is read or written (as in rmsnorm_add_forward).
-  RMSNORM_TRY(check_add_pointers(problem, residual, h));
-  return quant_entry(problem, backend, quant, read_quant, x, x_row_stride, residual, residual_row_stride, weight, h,
-                     h_row_stride, q, q_row_stride, rstd, kRowQuantNames);
+  return guarded([&] {
+    RMSNORM_TRY(check_add_pointers(problem, residual, h));
+    return quant_entry(problem, backend, quant, read_quant, x, x_row_stride, residual, residual_row_stride, weight,
+                       h, h_row_stride, q, q_row_stride, rstd, kRowQuantNames);
+  });
 }
 
 rmsnorm_status_t rmsnorm_backward_workspace_size(const rmsnorm_problem_t* problem, int32_t gw_mode,
                                                  const rmsnorm_backend_t* backend, size_t* bytes) {
-  clear_last_error();
-  if (bytes == nullptr) return fail(RMSNORM_STATUS_NULL_POINTER, "bytes", "must not be NULL");
-  Common c;
-  RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
-  RMSNORM_TRY(check_y_dtype(c, true, "rmsnorm_backward_workspace_size"));
-  RMSNORM_TRY(check_residual_f32(c, true, "rmsnorm_backward_workspace_size"));
-  if (!valid_gw_mode(gw_mode)) return fail(RMSNORM_STATUS_INVALID_OPTION, "gw_mode", "unknown mode " + num(gw_mode));
-  return workspace_size_impl(problem, gw_mode, c, bytes);
+  return guarded([&] {
+    clear_last_error();
+    if (bytes == nullptr) return fail(RMSNORM_STATUS_NULL_POINTER, "bytes", "must not be NULL");
+    Common c;
+    RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
+    RMSNORM_TRY(check_y_dtype(c, true, "rmsnorm_backward_workspace_size"));
+    RMSNORM_TRY(check_residual_f32(c, true, "rmsnorm_backward_workspace_size"));
+    if (!valid_gw_mode(gw_mode))
+      return fail(RMSNORM_STATUS_INVALID_OPTION, "gw_mode", "unknown mode " + num(gw_mode));
+    return workspace_size_impl(problem, gw_mode, c, bytes);
+  });
 }
 
 // rmsnorm_backward, and rmsnorm_add_backward with g_h (non-null there).
@@ -810,8 +866,10 @@ rmsnorm_status_t rmsnorm_backward(const rmsnorm_problem_t* problem, const void* 
                                   const void* weight, const void* gy, int64_t gy_row_stride, const float* rstd,
                                   void* gx, int64_t gx_row_stride, void* gw, int32_t gw_mode, void* workspace,
                                   size_t workspace_bytes, const rmsnorm_backend_t* backend) {
-  return backward_entry(problem, x, x_row_stride, weight, gy, gy_row_stride, rstd, nullptr, 0, gx, gx_row_stride, gw,
-                        gw_mode, workspace, workspace_bytes, backend, false);
+  return guarded([&] {
+    return backward_entry(problem, x, x_row_stride, weight, gy, gy_row_stride, rstd, nullptr, 0, gx, gx_row_stride,
+                          gw, gw_mode, workspace, workspace_bytes, backend, false);
+  });
 }
 
 rmsnorm_status_t rmsnorm_add_backward(const rmsnorm_problem_t* problem, const void* h, int64_t h_row_stride,
@@ -819,12 +877,14 @@ rmsnorm_status_t rmsnorm_add_backward(const rmsnorm_problem_t* problem, const vo
                                       const void* g_h, int64_t g_h_row_stride, void* gx, int64_t gx_row_stride,
                                       void* gw, int32_t gw_mode, void* workspace, size_t workspace_bytes,
                                       const rmsnorm_backend_t* backend) {
-  if (g_h == nullptr && problem != nullptr && problem->rows > 0) {
-    clear_last_error();
-    return fail(RMSNORM_STATUS_NULL_POINTER, "g_h", "must not be NULL (rmsnorm_backward is the form without it)");
-  }
-  return backward_entry(problem, h, h_row_stride, weight, gy, gy_row_stride, rstd, g_h, g_h_row_stride, gx,
-                        gx_row_stride, gw, gw_mode, workspace, workspace_bytes, backend, true);
+  return guarded([&] {
+    if (g_h == nullptr && problem != nullptr && problem->rows > 0) {
+      clear_last_error();
+      return fail(RMSNORM_STATUS_NULL_POINTER, "g_h", "must not be NULL (rmsnorm_backward is the form without it)");
+    }
+    return backward_entry(problem, h, h_row_stride, weight, gy, gy_row_stride, rstd, g_h, g_h_row_stride, gx,
+                          gx_row_stride, gw, gw_mode, workspace, workspace_bytes, backend, true);
+  });
 }
 
 }  // extern "C"

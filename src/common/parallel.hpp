@@ -28,7 +28,9 @@ inline int threads_for(int requested, int64_t items, int64_t elems) {
 
 // Calls fn(t, begin, end) for t in [0, threads) on static contiguous chunks of
 // [0, n); the caller runs chunk 0. A thread that cannot be started has its
-// chunk run here instead: the chunks, and so the results, stay the same.
+// chunk run here instead: the chunks, and so the results, stay the same. It
+// throws nothing of its own, so a pass that runs after outputs were written
+// (the CPU backward's gw pass after gx) cannot fail halfway.
 template <typename Fn>
 void parallel_for(int64_t n, int threads, Fn fn) {
   if (n <= 0) return;
@@ -37,7 +39,12 @@ void parallel_for(int64_t n, int threads, Fn fn) {
     return;
   }
   std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(threads - 1));  // may throw bad_alloc: nothing written yet
+  try {
+    pool.reserve(static_cast<size_t>(threads - 1));
+  } catch (...) {  // no memory for the pool: every chunk here, in order
+    for (int t = 0; t < threads; ++t) fn(t, n * t / threads, n * (t + 1) / threads);
+    return;
+  }
   for (int t = 1; t < threads; ++t) {
     const int64_t b = n * t / threads, e = n * (t + 1) / threads;
     try {
