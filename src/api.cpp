@@ -572,9 +572,9 @@ static rmsnorm_status_t forward_quant_run(const rmsnorm_problem_t* problem, cons
   RMSNORM_TRY(extent_of("q", qa.q, a.rows, a.cols, qa.q_stride, 1, &eq));
   RMSNORM_TRY(vector_extent("weight", a.weight, a.cols, c.wsize, &ew));
   RMSNORM_TRY(vector_extent("rstd", a.rstd, a.rows, sizeof(float), &er));
-  RMSNORM_TRY(vector_extent("quant.scale", qa.per_row ? nullptr : qa.scale, 1, sizeof(float), &es));
+  RMSNORM_TRY(vector_extent("quant.scale", qa.scale, 1, sizeof(float), &es));
   if (!blocks) {
-    RMSNORM_TRY(vector_extent(scales_name, qa.per_row ? qa.row_scales : nullptr, a.rows, sizeof(float), &ers));
+    RMSNORM_TRY(vector_extent(scales_name, qa.row_scales, a.rows, sizeof(float), &ers));
   } else {
     // The scales as a matrix (transposed where column-major), so that the overlap checks see every scale.
     const int64_t nb = (a.cols + qa.block_cols - 1) / qa.block_cols;
@@ -599,7 +599,6 @@ static rmsnorm_status_t forward_quant_run(const rmsnorm_problem_t* problem, cons
   for (const Extent* other : {&ex, &ew, &er, &es, &ers, &eub, &eres, &eh}) RMSNORM_TRY(check_overlap(eq, *other));
   for (const Extent* other : {&ex, &ew, &es, &ers, &eub, &eres, &eh}) RMSNORM_TRY(check_overlap(er, *other));
   for (const Extent* other : {&ex, &ew, &es, &eub, &eres, &eh}) RMSNORM_TRY(check_overlap(ers, *other));
-  if (!qa.per_row) qa.row_scales = nullptr;
   if (!c.cuda) return cpu::forward_quant(a, qa, cpu_threads(c.threads));
 #if defined(RMSNORM_WITH_CUDA)
   return cuda::forward_quant(a, qa, c.device, c.stream);
@@ -618,8 +617,9 @@ static rmsnorm_status_t read_quant(const rmsnorm_quant_t* quant, int64_t rows, i
     return fail(RMSNORM_STATUS_INVALID_OPTION, "quant.scale_mode", "unknown mode " + num(quant->scale_mode));
   qa->fp8 = quant->kind == RMSNORM_QUANT_FP8_E4M3;
   qa->per_row = quant->scale_mode == RMSNORM_QUANT_PER_ROW;
-  qa->scale = quant->scale;
-  qa->row_scales = quant->row_scales;
+  // Each mode reads one of the two pointers; the other is ignored (not checked), as rmsnorm.h says.
+  qa->scale = qa->per_row ? nullptr : quant->scale;
+  qa->row_scales = qa->per_row ? quant->row_scales : nullptr;
   qa->scale_ub = quant->scale_ub;
   if (!qa->per_row && qa->scale == nullptr)
     return fail(RMSNORM_STATUS_NULL_POINTER, "quant.scale", "must not be NULL with RMSNORM_QUANT_STATIC");

@@ -738,6 +738,43 @@ TEST(Quant, ArgumentRules) {
             rmsnorm_forward_quant(&p, x.data(), c.cols, w.data(), nullptr, x.data(), c.cols, nullptr, &be));
 }
 
+// Each scale mode reads one of quant.scale and quant.row_scales; the other is ignored, as rmsnorm.h says: a
+// misaligned pointer there (which would be MISALIGNED where it is read) changes neither the status nor q.
+TEST(Quant, TheOtherModesPointerIsIgnored) {
+  AddCase c;
+  c.rows = 3;
+  c.cols = 40;
+  HostMatrix x(c.dtype, c.rows, c.cols), w(c.dtype, 1, c.cols);
+  std::mt19937_64 rng(71);
+  harness::fill_normal(x, rng());
+  harness::fill_normal(w, rng());
+  const rmsnorm_problem_t p = problem(c);
+  const rmsnorm_backend_t be = rmsnorm_backend_cpu(1);
+  alignas(16) unsigned char junk[32] = {};
+  float* const misaligned = reinterpret_cast<float*>(junk + 1);  // never dereferenced
+  auto run = [&](const rmsnorm_quant_t& qt, std::vector<uint8_t>* q) {
+    q->assign(static_cast<size_t>(c.rows * c.cols), 0xAB);
+    return rmsnorm_forward_quant(&p, x.data(), c.cols, w.data(), &qt, q->data(), c.cols, nullptr, &be);
+  };
+  for (int32_t kind : {RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_INT8}) {
+    SCOPED_TRACE(kind == RMSNORM_QUANT_INT8 ? "int8" : "fp8");
+    const float scale = 0.05f;
+    std::vector<uint8_t> q_want, q;
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS, run({kind, RMSNORM_QUANT_STATIC, &scale, nullptr, nullptr}, &q_want))
+        << rmsnorm_last_error();
+    EXPECT_EQ(RMSNORM_STATUS_SUCCESS, run({kind, RMSNORM_QUANT_STATIC, &scale, misaligned, nullptr}, &q))
+        << "static with a misaligned row_scales: " << rmsnorm_last_error();
+    EXPECT_EQ(q, q_want);
+    std::vector<float> s_want(static_cast<size_t>(c.rows)), s(static_cast<size_t>(c.rows));
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS, run({kind, RMSNORM_QUANT_PER_ROW, nullptr, s_want.data(), nullptr}, &q_want))
+        << rmsnorm_last_error();
+    EXPECT_EQ(RMSNORM_STATUS_SUCCESS, run({kind, RMSNORM_QUANT_PER_ROW, misaligned, s.data(), nullptr}, &q))
+        << "per row with a misaligned scale: " << rmsnorm_last_error();
+    EXPECT_EQ(q, q_want);
+    EXPECT_EQ(0, std::memcmp(s.data(), s_want.data(), s.size() * sizeof(float)));
+  }
+}
+
 // ---- block scales (rmsnorm_forward_block_quant) -----------------------------------------------------------------
 //
 // The expected values come from the documented identity and the rules, not from the call under test: y is
