@@ -17,6 +17,10 @@ int next_pow2_at_least(int64_t v) {
 // Upper bound on CTAs of a grid-stride launch; past it CTAs loop over rows.
 constexpr int64_t kMaxGrid = int64_t{1} << 24;
 
+// rows / n rounded up, for any rows >= 0 (the workspace query takes rows up to INT64_MAX, where rows + n - 1
+// overflows).
+int64_t row_groups(int64_t rows, int n) { return rows / n + (rows % n != 0); }
+
 // Deepest pipeline (<= kMaxStages) whose stages fit `ctas_per_sm` CTAs per
 // SM and one CTA's opt-in limit; at least 1 (no lookahead).
 int stages_that_fit(size_t per_stage, size_t fixed, int ctas_per_sm, const Device& dev) {
@@ -121,7 +125,7 @@ Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device
   // offsets' code ran at once on an SM and lost to the element path; offset by offset it took 0.895x the element
   // path's time at 8192 x 4095 bf16 (docs/performance.md, "Misaligned forward: the offset as a constant").
   if (l.row.band == Band::kRows && (io == Io::kPaired || io == Io::kPairedRows)) l.kernel = Kernel::kForwardRowsPaired;
-  const int64_t groups = (rows + l.row.rows_per_cta - 1) / l.row.rows_per_cta;
+  const int64_t groups = row_groups(rows, l.row.rows_per_cta);
   if (l.kernel == Kernel::kForwardRows || l.kernel == Kernel::kForwardRowsPaired || l.row.band == Band::kLooped) {
     // One row group (kLooped: one row) per CTA, the hardware's CTA scheduler
     // filling the SMs; past kMaxGrid the CTAs loop.
@@ -234,7 +238,7 @@ Launch backward_launch_for(const RowPlan& row, int64_t rows, int64_t cols, int e
   l.with_gw = with_gw;
   l.row = row;
   l.kernel = kernel_of(l.direction, l.row.band, io);
-  const int64_t groups = (rows + l.row.rows_per_cta - 1) / l.row.rows_per_cta;
+  const int64_t groups = row_groups(rows, l.row.rows_per_cta);
   switch (l.row.band) {
     case Band::kRows: {
       l.grid = std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{dev.sm_count} * kBackwardCtasPerSm));

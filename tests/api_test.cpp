@@ -451,6 +451,19 @@ TEST(ApiWorkspace, QueryBasics) {
   }
 }
 
+// The query takes any rows >= 0: the CPU's partials stop growing at some row count, so rows = INT64_MAX needs what
+// a large count needs (the count once overflowed rows + 255: UB that the sanitizer build reports).
+TEST(ApiWorkspace, QueryAtTheLargestRows) {
+  Call c(RMSNORM_DTYPE_F32, int64_t{1} << 30, 8);
+  size_t large = 0, largest = 0;
+  ASSERT_EQ(rmsnorm_backward_workspace_size(&c.p, RMSNORM_GW_STORE, &c.be, &large), RMSNORM_STATUS_SUCCESS);
+  c.p.rows = std::numeric_limits<int64_t>::max();
+  ASSERT_EQ(rmsnorm_backward_workspace_size(&c.p, RMSNORM_GW_STORE, &c.be, &largest), RMSNORM_STATUS_SUCCESS)
+      << rmsnorm_last_error();
+  EXPECT_EQ(largest, large);
+  EXPECT_GT(largest, 0u);
+}
+
 TEST(ApiWorkspace, QueryRejectsBadArguments) {
   Call c;
   size_t bytes = 777;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -714,6 +715,26 @@ TEST(Plan, BackwardWorkspaceIsBoundedIndependentlyOfRows) {
             ASSERT_EQ(backward_launch(rows, d, esize, Io::kElement, false, dev).smem, 0u);
           }
         }
+      }
+    }
+  }
+}
+
+// The workspace query takes any rows >= 0, INT64_MAX included: the plan there is the plan of any row count that
+// fills the GPU (no overflow in counting row groups; the sanitizer build reports one).
+TEST(Plan, LargestRowsPlanLikeManyRows) {
+  const int64_t largest = std::numeric_limits<int64_t>::max(), many = int64_t{1} << 40;
+  for (const Device& dev : {hopper(16), ampere()}) {
+    for (int esize : {2, 4}) {
+      for (int64_t d : {1, 64, 4096, 8193, 40000, 300000}) {
+        const Launch b = backward_launch(largest, d, esize, Io::kVector, true, dev);
+        const Launch bm = backward_launch(many, d, esize, Io::kVector, true, dev);
+        EXPECT_EQ(b.grid, bm.grid) << d;
+        EXPECT_EQ(b.workspace, bm.workspace) << d;
+        EXPECT_EQ(b.kernel, bm.kernel) << d;
+        const Launch f = forward_launch(largest, d, esize, Io::kVector, dev);
+        EXPECT_EQ(f.grid, forward_launch(many, d, esize, Io::kVector, dev).grid) << d;
+        EXPECT_GE(f.grid, 1);
       }
     }
   }

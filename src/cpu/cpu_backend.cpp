@@ -427,7 +427,8 @@ rmsnorm_status_t out_of_memory() {
 
 int64_t gw_partials(int64_t rows) {
   if (rows <= 0) return 0;
-  return std::min((rows + kGwRowsPerPartial - 1) / kGwRowsPerPartial, kMaxGwPartials);
+  // rows / k rounded up, without rows + k - 1 (rows may be near INT64_MAX here: the workspace query takes any rows).
+  return std::min(rows / kGwRowsPerPartial + (rows % kGwRowsPerPartial != 0), kMaxGwPartials);
 }
 
 size_t backward_workspace_bytes(int64_t rows, int64_t cols, GwMode mode) {
