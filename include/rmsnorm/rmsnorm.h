@@ -20,6 +20,10 @@
  * 2^80), and backward's sum of x * w' * gy likewise where r is below 2^-64 or
  * above 2^64. So every finite row whose largest |x| lies in [2^-100,
  * FLT_MAX] gets r (and y, gx, gw) to fp32 accuracy, for any eps up to 2^100;
+ * gx and gw also need the backward's fp32 sum of x * w' * gy over the row to
+ * stay finite (guaranteed while the row's 2-norm of w' * gy is below about
+ * 2^48 where rms(x) is near 2^64, and far beyond that for smaller rows;
+ * x near 1e19 with gy near 1e20 overflows it, and gx is then NaN);
  * where the row's rms exceeds 2^126, r and gx (which scales with r) are
  * subnormal floats, with a subnormal's precision. Ordinary rows never take
  * these paths, and f16 rows never need them. The CPU backend does this for

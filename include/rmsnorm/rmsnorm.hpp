@@ -109,8 +109,11 @@ constexpr size_t kMessageBytes = sizeof(CppError::message);
 
 }  // namespace detail
 
-// Message of the last failing rmsnorm call on this thread, whether the C++
-// layer or the C library rejected it; "" after a success.
+// Message of the last failing call made through this header on this thread,
+// whether the C++ layer or the C library rejected it; "" after one that
+// succeeded. A C function called directly in between (rmsnorm_forward, ...)
+// does not reset a message of this layer: its own message is
+// rmsnorm_last_error()'s.
 inline const char* last_error() noexcept {
   const detail::CppError& e = detail::cpp_error();
   return e.active ? e.message : rmsnorm_last_error();
@@ -126,7 +129,8 @@ class Error : public std::runtime_error {
   Status status_;
 };
 
-// Throws Error(s, last_error()) unless s is kSuccess.
+// Throws Error(s, last_error()) unless s is kSuccess: for the status of a call
+// made through this header (last_error() above says why).
 inline void check(Status s) {
   if (s != Status::kSuccess) throw Error(s, last_error());
 }

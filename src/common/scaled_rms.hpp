@@ -42,8 +42,11 @@
 // r < 2^-64 only where the row's rms exceeds 2^64, and any finite
 // |x * 2^-80| < 2^48. r > 2^64 means sum(x^2) / D + eps < 2^-128, so every
 // |x| < 2^-48.5 (D <= 2^31) and |x * 2^80| < 2^31.5. With 2^-64 <= r <= 2^64
-// the plain sum is bounded by 2^79.5 * |w'gy|, finite. r / t is exact (r is
-// a float, t a power of two, the product normal).
+// the plain sum is bounded by ||x||_2 ||w'gy||_2 <= (sqrt(D) / r) ||w'gy||_2
+// <= 2^79.5 ||w'gy||_2: finite while ||w'gy||_2 stays below about 2^48, but
+// not for any gy (x near 1e19 with gy near 1e20 overflows it, and gx is NaN;
+// rmsnorm.h states the limit). r / t is exact (r is a float, t a power of
+// two, the product normal).
 #pragma once
 
 #include <math.h>
