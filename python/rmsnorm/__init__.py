@@ -13,12 +13,13 @@ dim that is not contiguous) is copied once into a contiguous tensor first. Outpu
 from __future__ import annotations
 
 import contextlib
-import math
+import operator
 import os
 import warnings
 from collections.abc import Sequence
 
 import torch
+import torch.autograd.forward_ad as _fwad
 
 __all__ = ["rms_norm", "add_rms_norm", "rms_norm_quant", "add_rms_norm_quant", "RMSNorm", "swap_rmsnorm", "FLAG_WEIGHT_OFFSET", "FLAG_ROUND_XHAT", "cuda_built", "cpp_autograd"]
 __version__ = "0.1.0"
@@ -90,6 +91,14 @@ def cuda_built() -> bool:
     return True
 
 
+def _check_devices(op, x, **tensors):
+    """For the fake kernels: every tensor argument on x's device, as the real kernels require. A meta tensor among
+    real ones sends the call to the fake kernel, which would otherwise return real tensors never written."""
+    for name, t in tensors.items():
+        if t is not None and t.device != x.device:
+            raise RuntimeError(f"{op}: {name} is on {t.device}, the other operands on {x.device}")
+
+
 def _check_fake_args(op, x, weight):
     # The real kernels' argument rules (python/csrc/ops.cpp), for meta and fake tensors: rms_norm relies on the
     # operator to refuse bad arguments, and a meta tensor (or one among real ones) reaches these kernels.
@@ -120,6 +129,7 @@ def _forward_inference_fake(x, weight, eps, flags):
 
 @torch.library.register_fake("rmsnorm::backward")
 def _backward_fake(gy, x, weight, rstd, flags, gw_dtype):
+    _check_devices("rmsnorm.backward", x, gy=gy, weight=weight, rstd=rstd)
     if gy.dtype != _y_dtype(x, flags):
         raise RuntimeError(f"rmsnorm.backward: gy has dtype {gy.dtype} but y has {_y_dtype(x, flags)}")
     gw = None if gw_dtype is None else x.new_empty(x.shape[-1:], dtype=gw_dtype)
@@ -224,6 +234,8 @@ _grad_enabled = torch.is_grad_enabled
 
 
 def _forward(x, weight, eps, flags):
+    if x.shape[-1] == 0:  # F.rms_norm's empty result (the library takes D >= 1)
+        return _forward_formula(x, weight, eps, flags, _y_dtype(x, flags), check=False)
     if _is_compiling():
         return _forward_op(x, weight, eps, flags)[0]
     return _forward_eager(x, weight, eps, flags)
@@ -237,8 +249,7 @@ def _forward_formula(x, weight, eps, flags, y_dtype, check=True):
     add form has checked its own, which differ for an fp32 h)."""
     if check:
         _check_fake_args("rmsnorm.rms_norm", x, weight)
-    if not (eps >= 0.0 and math.isfinite(eps)):
-        raise RuntimeError(f"rmsnorm.rms_norm: RMSNORM_STATUS_INVALID_EPS: eps: must be finite and >= 0 (got {eps})")
+    _check_eps("rmsnorm.rms_norm", eps, RuntimeError)
     xf = x.float()
     xh = xf * _formula_rstd(xf, eps)
     if flags & FLAG_ROUND_XHAT:
@@ -250,7 +261,9 @@ def _forward_formula(x, weight, eps, flags, y_dtype, check=True):
 
 def _forward_eager(x, weight, eps, flags):
     """_forward outside torch.compile (rms_norm's fast path has checked that already)."""
-    if _functorch_active():
+    # Inside forward_ad.dual_level() (_current_level >= 0) the torch-ops formula runs too: the kernels' autograd
+    # (the C++ node or the Function) has no forward-mode formula, and would drop the tangent.
+    if _functorch_active() or _fwad._current_level >= 0:
         return _forward_formula(x, weight, eps, flags, _y_dtype(x, flags))
     if _grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
         if cpp_autograd:
@@ -260,6 +273,15 @@ def _forward_eager(x, weight, eps, flags):
     # _below_autograd (0.9 us of Python on the CPU machine): autograd's fallback for an op with no autograd kernel
     # passes it through.
     return _forward_inference_op(x, weight, eps, flags)
+
+
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def _check_eps(op, eps, error):
+    """The kernels' eps rule (a float32 in the library), for the paths that do not reach them or to name the cause."""
+    if not 0.0 <= eps <= _FLOAT32_MAX:
+        raise error(f"{op}: eps must be >= 0 and finite as a float32, i.e. at most {_FLOAT32_MAX:.7g} (got {eps!r})")
 
 
 # F.rms_norm's eps=None for every dtype (numeric_limits<opmath_t>::epsilon, opmath_t = float for 16-bit).
@@ -311,8 +333,12 @@ def rms_norm(
             return _forward_eager(input, weight, eps, flags)
         except RuntimeError:
             _check_rms_norm_args(input, (n,), weight)
+            _check_eps("rmsnorm.rms_norm", eps, RuntimeError)
+            if n == 0:
+                return _forward(input, weight, eps, flags)
             raise
     normalized_shape = _check_rms_norm_args(input, normalized_shape, weight)
+    _check_eps("rmsnorm.rms_norm", eps, RuntimeError)
     k = len(normalized_shape)
     if k > 1:
         x = input.flatten(-k)
@@ -321,13 +347,23 @@ def rms_norm(
     return _forward(input, weight, eps, flags)
 
 
+# torch.fx.symbolic_trace records rms_norm as one call (its argument checks branch on tensor properties, which a
+# trace cannot follow), as it does F.rms_norm; RMSNorm.forward calls it.
+torch.fx.wrap("rms_norm")
+
+
 def _normalized_dims(op, input, normalized_shape):
     """normalized_shape as a tuple, after checking input's dtype and that those are its last dims; op names the
     function in the errors."""
-    if isinstance(normalized_shape, int):
-        normalized_shape = (normalized_shape,)
-    elif not isinstance(normalized_shape, tuple):
-        normalized_shape = tuple(normalized_shape)
+    # F.rms_norm's rule: an integer (a numpy one too) or a sequence of them; 16.0 is refused.
+    try:
+        normalized_shape = (operator.index(normalized_shape),)
+    except TypeError:
+        try:
+            normalized_shape = tuple(operator.index(n) for n in normalized_shape)
+        except TypeError:
+            raise TypeError(
+                f"{op}: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}") from None
     k = len(normalized_shape)
     if input.dtype not in _DTYPES:
         raise TypeError(f"{op}: input has dtype {input.dtype}; supported: float32, float16, bfloat16")
@@ -340,29 +376,36 @@ def _normalized_dims(op, input, normalized_shape):
     return normalized_shape
 
 
+def _check_weight(op, input, normalized_shape, weight):
+    """The weight's rules for every function here: normalized_shape's shape, input's dtype (or float32 with a 16-bit
+    input) and device."""
+    if weight is None:
+        return
+    dtype = input.dtype
+    if weight.shape != normalized_shape:
+        raise RuntimeError(
+            f"{op}: weight has shape {list(weight.shape)}, expected normalized_shape={list(normalized_shape)}"
+        )
+    if weight.dtype != dtype and not (weight.dtype == torch.float32 and dtype in _HALF_DTYPES):
+        raise TypeError(
+            f"{op}: weight has dtype {weight.dtype} but input has {dtype}; the weight must have the input's dtype, "
+            "or be float32 with a float16 or bfloat16 input"
+        )
+    if weight.device != input.device:
+        raise RuntimeError(f"{op}: weight is on {weight.device} but input is on {input.device}")
+
+
 def _check_rms_norm_args(input, normalized_shape, weight):
     """rms_norm's argument rules, raising with the argument's name in rms_norm's terms; normalized_shape as a
     tuple."""
     normalized_shape = _normalized_dims("rmsnorm.rms_norm", input, normalized_shape)
-    dtype = input.dtype
-    if weight is not None:
-        if weight.shape != normalized_shape:
-            raise RuntimeError(
-                f"rmsnorm.rms_norm: weight has shape {list(weight.shape)}, expected normalized_shape="
-                f"{list(normalized_shape)}"
-            )
-        if weight.dtype != dtype and not (weight.dtype == torch.float32 and dtype in _HALF_DTYPES):
-            raise TypeError(
-                f"rmsnorm.rms_norm: weight has dtype {weight.dtype} but input has {dtype}; the weight must have "
-                "the input's dtype, or be float32 with a float16 or bfloat16 input"
-            )
-        if weight.device != input.device:
-            raise RuntimeError(f"rmsnorm.rms_norm: weight is on {weight.device} but input is on {input.device}")
+    _check_weight("rmsnorm.rms_norm", input, normalized_shape, weight)
     return normalized_shape
 
 
 @torch.library.register_fake("rmsnorm::add_forward")
 def _add_forward_fake(x, residual, weight, eps, flags):
+    _check_devices("rmsnorm.add_forward", x, residual=residual, weight=weight)
     # h has the residual's dtype (float32 with 16-bit x: the fp32 residual stream).
     return (x.new_empty(x.shape), x.new_empty(x.shape, dtype=residual.dtype),
             x.new_empty(x.shape[:-1], dtype=torch.float32))
@@ -370,6 +413,7 @@ def _add_forward_fake(x, residual, weight, eps, flags):
 
 @torch.library.register_fake("rmsnorm::add_backward")
 def _add_backward_fake(gy, g_h, h, weight, rstd, flags, gw_dtype):
+    _check_devices("rmsnorm.add_backward", h, gy=gy, g_h=g_h, weight=weight, rstd=rstd)
     gw = None if gw_dtype is None else h.new_empty(h.shape[-1:], dtype=gw_dtype)
     return h.new_empty(h.shape), gw
 
@@ -430,6 +474,22 @@ class _EagerAddRMSNorm(torch.autograd.Function):
         return _add_backward(ctx, gy, g_h, None)
 
 
+def _check_residual(op, input, residual, wide_allowed):
+    """residual: input's shape and device, and input's dtype (or float32 where wide_allowed: the fp32 residual
+    stream)."""
+    if residual.shape != input.shape:
+        raise RuntimeError(f"{op}: residual has shape {list(residual.shape)} but input has {list(input.shape)}")
+    if residual.device != input.device:
+        raise RuntimeError(f"{op}: residual is on {residual.device} but input is on {input.device}")
+    if residual.dtype != input.dtype and not wide_allowed:
+        raise TypeError(
+            f"{op}: residual has dtype {residual.dtype} but input has {input.dtype}"
+            + ("; add_rms_norm takes a float32 residual with a 16-bit input, the quantized forms do not"
+               if residual.dtype == torch.float32 and input.dtype in _HALF_DTYPES
+               else "; it must have the input's dtype, or be float32 with a float16 or bfloat16 input")
+        )
+
+
 def add_rms_norm(
     input: torch.Tensor,
     residual: torch.Tensor,
@@ -453,26 +513,11 @@ def add_rms_norm(
     dtype = input.dtype
     shape = input.shape
     wide = residual.dtype == torch.float32 and dtype in _HALF_DTYPES  # an fp32 residual stream
-    if residual.shape != shape or (residual.dtype != dtype and not wide) or residual.device != input.device:
-        raise RuntimeError(
-            f"rmsnorm.add_rms_norm: residual ({list(residual.shape)}, {residual.dtype}, {residual.device}) must "
-            f"match input ({list(shape)}, {dtype}, {input.device}), or be float32 with a float16 or bfloat16 input"
-        )
-    if weight is not None:
-        if weight.shape != normalized_shape:
-            raise RuntimeError(
-                f"rmsnorm.add_rms_norm: weight has shape {list(weight.shape)}, expected normalized_shape="
-                f"{list(normalized_shape)}"
-            )
-        if weight.dtype != dtype and not (weight.dtype == torch.float32 and dtype in _HALF_DTYPES):
-            raise TypeError(
-                f"rmsnorm.add_rms_norm: weight has dtype {weight.dtype} but input has {dtype}; the weight must "
-                "have the input's dtype, or be float32 with a float16 or bfloat16 input"
-            )
-        if weight.device != input.device:
-            raise RuntimeError(f"rmsnorm.add_rms_norm: weight is on {weight.device} but input is on {input.device}")
+    _check_residual("rmsnorm.add_rms_norm", input, residual, wide)
+    _check_weight("rmsnorm.add_rms_norm", input, normalized_shape, weight)
     flags = (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)
     eps = _DEFAULT_EPS if eps is None else float(eps)
+    _check_eps("rmsnorm.add_rms_norm", eps, RuntimeError)
     x, r, w = input, residual, weight
     if k > 1:
         x, r = input.flatten(-k), residual.flatten(-k)
@@ -480,7 +525,9 @@ def add_rms_norm(
     needs_grad = _grad_enabled() and (
         input.requires_grad or residual.requires_grad or (weight is not None and weight.requires_grad)
     )
-    if _functorch_active():  # as in _forward_eager: h rounded to the residual's dtype, y in the input's
+    # torch.func, forward AD (as in _forward_eager) and D = 0 (F.rms_norm's empty result): torch ops, h in the
+    # residual's dtype, y in the input's.
+    if _functorch_active() or _fwad._current_level >= 0 or x.shape[-1] == 0:
         h = (x.float() + r.float()).to(r.dtype)
         y = _forward_formula(h, w, eps, flags, dtype, check=False)
     elif _is_compiling():
@@ -495,6 +542,7 @@ def add_rms_norm(
 
 @torch.library.register_fake("rmsnorm::forward_quant")
 def _forward_quant_fake(x, weight, eps, flags, out_dtype, scale, scale_ub):
+    _check_devices("rmsnorm.forward_quant", x, weight=weight, scale=scale, scale_ub=scale_ub)
     scales = x.new_empty((0,) if scale is not None else x.shape[:-1], dtype=torch.float32)
     return x.new_empty(x.shape, dtype=out_dtype), scales
 
@@ -566,6 +614,7 @@ def _check_block_args(op, group_size, column_major_scales, scale):
 def _forward_block_quant_fake(x, weight, eps, flags, out_dtype, group_size, column_major_scales, scale_ub,
                               scales_alignment=1):
     _check_group_size("rmsnorm.forward_block_quant", group_size)
+    _check_devices("rmsnorm.forward_block_quant", x, weight=weight, scale_ub=scale_ub)
     return x.new_empty(x.shape, dtype=out_dtype), _block_scales_fake(x, group_size, column_major_scales,
                                                                      scales_alignment)
 
@@ -574,6 +623,7 @@ def _forward_block_quant_fake(x, weight, eps, flags, out_dtype, group_size, colu
 def _add_forward_block_quant_fake(x, residual, weight, eps, flags, out_dtype, group_size, column_major_scales,
                                   scale_ub, scales_alignment=1):
     _check_group_size("rmsnorm.add_forward_block_quant", group_size)
+    _check_devices("rmsnorm.add_forward_block_quant", x, residual=residual, weight=weight, scale_ub=scale_ub)
     return (x.new_empty(x.shape, dtype=out_dtype),
             _block_scales_fake(x, group_size, column_major_scales, scales_alignment), x.new_empty(x.shape))
 
@@ -619,6 +669,7 @@ def rms_norm_quant(
     blocks = _check_block_args(op, group_size, column_major_scales, scale)
     _check_scales_alignment(op, column_major_scales, scales_alignment)
     normalized_shape = _normalized_dims(op, input, normalized_shape)
+    _check_weight(op, input, normalized_shape, weight)
     k = len(normalized_shape)
     shape = input.shape
     flags = (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)
@@ -645,6 +696,7 @@ def rms_norm_quant(
 
 @torch.library.register_fake("rmsnorm::add_forward_quant")
 def _add_forward_quant_fake(x, residual, weight, eps, flags, out_dtype, scale, scale_ub):
+    _check_devices("rmsnorm.add_forward_quant", x, residual=residual)
     q, scales = _forward_quant_fake(x, weight, eps, flags, out_dtype, scale, scale_ub)
     return q, scales, x.new_empty(x.shape)
 
@@ -668,12 +720,15 @@ def add_rms_norm_quant(
     """The pre-norm residual step with a quantized output: ``h = input + residual`` (fp32 sum, one rounding), then
     ``rms_norm_quant(h, ...)``; returns ``(q, scales, h)``, bit for bit ``add_rms_norm``'s h and ``rms_norm_quant``
     of it (block scales with ``group_size``, laid out per ``column_major_scales`` and ``scales_alignment``).
-    Arguments as in ``add_rms_norm`` and ``rms_norm_quant``. Not differentiable."""
+    Arguments as in ``add_rms_norm`` and ``rms_norm_quant``, except that ``residual`` must have ``input``'s dtype
+    (no fp32 residual stream here). Not differentiable."""
     op = "rmsnorm.add_rms_norm_quant"
     _check_scale_tensors(op, scale, scale_ub)
     blocks = _check_block_args(op, group_size, column_major_scales, scale)
     _check_scales_alignment(op, column_major_scales, scales_alignment)
     normalized_shape = _normalized_dims(op, input, normalized_shape)
+    _check_residual(op, input, residual, False)
+    _check_weight(op, input, normalized_shape, weight)
     k = len(normalized_shape)
     shape = input.shape
     flags = (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)

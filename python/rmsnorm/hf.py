@@ -5,7 +5,9 @@ The conventions, as transformers' modeling code computes them (read from transfo
 
 - Llama style (LlamaRMSNorm; Mistral, Qwen2, Qwen3 incl. its per-head q/k norms, Qwen3-MoE and Phi3 have the same
   forward): ``weight * (x.float() * rsqrt(mean(x^2) + eps)).to(input_dtype)``, i.e. x_hat rounded to the input
-  dtype before the weight: ``round_xhat=True``. Its eps is ``variance_epsilon``.
+  dtype before the weight: ``round_xhat=True``. Its eps is ``variance_epsilon``. The product has torch's promoted
+  dtype: with an fp32 weight and 16-bit activations it is float32, and so is the swapped module's output
+  (``out_dtype``).
 - Gemma style (GemmaRMSNorm, Gemma2RMSNorm, Gemma3RMSNorm incl. q/k norms): ``(x_hat * (1.0 + weight.float()))``
   in fp32, rounded once to the input dtype: ``weight_offset=True`` (the 1 added in fp32). Its eps is ``eps``.
 
@@ -17,30 +19,41 @@ from __future__ import annotations
 
 import torch
 
+from . import RMSNorm, rms_norm  # this module is imported by __init__.py once they are defined
+
 _LLAMA_STYLE = frozenset(
     {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen3MoeRMSNorm", "Phi3RMSNorm"}
 )
 _GEMMA_STYLE = frozenset({"GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm"})
 
 
-def _replacement(module: torch.nn.Module):
-    from . import RMSNorm
+torch.fx.wrap("rms_norm")  # as in __init__.py, for LlamaStyleRMSNorm.forward's call
 
+
+class LlamaStyleRMSNorm(RMSNorm):
+    """``RMSNorm`` with ``round_xhat``, its output in the promoted dtype of the weight and the input, as
+    ``weight * x_hat.to(input_dtype)`` gives it (swap_rmsnorm's replacement of the Llama-style modules)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        out_dtype = None if w.dtype == x.dtype else torch.promote_types(w.dtype, x.dtype)
+        return rms_norm(x, self.normalized_shape, w, self.eps, round_xhat=True, out_dtype=out_dtype)
+
+
+def _replacement(module: torch.nn.Module):
     name = type(module).__name__
     if name in _LLAMA_STYLE:
-        eps, kwargs = module.variance_epsilon, {"round_xhat": True}
+        new = LlamaStyleRMSNorm(tuple(module.weight.shape), module.variance_epsilon, True, device="meta",
+                                round_xhat=True)
     elif name in _GEMMA_STYLE:
-        eps, kwargs = module.eps, {"weight_offset": True}
+        new = RMSNorm(tuple(module.weight.shape), module.eps, True, device="meta", weight_offset=True)
     elif type(module) is torch.nn.RMSNorm:
         new = RMSNorm(module.normalized_shape, module.eps, module.elementwise_affine, device="meta")
-        if module.elementwise_affine:
-            new.weight = module.weight
-        return new
+        if not module.elementwise_affine:
+            return new
     else:
         return None
-    weight = module.weight
-    new = RMSNorm(tuple(weight.shape), eps, True, device="meta", **kwargs)
-    new.weight = weight
+    new.weight = module.weight
     return new
 
 
@@ -48,8 +61,9 @@ def swap_rmsnorm(model: torch.nn.Module) -> list[str]:
     """Replace, in place, every RMSNorm module of ``model`` whose convention is known (see the module docstring)
     by an ``rmsnorm.RMSNorm`` with the same convention, eps and weight. Returns the qualified names replaced.
 
-    Inputs whose dtype differs from the weight's (an fp32 weight with bf16 activations) are not supported yet: the
-    swapped module raises a TypeError for them."""
+    An fp32 weight with float16 or bfloat16 activations is supported as the model computes it (Llama style: a
+    float32 output; Gemma style: the activations' dtype); other mixes (a 16-bit weight with fp32 activations) raise
+    a TypeError."""
     swapped = []
     for parent_name, parent in list(model.named_modules()):
         for child_name, child in list(parent.named_children()):

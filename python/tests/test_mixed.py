@@ -228,7 +228,7 @@ def test_fp32_residual_stream_is_the_eager_composition(dtype):
     torch.library.opcheck(torch.ops.rmsnorm.add_backward.default, (x, torch.randn(3, 32), h, w, rstd, 0, dtype))
     with pytest.raises(RuntimeError, match="RMSNORM_FLAG_RESIDUAL_F32"):
         torch.ops.rmsnorm.add_forward(x, r, w, 1e-5, 1024)
-    with pytest.raises(RuntimeError, match="float32 with a float16 or bfloat16"):
+    with pytest.raises(TypeError, match="float32 with a float16 or bfloat16"):
         rmsnorm.add_rms_norm(x.float(), r.double(), 32, None)
 
 

@@ -1,0 +1,176 @@
+"""What users pass beyond the common call, checked against what torch itself does or what the docs say: a meta
+tensor among real ones, forward-mode AD, an empty last dim, numpy and float sizes, an eps beyond float32, the
+weight's shape with several normalized dims, the residual's dtype, torch.fx, and a Llama-style norm with an fp32
+weight under 16-bit activations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+import torch.nn.functional as F
+from helpers import DEVICES, randn
+
+import rmsnorm
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_meta_argument_is_refused(device):
+    """A meta tensor among real ones sends a call to the op's fake kernel: it must raise, not return tensors nobody
+    wrote."""
+    x = randn(6, 256, device=device)
+    w = randn(256, device=device)
+    meta_w = torch.empty(256, device="meta")
+    one = torch.ones(1, device=device)
+    meta_one = torch.ones(1, device="meta")
+    cases = [
+        lambda: rmsnorm.rms_norm(x, 256, meta_w),
+        lambda: rmsnorm.rms_norm_quant(x, 256, meta_w),
+        lambda: rmsnorm.rms_norm_quant(x, 256, w, scale=meta_one),
+        lambda: rmsnorm.rms_norm_quant(x, 256, w, scale_ub=meta_one),
+        lambda: rmsnorm.rms_norm_quant(x, 256, w, group_size=128, scale_ub=meta_one),
+        lambda: rmsnorm.add_rms_norm(x, torch.empty(6, 256, device="meta"), 256, w),
+        lambda: rmsnorm.add_rms_norm_quant(x, torch.empty(6, 256, device="meta"), 256, w),
+        lambda: torch.ops.rmsnorm.forward_quant(x, meta_w, 1e-5, 0, torch.int8, None, None),
+        lambda: torch.ops.rmsnorm.forward_quant(x, w, 1e-5, 0, torch.int8, meta_one, None),
+        lambda: torch.ops.rmsnorm.forward_block_quant(x, w, 1e-5, 0, torch.int8, 128, False, meta_one, 1),
+        lambda: torch.ops.rmsnorm.add_forward(x, torch.empty(6, 256, device="meta"), w, 1e-5, 0),
+        lambda: torch.ops.rmsnorm.add_forward_quant(x, torch.empty(6, 256, device="meta"), w, 1e-5, 0, torch.int8,
+                                                    one, None),
+        lambda: torch.ops.rmsnorm.backward(x, x, w, torch.ones(6, device="meta"), 0, None),
+        lambda: torch.ops.rmsnorm.add_backward(x, x, x, w, torch.ones(6, device="meta"), 0, None),
+    ]
+    for i, fn in enumerate(cases):
+        with pytest.raises(RuntimeError, match="meta"):
+            out = fn()
+            pytest.fail(f"case {i} returned {out!r}")
+
+
+def test_forward_ad_matches_torch():
+    """Forward-mode AD (forward_ad.dual_level): the tangent is F.rms_norm's, not dropped."""
+    gen = torch.Generator().manual_seed(3)
+    x, t, w = randn(4, 16, gen=gen), randn(4, 16, gen=gen), randn(16, gen=gen)
+    with fwAD.dual_level():
+        xd = fwAD.make_dual(x, t)
+        ours = fwAD.unpack_dual(rmsnorm.rms_norm(xd, 16, w)).tangent
+        theirs = fwAD.unpack_dual(F.rms_norm(xd, (16,), w)).tangent
+        assert ours is not None
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+        y, h = rmsnorm.add_rms_norm(xd, x, 16, w)
+        r = x + x
+        want = fwAD.unpack_dual(F.rms_norm(fwAD.make_dual(r, t), (16,), w)).tangent
+        torch.testing.assert_close(fwAD.unpack_dual(y).tangent, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(fwAD.unpack_dual(h).tangent, t)
+        # The module, and several normalized dims.
+        m = rmsnorm.RMSNorm((2, 8))
+        with torch.no_grad():
+            m.weight.copy_(w.view(2, 8))
+        ours = fwAD.unpack_dual(m(fwAD.make_dual(x.view(4, 2, 8), t.view(4, 2, 8)))).tangent
+        theirs = fwAD.unpack_dual(F.rms_norm(fwAD.make_dual(x.view(4, 2, 8), t.view(4, 2, 8)), (2, 8),
+                                             w.view(2, 8))).tangent
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_empty_last_dim_is_f_rms_norms():
+    """D = 0: F.rms_norm returns an empty tensor (and empty gradients); so do rms_norm, RMSNorm and add_rms_norm."""
+    x = torch.randn(4, 0, requires_grad=True)
+    w = torch.randn(0, requires_grad=True)
+    y = rmsnorm.rms_norm(x, 0, w)
+    want = F.rms_norm(x, (0,), w)
+    assert y.shape == want.shape and y.dtype == want.dtype
+    y.sum().backward()
+    assert x.grad.shape == (4, 0) and w.grad.shape == (0,)
+    assert rmsnorm.RMSNorm(0)(torch.randn(3, 0)).shape == (3, 0)
+    assert rmsnorm.rms_norm(torch.randn(2, 3, 0), [3, 0]).shape == (2, 3, 0)
+    y, h = rmsnorm.add_rms_norm(torch.randn(4, 0), torch.randn(4, 0), 0)
+    assert y.shape == (4, 0) and h.shape == (4, 0)
+    # Zero rows as well as zero columns.
+    assert rmsnorm.rms_norm(torch.randn(0, 0), 0).shape == (0, 0)
+
+
+def test_normalized_shape_takes_integers_only():
+    x, w = randn(3, 16), randn(16)
+    assert torch.equal(rmsnorm.rms_norm(x, np.int64(16), w), rmsnorm.rms_norm(x, 16, w))
+    assert torch.equal(rmsnorm.rms_norm(x, [np.int32(16)], w), rmsnorm.rms_norm(x, 16, w))
+    for bad in [(16.0,), 16.0, "16"]:
+        with pytest.raises(TypeError, match="normalized_shape"):
+            rmsnorm.rms_norm(x, bad, w)
+        with pytest.raises(TypeError):
+            F.rms_norm(x, bad, w)  # torch refuses them too
+
+
+def test_eps_beyond_float32_is_named():
+    """The kernels take eps as a float32: 1e39 is inf there, and the message says so in the caller's terms."""
+    x, w = randn(3, 16), randn(16)
+    for call in [lambda: rmsnorm.rms_norm(x, 16, w, 1e39), lambda: rmsnorm.rms_norm(x, [16], w, 1e39),
+                 lambda: rmsnorm.add_rms_norm(x, x, 16, w, 1e39)]:
+        with pytest.raises(RuntimeError, match=r"eps .*float32.*1e\+39"):
+            call()
+
+
+def test_quant_weight_must_have_the_normalized_shape():
+    x = randn(3, 4, 16)
+    for w in [randn(16, 4), randn(64)]:
+        with pytest.raises(RuntimeError, match=r"weight has shape .*expected normalized_shape=\[4, 16\]"):
+            rmsnorm.rms_norm_quant(x, (4, 16), w)
+        with pytest.raises(RuntimeError, match=r"weight has shape"):
+            rmsnorm.add_rms_norm_quant(x, x, (4, 16), w)
+    q, s = rmsnorm.rms_norm_quant(x, (4, 16), randn(4, 16))
+    assert q.shape == x.shape and s.shape == (3,)
+
+
+def test_residual_dtype_errors_are_type_errors():
+    x = randn(3, 16)
+    with pytest.raises(TypeError, match="residual has dtype"):
+        rmsnorm.add_rms_norm(x, x.double(), 16)
+    with pytest.raises(TypeError, match="the quantized forms do not"):
+        rmsnorm.add_rms_norm_quant(x.bfloat16(), x, 16)
+    with pytest.raises(RuntimeError, match="residual has shape"):
+        rmsnorm.add_rms_norm(x, x[:2], 16)
+
+
+def test_fx_symbolic_trace():
+    """torch.fx traces RMSNorm (and swap_rmsnorm's modules) as it traces nn.RMSNorm: rms_norm is one call."""
+    x = randn(5, 16)
+    for m in [rmsnorm.RMSNorm(16), rmsnorm.RMSNorm((2, 8), weight_offset=True)]:
+        gm = torch.fx.symbolic_trace(m)
+        xi = x.view(5, 2, 8) if m.normalized_shape == (2, 8) else x
+        assert torch.equal(gm(xi), m(xi))
+        assert any(n.op == "call_function" and n.target is rmsnorm.rms_norm for n in gm.graph.nodes)
+
+
+class LlamaRMSNorm(torch.nn.Module):
+    """transformers' LlamaRMSNorm forward (the class name is what swap_rmsnorm matches)."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("x_dtype, w_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                                               (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)])
+def test_swapped_llama_norm_keeps_the_promoted_dtype(device, x_dtype, w_dtype):
+    """weight * x_hat.to(input_dtype) is float32 with an fp32 weight: the swapped module gives the same dtype and,
+    x_hat rounded to the input dtype first (round_xhat), the same bits."""
+    gen = torch.Generator().manual_seed(11)
+    model = torch.nn.Sequential(LlamaRMSNorm(64)).to(device=device, dtype=w_dtype)
+    with torch.no_grad():
+        model[0].weight.copy_(randn(64, gen=gen))
+    x = randn(7, 64, gen=gen, dtype=x_dtype, device=device)
+    want = model(x)
+    assert rmsnorm.swap_rmsnorm(model) == ["0"]
+    got = model(x)
+    assert got.dtype == want.dtype
+    # The one rsqrt may differ by an ulp between torch's op and the library's (a correctly rounded divide and
+    # square root): at most one unit of x_hat's rounding.
+    torch.testing.assert_close(got, want, rtol=2.0 ** -7 if x_dtype != torch.float32 else 2e-6, atol=1e-6)
