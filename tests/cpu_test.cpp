@@ -28,7 +28,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -671,17 +673,24 @@ TEST(CpuRange, RecomputedRstdMatchesForwardBitwise) {
 // are the plain expressions in the documented sum8 order (top of
 // cpu_backend.cpp), bit for bit: rstd = 1 / sqrt(ss / D + eps) and
 // gx = T(r * (w'gy - (x * r) * c)) with c = (r * sum(x * w'gy)) / D.
+// The documented order: eight chains over a row of up to 4096 terms; a longer one cut at a multiple of 4096 (the
+// first part ceil(full blocks / 2) blocks), its parts summed alike and added.
+float sum8_order(int64_t begin, int64_t end, const std::function<float(int64_t)>& term) {
+  if (end - begin > 4096) {
+    const int64_t mid = begin + ((end - begin) / 4096 + 1) / 2 * 4096;
+    return sum8_order(begin, mid, term) + sum8_order(mid, end, term);
+  }
+  float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int64_t j = begin; j < end; ++j) a[(j - begin) % 8] += term(j);
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
 TEST(CpuRange, OrdinaryRowsKeepThePlainFormulaBitwise) {
-  auto sum8_order = [](int64_t n, auto term) {
-    float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int64_t j = 0; j < n; ++j) a[j % 8] += term(j);
-    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-  };
   std::mt19937_64 rng(62);
   const double scales[] = {1e-3, 1e3, 1.0, 1e-2, 1e2, 3e-3, 3e2};
   auto scale = [&](int64_t r) { return scales[r % 7]; };
   for (int d = 0; d < 3; ++d)
-    for (int64_t cols : {1, 7, 8, 9, 64, 1000, 4099})
+    for (int64_t cols : {1, 7, 8, 9, 64, 1000, 4096, 4099, 12289, 20000})
       for (float eps : {1e-5f, 0.0f, 1e-12f}) {
         Case c;
         c.rows = 7;
@@ -702,17 +711,42 @@ TEST(CpuRange, OrdinaryRowsKeepThePlainFormulaBitwise) {
           auto wg = [&](int64_t j) {
             return (1.0f + static_cast<float>(in.w.get(0, j))) * static_cast<float>(in.gy.get(r, j));
           };
-          const float ss = sum8_order(cols, [&](int64_t j) { return x(j) * x(j); });
+          const float ss = sum8_order(0, cols, [&](int64_t j) { return x(j) * x(j); });
           ASSERT_TRUE(std::isnormal(ss)) << "row " << r << ": not an ordinary row";
           const float want_r = 1.0f / std::sqrt(ss / static_cast<float>(cols) + eps);
           ASSERT_EQ(float_bits(rstd[static_cast<size_t>(r)]), float_bits(want_r)) << "rstd of row " << r;
-          const float s = sum8_order(cols, [&](int64_t j) { return x(j) * wg(j); });
+          const float s = sum8_order(0, cols, [&](int64_t j) { return x(j) * wg(j); });
           const float cc = (want_r * s) / static_cast<float>(cols);
           for (int64_t j = 0; j < cols; ++j)
             ASSERT_EQ(out.gx.get(r, j), round_to(c.dtype, want_r * (wg(j) - (x(j) * want_r) * cc)))
                 << "gx row " << r << " col " << j;
         }
       }
+}
+
+// Long rows keep r to a few ulps: the row sum adds 4096-term blocks pairwise (a single eight-chain sum over 2^21
+// terms was 30-60 ulps off at fp32).
+TEST(CpuRange, LongRowsKeepRAccurate) {
+  std::mt19937_64 rng(63);
+  for (int64_t cols : {int64_t{4097}, int64_t{65537}, int64_t{300000}, int64_t{1} << 21}) {
+    Case c;
+    c.rows = 2;
+    c.cols = cols;
+    c.dtype = RMSNORM_DTYPE_F32;
+    c.eps = 0.0f;
+    c.use_rstd = true;
+    SCOPED_TRACE(describe(c));
+    const Inputs in = make_inputs(c, rng);
+    HostMatrix y;
+    const std::vector<float> rstd = run_forward(c, in, y);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      double ss = 0.0;
+      for (int64_t j = 0; j < cols; ++j) ss += in.x.get(r, j) * in.x.get(r, j);
+      const double want = 1.0 / std::sqrt(ss / static_cast<double>(cols));
+      const double rel = std::fabs(rstd[static_cast<size_t>(r)] - want) / want;
+      EXPECT_LT(rel, 4 * 0x1p-24) << "row " << r << ": rstd " << rstd[static_cast<size_t>(r)] << ", float64 " << want;
+    }
+  }
 }
 
 // ---- in-place --------------------------------------------------------------------------------

@@ -14,11 +14,16 @@
 //   gx    = T(r * ((w' * gy) - (x * r) * c))
 //   gw[j] = sum over rows of gy * (x * r)
 //
-// Every fp32 row sum (ss, s) uses sum8(): term j goes to accumulator j % 8 in
-// increasing j, and the accumulators are combined as
-// ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)). Eight independent chains
-// let the compiler vectorise without reassociating. Backward recomputes r with
-// the same function as forward, so it is bitwise the rstd forward returns.
+// Every fp32 row sum (ss, s) uses sum8(): a row of up to kSumBlock (4096)
+// terms goes term j to accumulator j % 8 in increasing j, the accumulators
+// combined as ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)). Eight
+// independent chains let the compiler vectorise without reassociating. A
+// longer row is cut at a multiple of kSumBlock, the first part holding
+// ceil(full blocks / 2) blocks, each part summed by the same rule and the two
+// sums added: pairwise over blocks, so the rounding error grows with
+// log2(D / 4096) rather than with D / 8 (one chain of 512K terms at D = 4M).
+// Backward recomputes r with the same function as forward, so it is bitwise
+// the rstd forward returns.
 //
 // Work split (static; no result depends on the number of threads):
 //   forward, and backward without gw: contiguous row ranges per thread.
@@ -123,9 +128,22 @@ inline float fold8(int64_t n, Term term, Op op) {
   return op(op(op(a[0], a[1]), op(a[2], a[3])), op(op(a[4], a[5]), op(a[6], a[7])));
 }
 
+inline constexpr int64_t kSumBlock = 4096;
+
+// The sum of term(begin..end) by the rule at the top of this file.
+template <typename Term>
+float sum_blocks(int64_t begin, int64_t end, const Term& term) {
+  const int64_t n = end - begin;
+  if (n <= kSumBlock) {
+    return fold8(n, [&term, begin](int64_t j) { return term(begin + j); }, [](float a, float b) { return a + b; });
+  }
+  const int64_t mid = begin + (n / kSumBlock + 1) / 2 * kSumBlock;
+  return sum_blocks(begin, mid, term) + sum_blocks(mid, end, term);
+}
+
 template <typename Term>
 inline float sum8(int64_t n, Term term) {
-  return fold8(n, term, [](float a, float b) { return a + b; });
+  return sum_blocks(0, n, term);
 }
 
 // cols <= plan::kMaxCols, so the int conversions below are exact.
