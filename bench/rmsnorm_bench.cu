@@ -751,6 +751,8 @@ struct QuantBuffers {
   explicit QuantBuffers(int64_t rows) : scale(sizeof(float)), row_scales(static_cast<size_t>(rows) * sizeof(float)) {
     const float scale_value = 0.05f;
     RMSNORM_BENCH_CUDA(cudaMemcpy(scale.get(), &scale_value, sizeof(float), cudaMemcpyHostToDevice));
+    // A copy from pageable memory may return before the value lands; the timed calls run on another stream.
+    RMSNORM_BENCH_CUDA(cudaDeviceSynchronize());
   }
   rmsnorm_quant_t quant(rmsnorm_quant_kind_t kind, bool per_row) const {
     rmsnorm_quant_t qt{};
@@ -836,10 +838,10 @@ void run_shape(const Shape& sh, cudaStream_t stream, const rmsnorm_backend_t& be
     c.check = check_rows(false, sh.rows, sh.cols, sh.dtype, kEps, at(sets[0].x), nullptr, w.get(), at(sets[0].out), stride);
     finish_case(c);
   }
-  // The quantized forwards (--quant): q (1 byte an element) and the scales written once per call, x read from the
-  // rotated sets. Their correctness is the tests' (Cuda.ForwardQuant and the rest); timing only here.
+  // The quantized forwards (--quant): x read from the rotated sets, q (1 byte an element) and the per-row scales
+  // written into the same set's out and rstd buffers, so that every operand rotates as the plain forward's do.
+  // Their correctness is the tests' (Cuda.ForwardQuant and the rest); timing only here.
   if (g_opt.quant) {
-    DeviceBuffer q(elems);
     const QuantBuffers qb(sh.rows);
     struct QuantCase {
       const char* op;
@@ -859,8 +861,9 @@ void run_shape(const Shape& sh, cudaStream_t stream, const rmsnorm_backend_t& be
                                     sh.cols * static_cast<int64_t>(esize) + scale_bytes);
       c.st = time_stream(stream, g_opt.reps, k, qc.op, [&](int i) {
         const OperandSet& s = sets[static_cast<size_t>(i)];
-        return rmsnorm_forward_quant(&prob, at(s.x), stride, w.get(), &qt, q.get(), stride, nullptr,
-                                     &be);
+        rmsnorm_quant_t qs = qt;
+        if (qc.per_row) qs.row_scales = static_cast<float*>(s.rstd.get());
+        return rmsnorm_forward_quant(&prob, at(s.x), stride, w.get(), &qs, s.out.get(), stride, nullptr, &be);
       });
       finish_case(c);
     }
