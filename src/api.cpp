@@ -248,7 +248,14 @@ rmsnorm_status_t check_memory_space(std::initializer_list<const Extent*> operand
     if (!e->present()) continue;
     const char* name = e->name;
     int owner = -1;
-    const cuda::MemorySpace space = cuda::memory_space(reinterpret_cast<const void*>(e->begin), &owner);
+    const char* why = "";
+    const cuda::MemorySpace space = cuda::memory_space(reinterpret_cast<const void*>(e->begin), &owner, &why);
+    // The CPU backend works without a usable CUDA runtime: then nothing is
+    // device memory. The CUDA backend cannot launch without one.
+    if (space == cuda::MemorySpace::kUnknown) {
+      if (!c.cuda) continue;
+      return fail(RMSNORM_STATUS_CUDA_ERROR, name, std::string("cudaPointerGetAttributes failed: ") + why);
+    }
     if (!c.cuda && space == cuda::MemorySpace::kDevice)
       return fail(RMSNORM_STATUS_WRONG_MEMORY_SPACE, name, "is device memory, but the backend is CPU");
     if (c.cuda && space == cuda::MemorySpace::kDevice && owner != c.device)

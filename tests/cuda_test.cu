@@ -18,6 +18,8 @@
 #include <cstring>
 #include <functional>
 #include <tuple>
+#include <string>
+#include <thread>
 #include <utility>
 #include <random>
 #include <vector>
@@ -2910,6 +2912,100 @@ TEST_F(Cuda, OneStagePipelines) {
                          {20000, RMSNORM_DTYPE_F32, 200, Layout::kAligned},
                          {70000, RMSNORM_DTYPE_BF16, 100, Layout::kAligned}},
                         rng);
+}
+
+// Two threads run the backward's one kernel under two plans that give it
+// different dynamic shared memory: D = 1024 bf16 on a 100 KiB-per-SM GPU takes
+// 66048 bytes with gw and 65536 without. The limit is a function attribute
+// shared by both threads, so one thread's smaller limit must not land between
+// the other's set and launch (that launch fails). Every call must succeed, and
+// each thread's last gx and gw must be bit for bit those of a call made alone.
+TEST_F(Cuda, ConcurrentPlansOfOneKernel) {
+  plan::Device pd = current_plan_device();
+  pd.smem_per_sm = 100 * size_t{1024};
+  pd.max_smem_optin = 99 * size_t{1024};
+  const OneStagePlans limit(pd.smem_per_sm, pd.max_smem_optin);
+  constexpr int64_t kRows = 2048, kD = 1024;
+  const plan::Launch with_gw = plan::backward_launch(kRows, kD, 2, plan::Io::kVector, true, pd);
+  const plan::Launch no_gw = plan::backward_launch(kRows, kD, 2, plan::Io::kVector, false, pd);
+  ASSERT_EQ(with_gw.kernel, plan::Kernel::kBackwardRows);
+  ASSERT_EQ(no_gw.kernel, plan::Kernel::kBackwardRows);
+  ASSERT_EQ(with_gw.row.threads_per_row, no_gw.row.threads_per_row);
+  ASSERT_EQ(with_gw.row.chunks_per_thread, no_gw.row.chunks_per_thread);
+  ASSERT_NE(with_gw.smem, no_gw.smem);
+  ASSERT_GT(std::min(with_gw.smem, no_gw.smem), size_t{48 * 1024});
+
+  int device = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = kRows;
+  p.cols = kD;
+  p.dtype = RMSNORM_DTYPE_BF16;
+  const size_t n = size_t{kRows} * kD;
+  std::mt19937_64 rng(91);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  std::vector<uint16_t> host(n + kD);
+  for (uint16_t& v : host) v = float_to_bf16(u(rng));
+
+  struct Side {
+    int32_t gw_mode;
+    cudaStream_t stream = nullptr;
+    void *x = nullptr, *gy = nullptr, *w = nullptr, *gx = nullptr, *gw = nullptr, *ws = nullptr;
+    size_t ws_bytes = 0;
+    std::vector<uint16_t> gx_alone, gw_alone;
+    rmsnorm_status_t first_failure = RMSNORM_STATUS_SUCCESS;
+    std::string message;
+  };
+  Side sides[2];
+  sides[0].gw_mode = RMSNORM_GW_STORE;
+  sides[1].gw_mode = RMSNORM_GW_NONE;
+  auto call = [&](Side& s) {
+    const rmsnorm_backend_t b = rmsnorm_backend_cuda(device, s.stream);
+    return rmsnorm_backward(&p, s.x, kD, s.w, s.gy, kD, nullptr, s.gx, kD, s.gw_mode == RMSNORM_GW_NONE ? nullptr : s.gw,
+                            s.gw_mode, s.ws, s.ws_bytes, &b);
+  };
+  for (Side& s : sides) {
+    CUDA_OK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+    for (void** q : {&s.x, &s.gy, &s.gx}) CUDA_OK(cudaMalloc(q, n * 2));
+    CUDA_OK(cudaMalloc(&s.w, kD * 2));
+    CUDA_OK(cudaMalloc(&s.gw, kD * 2));
+    CUDA_OK(cudaMemcpy(s.x, host.data(), n * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(s.gy, host.data() + kD, n * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(s.w, host.data() + n, kD * 2, cudaMemcpyHostToDevice));
+    const rmsnorm_backend_t b = rmsnorm_backend_cuda(device, s.stream);
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, s.gw_mode, &b, &s.ws_bytes));
+    if (s.ws_bytes > 0) CUDA_OK(cudaMalloc(&s.ws, s.ws_bytes));
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS, call(s)) << rmsnorm_last_error();
+    CUDA_OK(cudaStreamSynchronize(s.stream));
+    s.gx_alone.resize(n);
+    s.gw_alone.resize(kD);
+    CUDA_OK(cudaMemcpy(s.gx_alone.data(), s.gx, n * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(s.gw_alone.data(), s.gw, kD * 2, cudaMemcpyDeviceToHost));
+  }
+  auto loop = [&](Side& s) {
+    for (int i = 0; i < 2000 && s.first_failure == RMSNORM_STATUS_SUCCESS; ++i) {
+      const rmsnorm_status_t st = call(s);
+      if (st != RMSNORM_STATUS_SUCCESS) {
+        s.first_failure = st;
+        s.message = rmsnorm_last_error();
+      }
+      if (i % 64 == 63) cudaStreamSynchronize(s.stream);  // bounds the queue, keeps the threads interleaved
+    }
+    cudaStreamSynchronize(s.stream);
+  };
+  std::thread other(loop, std::ref(sides[1]));
+  loop(sides[0]);
+  other.join();
+  for (Side& s : sides) {
+    EXPECT_EQ(RMSNORM_STATUS_SUCCESS, s.first_failure) << "gw mode " << s.gw_mode << ": " << s.message;
+    std::vector<uint16_t> gx(n), gw(kD);
+    CUDA_OK(cudaMemcpy(gx.data(), s.gx, n * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(gw.data(), s.gw, kD * 2, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(0, std::memcmp(gx.data(), s.gx_alone.data(), n * 2)) << "gw mode " << s.gw_mode;
+    if (s.gw_mode != RMSNORM_GW_NONE) EXPECT_EQ(0, std::memcmp(gw.data(), s.gw_alone.data(), kD * 2));
+    for (void* q : {s.x, s.gy, s.w, s.gx, s.gw, s.ws}) cudaFree(q);
+    cudaStreamDestroy(s.stream);
+  }
 }
 
 void sanitizer_cases(std::initializer_list<int64_t> ds, std::mt19937_64& rng) {

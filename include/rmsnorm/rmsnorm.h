@@ -204,7 +204,9 @@ typedef struct rmsnorm_problem {
 typedef struct rmsnorm_backend {
   int32_t kind;        /* rmsnorm_backend_kind_t */
   int32_t device;      /* CUDA device ordinal, or -1 for the current device */
-  void* stream;        /* cudaStream_t; NULL is the legacy default stream */
+  void* stream;        /* cudaStream_t of that device (not checked: a stream of
+                          another device makes the launch fail, a CUDA error);
+                          NULL is the legacy default stream */
   int32_t num_threads; /* CPU worker threads; 0 = all hardware threads */
 } rmsnorm_backend_t;
 

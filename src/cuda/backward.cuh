@@ -1323,8 +1323,8 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
                   std::string("no backward launch for ") + plan::kernel_name(l.kernel));
   }
   if (st != RMSNORM_STATUS_SUCCESS) return st;
-  // The finalize always overlaps the main kernel's tail where sm_90 code exists.
-  return l.finalize ? finalize(p.gw.partials, dev.sm90_code) : RMSNORM_STATUS_SUCCESS;
+  // The finalize overlaps the main kernel's tail (PDL), unless RMSNORM_FLAG_NO_PDL.
+  return l.finalize ? finalize(p.gw.partials, pdl) : RMSNORM_STATUS_SUCCESS;
 }
 
 }  // namespace rmsnorm::cuda

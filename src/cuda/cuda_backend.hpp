@@ -18,9 +18,10 @@ rmsnorm_status_t resolve_device(int32_t requested, int* device);
 
 // Where a pointer lives, as far as the CUDA runtime can tell: pageable host
 // memory, device-only memory (of device *owner), or memory both sides reach
-// (managed, pinned).
-enum class MemorySpace { kHost, kDevice, kBoth };
-MemorySpace memory_space(const void* p, int* owner);
+// (managed, pinned); kUnknown when cudaPointerGetAttributes fails (no driver,
+// or a sticky error from an earlier fault), *why naming the error.
+enum class MemorySpace { kHost, kDevice, kBoth, kUnknown };
+MemorySpace memory_space(const void* p, int* owner, const char** why);
 
 // Workspace bytes of the fused backward on `device` (0 for GwMode::kNone).
 // Which launch the backward makes (launch_backward):

@@ -57,12 +57,13 @@ rmsnorm_status_t resolve_device(int32_t requested, int* device) {
   return RMSNORM_STATUS_SUCCESS;
 }
 
-MemorySpace memory_space(const void* p, int* owner) {
+MemorySpace memory_space(const void* p, int* owner, const char** why) {
   cudaPointerAttributes attr;
   const cudaError_t e = cudaPointerGetAttributes(&attr, p);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    return MemorySpace::kHost;  // no usable runtime: everything is host memory
+    *why = cudaGetErrorName(e);
+    return MemorySpace::kUnknown;
   }
   // Managed and registered host memory are reachable from both sides.
   *owner = attr.device;
@@ -71,33 +72,81 @@ MemorySpace memory_space(const void* p, int* owner) {
   return MemorySpace::kBoth;
 }
 
+std::mutex& launch_attribute_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
 namespace {
+
+// Errors that say a capability query could not run at all (no usable
+// context, a sticky error left by an earlier fault, no memory) rather than
+// answer it. They are an error of the call, and nothing is cached: caching
+// "no clusters, no PDL" after a transient failure would change the plan, and
+// so every reduction order, for the rest of the process. Any other failure of
+// a query is its answer: this device or this build cannot do that.
+bool query_could_not_run(cudaError_t e) {
+  switch (e) {
+    case cudaErrorMemoryAllocation:
+    case cudaErrorInitializationError:
+    case cudaErrorCudartUnloading:
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorContextIsDestroyed:
+    case cudaErrorSystemNotReady:
+    case cudaErrorNotPermitted:
+    case cudaErrorOperatingSystem:
+    case cudaErrorLaunchFailure:
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorUnknown:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A capability query's failure: the error itself when the query could not
+// run, else cudaSuccess (the caller takes "cannot" as the answer).
+cudaError_t answer_or_error(cudaError_t e) {
+  if (e == cudaSuccess) return cudaSuccess;
+  cudaGetLastError();
+  return query_could_not_run(e) ? e : cudaSuccess;
+}
 
 // Whether the library's kernels were compiled for compute_90 or later (a
 // build for older targets runs on Hopper through PTX with the sm_90 paths
 // compiled out).
-bool kernels_have_sm90_code() {
+cudaError_t kernels_have_sm90_code(bool* out) {
   cudaFuncAttributes fattr;
-  if (cudaFuncGetAttributes(&fattr, finalize_kernel_handle()) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return fattr.ptxVersion >= 90;
+  const cudaError_t e = cudaFuncGetAttributes(&fattr, finalize_kernel_handle());
+  *out = e == cudaSuccess && fattr.ptxVersion >= 90;
+  return answer_or_error(e);
 }
 
 // Clusters of `cs` CTAs of `kernel` (kClusterTpr threads, `smem` bytes of
 // dynamic shared memory) the current device runs at once
-// (cudaOccupancyMaxActiveClusters); 0 when the query fails.
-int active_clusters(const void* kernel, int cs, size_t smem) {
-  if (cs > plan::kMaxPortableCluster &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
+// (cudaOccupancyMaxActiveClusters); 0 when the device cannot run them.
+cudaError_t active_clusters(const void* kernel, int cs, size_t smem, int* clusters) {
+  *clusters = 0;
+  if (cs > plan::kMaxPortableCluster) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e != cudaSuccess) return answer_or_error(e);
   }
-  if (smem > 48 * 1024 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem)) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
+  if (smem > 48 * 1024) {
+    // As in launch_planned: no launch of this kernel may see the limit change under it.
+    std::lock_guard<std::mutex> lock(launch_attribute_mutex());
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return answer_or_error(e);
   }
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
@@ -110,29 +159,32 @@ int active_clusters(const void* kernel, int cs, size_t smem) {
   cfg.dynamicSmemBytes = smem;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return clusters;
+  int n = 0;
+  const cudaError_t e = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
+  if (e != cudaSuccess) return answer_or_error(e);
+  *clusters = n;
+  return cudaSuccess;
 }
 
 // Largest cluster of cluster-band CTAs the current device can run: 1 when
 // the kernels were not compiled for compute_90+, else 8, or 16 where
 // non-portable clusters fit. Asked of the backward kernel, the heavier of the
 // two cluster kernels (one CTA per SM): what fits for it fits for the forward.
-int query_max_cluster() {
+cudaError_t query_max_cluster(int* out) {
+  *out = 1;
   const void* kernel = backward_cluster_kernel_handle();
   // Clusters need the kernels compiled for compute_90 or later: a build for
   // older targets runs on Hopper through its PTX with the cluster code
   // compiled out (__CUDA_ARCH__ < 900), so the plan must not use clusters.
   cudaFuncAttributes fattr;
-  if (cudaFuncGetAttributes(&fattr, kernel) != cudaSuccess || fattr.ptxVersion < 90) {
-    cudaGetLastError();
-    return 1;
-  }
-  return active_clusters(kernel, plan::kMaxCluster, 0) > 0 ? plan::kMaxCluster : plan::kMaxPortableCluster;
+  const cudaError_t e = cudaFuncGetAttributes(&fattr, kernel);
+  if (e != cudaSuccess) return answer_or_error(e);
+  if (fattr.ptxVersion < 90) return cudaSuccess;
+  int n = 0;
+  const cudaError_t ec = active_clusters(kernel, plan::kMaxCluster, 0, &n);
+  if (ec != cudaSuccess) return ec;
+  *out = n > 0 ? plan::kMaxCluster : plan::kMaxPortableCluster;
+  return cudaSuccess;
 }
 
 std::atomic<size_t> g_smem_limit_per_sm{0};
@@ -178,22 +230,23 @@ rmsnorm_status_t device_properties(int device, plan::Device* out) {
   d.smem_per_sm = static_cast<size_t>(smem);
   d.max_cluster = 1;
   if (d.cc_major >= 9) {
-    int current = -1;
-    RMSNORM_CUDA_TRY(cudaGetDevice(&current));
-    if (current != device) RMSNORM_CUDA_TRY(cudaSetDevice(device));
-    d.sm90_code = kernels_have_sm90_code();
-    d.max_cluster = query_max_cluster();
+    // backward_workspace_bytes reaches here without run_on_device's guard.
+    DeviceGuard guard(device);
+    RMSNORM_CUDA_TRY(guard.status());
+    RMSNORM_CUDA_TRY(kernels_have_sm90_code(&d.sm90_code));
+    RMSNORM_CUDA_TRY(query_max_cluster(&d.max_cluster));
     // Co-scheduled clusters per size, with the shared memory the plan gives
     // the cluster kernels on this device.
     for (int cs = 2; cs <= d.max_cluster; cs *= 2) {
       const int k = plan::cluster_index(cs);
       const int64_t cols = int64_t{cs} * plan::kClusterTpr * plan::kMaxChunksPerThread * 8;  // a 16-bit row of that band
-      d.forward_active_clusters[k] =
-          active_clusters(forward_cluster_kernel_handle(), cs, plan::forward_launch(1, cols, 2, plan::Io::kVector, d).smem);
-      d.backward_active_clusters[k] = active_clusters(
-          backward_cluster_kernel_handle(), cs, plan::backward_launch(2, cols, 2, plan::Io::kVector, true, d).smem);
+      RMSNORM_CUDA_TRY(active_clusters(forward_cluster_kernel_handle(), cs,
+                                       plan::forward_launch(1, cols, 2, plan::Io::kVector, d).smem,
+                                       &d.forward_active_clusters[k]));
+      RMSNORM_CUDA_TRY(active_clusters(backward_cluster_kernel_handle(), cs,
+                                       plan::backward_launch(2, cols, 2, plan::Io::kVector, true, d).smem,
+                                       &d.backward_active_clusters[k]));
     }
-    if (current != device) RMSNORM_CUDA_TRY(cudaSetDevice(current));
   }
   cache[device] = d;
   *out = d;

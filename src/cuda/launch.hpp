@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -26,14 +27,16 @@ inline rmsnorm_status_t cuda_fail(cudaError_t e, const char* what) {
     if (rmsnorm_err_ != cudaSuccess) return ::rmsnorm::cuda::cuda_fail(rmsnorm_err_, #call); \
   } while (0)
 
-// Raises a kernel's dynamic shared-memory limit when a launch needs more than
-// the default 48 KiB less the kernel's static shared memory (scratch); a
-// function attribute belongs to a context, so this runs on every call.
-template <typename Kernel>
-cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 32 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-}
+// Launches whose dynamic shared memory is at most this need no raised limit
+// (the default 48 KiB less the kernels' static shared memory, the scratch).
+constexpr size_t kDefaultDynamicSmem = 32 * 1024;
+
+// Held from setting a kernel's dynamic shared-memory limit to its launch
+// (device.cu). The limit is a function attribute of the context, shared by
+// every thread, and two plans may give one kernel different sizes (with and
+// without gw, say): without the lock another thread could lower the limit
+// between this thread's set and its launch, which then fails.
+std::mutex& launch_attribute_mutex();
 
 // The device's properties as the plan sees them, read once per device
 // (device.cu).
@@ -152,15 +155,21 @@ rmsnorm_status_t launch_kernel(Kernel kernel, int64_t grid, dim3 block, int cs, 
 }
 
 // The main kernel of a plan: the kernel's CTA size (a template constant) must
-// be the plan's; its dynamic shared-memory limit is raised on every call
-// (function attributes belong to a context); then launch_kernel.
+// be the plan's; its dynamic shared-memory limit is set to the plan's size on
+// every call that needs more than the default (function attributes belong to
+// a context, which the caller may have reset since), under
+// launch_attribute_mutex; then launch_kernel.
 template <typename Kernel, typename Params>
 rmsnorm_status_t launch_planned(Kernel kernel, int cta_threads, const plan::Launch& l, bool pdl, cudaStream_t stream,
                                 const Params& p) {
   if (cta_threads != l.row.cta_threads)
     return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan",
                 std::string(plan::kernel_name(l.kernel)) + ": the kernel's CTA size disagrees with the plan");
-  RMSNORM_CUDA_TRY(allow_dynamic_smem(kernel, l.smem));
+  if (l.smem <= kDefaultDynamicSmem)
+    return launch_kernel(kernel, l.grid, cta_threads, l.row.cluster, l.smem, pdl, stream, p);
+  std::lock_guard<std::mutex> lock(launch_attribute_mutex());
+  RMSNORM_CUDA_TRY(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l.smem)));
   return launch_kernel(kernel, l.grid, cta_threads, l.row.cluster, l.smem, pdl, stream, p);
 }
 
