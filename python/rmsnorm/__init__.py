@@ -229,6 +229,7 @@ class _EagerRMSNorm(torch.autograd.Function):
 
 _forward_autograd_op = torch.ops.rmsnorm.forward_autograd.default if cpp_autograd else None
 _is_compiling = torch.compiler.is_compiling
+_tracing = torch._C._get_tracing_state  # torch.jit.trace is recording (None when not)
 _functorch_active = torch._C._are_functorch_transforms_active
 _grad_enabled = torch.is_grad_enabled
 
@@ -268,11 +269,23 @@ def _forward_eager(x, weight, eps, flags):
     if _grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
         if cpp_autograd:
             return _forward_autograd_op(x, weight, eps, flags)
+        if _tracing():
+            return _traced_forward(x, weight, eps, flags)
         return _EagerRMSNorm.apply(x, weight, eps, flags)
+    if _tracing():
+        return _traced_forward(x, weight, eps, flags)
     # Nothing records a graph here (grad mode is off, or no input requires grad), so the op is called without
     # _below_autograd (0.9 us of Python on the CPU machine): autograd's fallback for an op with no autograd kernel
     # passes it through.
     return _forward_inference_op(x, weight, eps, flags)
+
+
+def _traced_forward(x, weight, eps, flags):
+    """The one op that torch.jit.trace records whatever the grad mode (its check reruns the function under
+    no_grad, and a trace must not depend on it): a differentiable one, so the traced module trains too."""
+    if cpp_autograd:
+        return _forward_autograd_op(x, weight, eps, flags)
+    return _forward_op(x, weight, eps, flags)[0]
 
 
 _FLOAT32_MAX = torch.finfo(torch.float32).max
@@ -530,7 +543,7 @@ def add_rms_norm(
     if _functorch_active() or _fwad._current_level >= 0 or x.shape[-1] == 0:
         h = (x.float() + r.float()).to(r.dtype)
         y = _forward_formula(h, w, eps, flags, dtype, check=False)
-    elif _is_compiling():
+    elif _is_compiling() or _tracing():  # one differentiable op whatever the grad mode (_traced_forward)
         y, h, _rstd = torch.ops.rmsnorm.add_forward(x, r, w, eps, flags)
     elif needs_grad:
         y, h = _EagerAddRMSNorm.apply(x, r, w, eps, flags)

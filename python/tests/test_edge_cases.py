@@ -140,6 +140,48 @@ def test_fx_symbolic_trace():
         assert any(n.op == "call_function" and n.target is rmsnorm.rms_norm for n in gm.graph.nodes)
 
 
+class _AddNorm(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(d))
+
+    def forward(self, x, residual):
+        return rmsnorm.add_rms_norm(x, residual, x.shape[-1], self.weight)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_jit_trace(device):
+    """torch.jit.trace records one rmsnorm op whatever the grad mode (its check reruns the function under no_grad),
+    and the traced module computes eager's values and gradients bit for bit, on a batch other than the traced one."""
+    d = 64
+    norm = rmsnorm.RMSNorm(d, device=device)
+    with torch.no_grad():
+        norm.weight.copy_(randn(d, device=device))
+    add = _AddNorm(d).to(device)
+    traced_norm = torch.jit.trace(norm, (randn(3, d, device=device),))
+    traced_add = torch.jit.trace(add, (randn(3, d, device=device), randn(3, d, device=device)))
+    for traced in (traced_norm, traced_add):
+        kinds = [n.kind() for n in traced.graph.nodes() if n.kind().startswith("rmsnorm::")]
+        assert len(kinds) == 1, kinds
+    x = randn(7, d, device=device).requires_grad_()
+    r = randn(7, d, device=device).requires_grad_()
+    gy = randn(7, d, device=device)
+    for module, traced, args in ((norm, traced_norm, (x,)), (add, traced_add, (x, r))):
+        grads = []
+        for m in (module, traced):
+            out = m(*args)
+            y = out[0] if isinstance(out, tuple) else out
+            torch.autograd.backward(y, gy)
+            grads.append([y.detach().clone()] + [t.grad.clone() for t in (*args, module.weight)])
+            for t in (*args, module.weight):
+                t.grad = None
+        for want, got in zip(*grads):
+            assert torch.equal(got, want)
+        with torch.no_grad():
+            a, b = module(*args), traced(*args)
+            assert torch.equal(a[0] if isinstance(a, tuple) else a, b[0] if isinstance(b, tuple) else b)
+
+
 class LlamaRMSNorm(torch.nn.Module):
     """transformers' LlamaRMSNorm forward (the class name is what swap_rmsnorm matches)."""
 
