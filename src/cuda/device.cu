@@ -72,9 +72,9 @@ MemorySpace memory_space(const void* p, int* owner, const char** why) {
   return MemorySpace::kBoth;
 }
 
-std::mutex& launch_attribute_mutex() {
-  static std::mutex mutex;
-  return mutex;
+std::mutex& launch_attribute_mutex(int device) {
+  static std::mutex mutexes[64];  // devices past 64 share one: a lock held longer, never a race
+  return mutexes[static_cast<unsigned>(device) % 64];
 }
 
 namespace {
@@ -143,7 +143,10 @@ cudaError_t active_clusters(const void* kernel, int cs, size_t smem, int* cluste
   }
   if (smem > 48 * 1024) {
     // As in launch_planned: no launch of this kernel may see the limit change under it.
-    std::lock_guard<std::mutex> lock(launch_attribute_mutex());
+    int device = 0;
+    const cudaError_t ed = cudaGetDevice(&device);
+    if (ed != cudaSuccess) return answer_or_error(ed);
+    std::lock_guard<std::mutex> lock(launch_attribute_mutex(device));
     const cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return answer_or_error(e);

@@ -32,11 +32,13 @@ inline rmsnorm_status_t cuda_fail(cudaError_t e, const char* what) {
 constexpr size_t kDefaultDynamicSmem = 32 * 1024;
 
 // Held from setting a kernel's dynamic shared-memory limit to its launch
-// (device.cu). The limit is a function attribute of the context, shared by
-// every thread, and two plans may give one kernel different sizes (with and
-// without gw, say): without the lock another thread could lower the limit
-// between this thread's set and its launch, which then fails.
-std::mutex& launch_attribute_mutex();
+// (device.cu), one per device. The limit is a function attribute of the
+// device's context, shared by every thread, and two plans may give one kernel
+// different sizes (with and without gw, say): without the lock another thread
+// could lower the limit between this thread's set and its launch, which then
+// fails. Per device, so that a launch that blocks (a full launch queue) holds
+// up no other device's.
+std::mutex& launch_attribute_mutex(int device);
 
 // The device's properties as the plan sees them, read once per device
 // (device.cu).
@@ -167,7 +169,9 @@ rmsnorm_status_t launch_planned(Kernel kernel, int cta_threads, const plan::Laun
                 std::string(plan::kernel_name(l.kernel)) + ": the kernel's CTA size disagrees with the plan");
   if (l.smem <= kDefaultDynamicSmem)
     return launch_kernel(kernel, l.grid, cta_threads, l.row.cluster, l.smem, pdl, stream, p);
-  std::lock_guard<std::mutex> lock(launch_attribute_mutex());
+  int device = 0;
+  RMSNORM_CUDA_TRY(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(launch_attribute_mutex(device));
   RMSNORM_CUDA_TRY(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l.smem)));
   return launch_kernel(kernel, l.grid, cta_threads, l.row.cluster, l.smem, pdl, stream, p);
