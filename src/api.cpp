@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <limits>
 #include <new>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -244,6 +245,10 @@ rmsnorm_status_t check_pointer(const char* name, const void* p, size_t align) {
 rmsnorm_status_t check_memory_space(std::initializer_list<const Extent*> operands, const Common& c) {
 #if defined(RMSNORM_WITH_CUDA)
   if (c.trusted_memory) return RMSNORM_STATUS_SUCCESS;  // the caller vouches (rmsnorm.h)
+  // The queries run with the call's device current, as its launches will
+  // (a failure to make it current is the launch's to report).
+  std::optional<cuda::DeviceScope> scope;
+  if (c.cuda) scope.emplace(c.device);
   for (const Extent* e : operands) {
     if (!e->present()) continue;
     const char* name = e->name;

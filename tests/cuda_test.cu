@@ -2746,6 +2746,83 @@ TEST_F(Cuda, BackwardOnAContextWithFewerSms) {
   green_destroy(green);
 }
 
+// The library makes backend.device current for a call and gives the thread
+// back its own: a thread that never used CUDA (it reports device 0) must not
+// be left with a context created on device 0 (every process of a job that
+// calls the library for its own GPU would hold one there), and a thread with
+// device 0's context current gets that device and context back. Two GPUs.
+TEST_F(Cuda, AnotherDeviceLeavesTheCallersContext) {
+  int n = 0;
+  CUDA_OK(cudaGetDeviceCount(&n));
+  if (n < 2) GTEST_SKIP() << "needs two GPUs (" << n << " present)";
+  using DeviceGet = CUresult (*)(CUdevice*, int);
+  using PrimaryState = CUresult (*)(CUdevice, unsigned*, int*);
+  using CtxGet = CUresult (*)(CUcontext*);
+  const auto device_get = driver_entry<DeviceGet>("cuDeviceGet");
+  const auto primary_state = driver_entry<PrimaryState>("cuDevicePrimaryCtxGetState");
+  const auto ctx_get = driver_entry<CtxGet>("cuCtxGetCurrent");
+  ASSERT_TRUE(device_get != nullptr && primary_state != nullptr && ctx_get != nullptr);
+  auto active = [&](int ordinal) {
+    CUdevice dev = 0;
+    unsigned flags = 0;
+    int on = -1;
+    if (device_get(&dev, ordinal) != CUDA_SUCCESS || primary_state(dev, &flags, &on) != CUDA_SUCCESS) return -1;
+    return on;
+  };
+  constexpr int64_t kRows = 4, kD = 256;
+  const size_t bytes = size_t{kRows} * kD * 4;
+  void *x = nullptr, *y = nullptr;
+  cudaError_t setup = cudaSuccess;
+  std::thread([&] {  // device 1's buffers, from a thread of their own: this one must not make device 1 current
+    const std::vector<float> ones(static_cast<size_t>(kRows * kD), 1.0f);
+    for (cudaError_t e : {cudaSetDevice(1), cudaMalloc(&x, bytes), cudaMalloc(&y, bytes),
+                          cudaMemcpy(x, ones.data(), bytes, cudaMemcpyHostToDevice)})
+      if (setup == cudaSuccess) setup = e;
+  }).join();
+  ASSERT_EQ(cudaSuccess, setup) << cudaGetErrorName(setup);
+  if (active(0) != 0) GTEST_SKIP() << "device 0 already has a context in this process";
+
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = kRows;
+  p.cols = kD;
+  const rmsnorm_backend_t b = rmsnorm_backend_cuda(1, nullptr);
+  rmsnorm_status_t st = RMSNORM_STATUS_INTERNAL_ERROR;
+  int after = -1;
+  std::thread([&] {
+    st = rmsnorm_forward(&p, x, kD, nullptr, y, kD, nullptr, &b);
+    cudaGetDevice(&after);
+  }).join();
+  EXPECT_EQ(RMSNORM_STATUS_SUCCESS, st);
+  EXPECT_EQ(0, active(0)) << "the call left a context on device 0";
+  EXPECT_EQ(1, after) << "a thread without a context keeps the call's device current";
+  std::vector<float> out(static_cast<size_t>(kRows * kD), -1.0f);
+  std::thread([&] {
+    setup = cudaSetDevice(1);
+    if (setup == cudaSuccess) setup = cudaMemcpy(out.data(), y, bytes, cudaMemcpyDeviceToHost);
+  }).join();
+  ASSERT_EQ(cudaSuccess, setup) << cudaGetErrorName(setup);
+  for (float v : out) ASSERT_NEAR(v, 1.0 / std::sqrt(1.0 + 1e-5), 1e-6);  // x = 1, no weight
+
+  // A thread with device 0's context current gets it back.
+  CUcontext before = nullptr, restored = nullptr;
+  std::thread([&] {
+    if (cudaSetDevice(0) != cudaSuccess || cudaFree(nullptr) != cudaSuccess || ctx_get(&before) != CUDA_SUCCESS) return;
+    st = rmsnorm_forward(&p, x, kD, nullptr, y, kD, nullptr, &b);
+    cudaGetDevice(&after);
+    ctx_get(&restored);
+  }).join();
+  ASSERT_NE(nullptr, before);
+  EXPECT_EQ(RMSNORM_STATUS_SUCCESS, st) << rmsnorm_last_error();
+  EXPECT_EQ(0, after);
+  EXPECT_EQ(before, restored);
+  std::thread([&] {
+    cudaSetDevice(1);
+    cudaDeviceSynchronize();
+    cudaFree(x);
+    cudaFree(y);
+  }).join();
+}
+
 // Host memory handed to the CUDA backend and device memory handed to the CPU
 // backend are refused, nothing written.
 // rows == 0 on the GPU. Forward and backward write nothing but gw: the store

@@ -203,7 +203,13 @@ typedef struct rmsnorm_problem {
 
 typedef struct rmsnorm_backend {
   int32_t kind;        /* rmsnorm_backend_kind_t */
-  int32_t device;      /* CUDA device ordinal, or -1 for the current device */
+  int32_t device;      /* CUDA device ordinal, or -1 for the current device;
+                          a call makes it current and then restores the
+                          thread's device and context, except on a thread
+                          whose previous device has no primary context (one
+                          that never used CUDA reports device 0): it keeps
+                          this device current, so that no context is created
+                          on the other */
   void* stream;        /* cudaStream_t of that device (not checked: a stream of
                           another device makes the launch fail, a CUDA error);
                           NULL is the legacy default stream */

@@ -16,6 +16,24 @@ bool available();
 // when there is no such device.
 rmsnorm_status_t resolve_device(int32_t requested, int* device);
 
+// Makes `device` current until destroyed, then gives the thread back its
+// device and context (device.cu says how a thread without a context is left).
+// Nothing happens where `device` is current already.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  int status() const { return status_; }  // cudaError_t of making `device` current
+
+ private:
+  int previous_ = -1;
+  void* previous_context_ = nullptr;  // CUcontext
+  bool switched_ = false;
+  int status_ = 0;
+};
+
 // Where a pointer lives, as far as the CUDA runtime can tell: pageable host
 // memory, device-only memory (of device *owner), or memory both sides reach
 // (managed, pinned); kUnknown when cudaPointerGetAttributes fails (no driver,

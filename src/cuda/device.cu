@@ -1,5 +1,6 @@
 // CUDA backend entry points: device selection, pointer checks, the device
 // properties the plan reads, dispatch.
+#include <cuda.h>  // driver types only: the functions come through cudaGetDriverEntryPointByVersion
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -13,25 +14,81 @@ namespace rmsnorm::cuda {
 
 namespace {
 
-// Makes `device` current for the scope of a call and restores the caller's.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) : device_(device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) status_ = cudaSetDevice(device);
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
-  }
-  cudaError_t status() const { return status_; }
-
- private:
-  int device_;
-  int previous_ = -1;
-  cudaError_t status_ = cudaSuccess;
+// The driver functions DeviceScope needs, through the runtime's entry-point
+// lookup (the library links no libcuda); null where the driver lacks one.
+struct DriverContextApi {
+  CUresult (*ctx_get_current)(CUcontext*) = nullptr;
+  CUresult (*ctx_set_current)(CUcontext) = nullptr;
+  CUresult (*device_get)(CUdevice*, int) = nullptr;
+  CUresult (*primary_ctx_get_state)(CUdevice, unsigned*, int*) = nullptr;
 };
 
+template <typename Fn>
+void driver_entry(const char* name, Fn* fn) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &p, CUDA_VERSION, cudaEnableDefault, &q) == cudaSuccess &&
+      q == cudaDriverEntryPointSuccess)
+    *fn = reinterpret_cast<Fn>(p);
+  else
+    cudaGetLastError();
+}
+
+const DriverContextApi& driver_context_api() {
+  static const DriverContextApi api = [] {
+    DriverContextApi a;
+    driver_entry("cuCtxGetCurrent", &a.ctx_get_current);
+    driver_entry("cuCtxSetCurrent", &a.ctx_set_current);
+    driver_entry("cuDeviceGet", &a.device_get);
+    driver_entry("cuDevicePrimaryCtxGetState", &a.primary_ctx_get_state);
+    return a;
+  }();
+  return api;
+}
+
+// Whether `ordinal`'s primary context exists; true when the driver cannot say.
+bool primary_context_active(int ordinal) {
+  const DriverContextApi& d = driver_context_api();
+  CUdevice dev = 0;
+  unsigned flags = 0;
+  int active = 1;
+  if (d.device_get == nullptr || d.primary_ctx_get_state == nullptr || d.device_get(&dev, ordinal) != CUDA_SUCCESS ||
+      d.primary_ctx_get_state(dev, &flags, &active) != CUDA_SUCCESS)
+    return true;
+  return active != 0;
+}
+
 }  // namespace
+
+// DeviceScope (cuda_backend.hpp). cudaSetDevice creates the primary context of
+// the device it makes current, so the caller's device is set back only where
+// its primary context exists: a thread that never used CUDA reports device 0,
+// and restoring that would put a context on GPU 0 (memory, and an error on a
+// GPU in exclusive-process mode) in every process that calls the library for
+// another GPU. Such a thread keeps `device` current, as PyTorch's device guard
+// leaves it. A context of the caller's own (cuCtxCreate, a green context) is
+// made current again as it was.
+DeviceScope::DeviceScope(int device) {
+  if (cudaGetDevice(&previous_) != cudaSuccess) {
+    cudaGetLastError();
+    previous_ = -1;
+  }
+  if (previous_ == device) return;  // the common case: nothing to do, nothing to restore
+  const DriverContextApi& d = driver_context_api();
+  CUcontext current = nullptr;
+  if (d.ctx_get_current != nullptr && d.ctx_get_current(&current) == CUDA_SUCCESS) previous_context_ = current;
+  status_ = static_cast<int>(cudaSetDevice(device));
+  switched_ = true;
+}
+
+DeviceScope::~DeviceScope() {
+  if (!switched_) return;
+  if (previous_ >= 0 && primary_context_active(previous_) && cudaSetDevice(previous_) != cudaSuccess)
+    cudaGetLastError();  // the caller's thread is left no error of ours
+  const DriverContextApi& d = driver_context_api();
+  if (previous_context_ != nullptr && d.ctx_set_current != nullptr)
+    d.ctx_set_current(static_cast<CUcontext>(previous_context_));
+}
 
 bool available() {
   int n = 0;
@@ -233,9 +290,9 @@ rmsnorm_status_t device_properties(int device, plan::Device* out) {
   d.smem_per_sm = static_cast<size_t>(smem);
   d.max_cluster = 1;
   if (d.cc_major >= 9) {
-    // backward_workspace_bytes reaches here without run_on_device's guard.
-    DeviceGuard guard(device);
-    RMSNORM_CUDA_TRY(guard.status());
+    // backward_workspace_bytes reaches here without run_on_device's scope.
+    const DeviceScope scope(device);
+    RMSNORM_CUDA_TRY(static_cast<cudaError_t>(scope.status()));
     RMSNORM_CUDA_TRY(kernels_have_sm90_code(&d.sm90_code));
     RMSNORM_CUDA_TRY(query_max_cluster(&d.max_cluster));
     // Co-scheduled clusters per size, with the shared memory the plan gives
@@ -283,8 +340,8 @@ namespace {
 // element type of dtype.
 template <typename Launch>
 rmsnorm_status_t run_on_device(DType dtype, int device, Launch&& launch) {
-  DeviceGuard guard(device);
-  RMSNORM_CUDA_TRY(guard.status());
+  const DeviceScope scope(device);
+  RMSNORM_CUDA_TRY(static_cast<cudaError_t>(scope.status()));
   plan::Device dev;
   const rmsnorm_status_t st = check_device(device, &dev);
   if (st != RMSNORM_STATUS_SUCCESS) return st;
