@@ -23,7 +23,11 @@
  * gx and gw also need the backward's fp32 sum of x * w' * gy over the row to
  * stay finite (guaranteed while the row's 2-norm of w' * gy is below about
  * 2^48 where rms(x) is near 2^64, and far beyond that for smaller rows;
- * x near 1e19 with gy near 1e20 overflows it, and gx is then NaN);
+ * x near 1e19 with gy near 1e20 overflows it, and gx is then NaN), and
+ * gx's accuracy needs that sum's terms x * w' * gy (times 2^80 where r is
+ * above 2^64) to be normal floats, not subnormal (x near 2^-63 with gy near
+ * 2^-85 gives terms near 2^-148, and gx then has errors up to 1e-2 of its
+ * largest element);
  * where the row's rms exceeds 2^126, r and gx (which scales with r) are
  * subnormal floats, with a subnormal's precision. Ordinary rows never take
  * these paths, and f16 rows never need them. The CPU backend does this for
