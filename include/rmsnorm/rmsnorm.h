@@ -97,8 +97,8 @@ typedef enum rmsnorm_status {
   RMSNORM_STATUS_INVALID_STRIDE = 3,      /* a row stride < cols */
   RMSNORM_STATUS_INVALID_EPS = 4,         /* eps negative, NaN or infinite */
   RMSNORM_STATUS_INVALID_DTYPE = 5,       /* unknown dtype */
-  RMSNORM_STATUS_INVALID_OPTION = 6,      /* unknown flag, gw mode or backend kind; device < -1;
-                                             num_threads < 0 */
+  RMSNORM_STATUS_INVALID_OPTION = 6,      /* unknown flag, gw mode or backend kind; device < -1 (CUDA);
+                                             num_threads < 0 (CPU) */
   RMSNORM_STATUS_MISALIGNED = 7,          /* a pointer is not aligned to its element size */
   RMSNORM_STATUS_WORKSPACE_TOO_SMALL = 8, /* workspace smaller than the queried size */
   RMSNORM_STATUS_OVERLAP = 9,             /* an output overlaps another operand */
