@@ -44,6 +44,34 @@ std::string Worst::describe(const std::string& name, bool vector, const std::str
   return name + ": " + buf;
 }
 
+namespace {
+
+// Rows per chunk (about 2^16 elements), chunks and worker threads of a check.
+struct CheckGeometry {
+  int64_t chunk, chunks;
+  int threads;
+};
+CheckGeometry check_geometry(int64_t rows, int64_t cols) {
+  CheckGeometry g;
+  g.chunk = std::max<int64_t>(1, (int64_t{1} << 16) / cols);
+  g.chunks = (rows + g.chunk - 1) / g.chunk;
+  g.threads = threads_for(0, g.chunks, rows * cols);
+  return g;
+}
+
+}  // namespace
+
+size_t check_host_bytes(int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return 0;
+  const CheckGeometry g = check_geometry(rows, cols);
+  const double cap = static_cast<double>(g.chunk) * static_cast<double>(cols);
+  // Per thread: five chunk buffers (x, y, gy, gx and its scale) and four gw
+  // vectors, of doubles; and the weight as doubles once.
+  const double bytes = 8.0 * (static_cast<double>(g.threads) * (5.0 * cap + 4.0 * static_cast<double>(cols)) +
+                              static_cast<double>(cols));
+  return bytes >= 1.8e19 ? SIZE_MAX : static_cast<size_t>(bytes);
+}
+
 std::vector<CheckResult> check_against_reference(const HostMatrix& x, const HostMatrix* w, const HostMatrix* gy,
                                                  const reference::Options& opt, const Outputs& out) {
   const int64_t rows = x.rows, cols = x.cols;
@@ -52,9 +80,9 @@ std::vector<CheckResult> check_against_reference(const HostMatrix& x, const Host
   if (w != nullptr) wd = w->to_double();
   const double* wp = w != nullptr ? wd.data() : nullptr;
 
-  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 16) / cols);
-  const int64_t chunks = (rows + chunk - 1) / chunk;
-  const int threads = threads_for(0, chunks, rows * cols);
+  const CheckGeometry g = check_geometry(rows, cols);
+  const int64_t chunk = g.chunk, chunks = g.chunks;
+  const int threads = g.threads;
   const size_t ngx = out.gx.size(), cap = static_cast<size_t>(chunk * cols), vec = static_cast<size_t>(cols);
 
   // Everything the workers use is allocated here: a worker that threw would

@@ -76,4 +76,9 @@ struct CheckResult {
 std::vector<CheckResult> check_against_reference(const HostMatrix& x, const HostMatrix* w, const HostMatrix* gy,
                                                  const reference::Options& opt, const Outputs& out);
 
+// The most host memory check_against_reference allocates for rows x cols
+// (its per-thread buffers with y, gx and gw checked), so that a caller can
+// refuse a run that would not fit before it starts.
+size_t check_host_bytes(int64_t rows, int64_t cols);
+
 }  // namespace rmsnorm::harness

@@ -239,9 +239,14 @@ Config parse_args(int argc, char** argv) {
     } else if (a == "--eps") {
       const std::string e = value();
       char* end = nullptr;
+      errno = 0;
       const float f = std::strtof(e.c_str(), &end);
       if (e.empty() || *end != '\0' || !std::isfinite(f) || f < 0.0f)
         usage_error("--eps: expected a finite number >= 0, got '" + e + "'");
+      // strtof returns 0 for a value below the smallest float (ERANGE); a
+      // subnormal result is kept.
+      if (errno == ERANGE && f == 0.0f)
+        usage_error("--eps: '" + e + "' is nonzero but below the smallest float (about 1.4e-45)");
       c.eps = f;
     } else if (a == "--threads") {
       c.threads = static_cast<int>(parse_int(a, value(), 0, 4096));
@@ -912,7 +917,9 @@ int run_fused(const Config& cfg, bool cuda) {
   rep.backend = cuda ? "cuda" : "cpu";
   rep.device = "host";
   rep.reps = cfg.reps > 0 ? cfg.reps : cuda ? 100 : 5;
+  // The backend's rule as in run_cpu; only "norm" runs a backward here.
   rep.threads = rep.backward_threads = rmsnorm::threads_for(cfg.threads, cfg.rows, cfg.rows * cfg.cols);
+  if (cfg.op == "norm") rep.backward_threads = rmsnorm::threads_for(cfg.threads, cfg.rows * cfg.cols, cfg.rows * cfg.cols);
   void* stream = nullptr;
 #if defined(RMSNORM_WITH_CUDA)
   cudaStream_t cstream = nullptr;
@@ -1169,8 +1176,8 @@ std::string cuda_unavailable_reason() {
   return why;
 }
 
-// Host bytes the run keeps at its peak: the inputs and every downloaded output.
-double host_bytes(const Config& cfg, bool cuda) {
+// The inputs and every downloaded output.
+double io_host_bytes(const Config& cfg, bool cuda) {
   const double n = static_cast<double>(cfg.rows) * static_cast<double>(cfg.cols);
   const double e = rmsnorm_dtype_size(cfg.dtype), ye = rmsnorm_dtype_size(cfg.y_dtype);
   const double re = rmsnorm_dtype_size(cfg.residual_dtype);
@@ -1185,6 +1192,17 @@ double host_bytes(const Config& cfg, bool cuda) {
                                             static_cast<double>((cfg.cols + cfg.group - 1) / cfg.group) * (cuda ? 1 : 2)
                                       : 0.0;
   return in + n * (cuda ? 1 : 2) + n * e + scales;
+}
+
+// Host bytes the run keeps at its peak: the inputs and outputs, the vectors
+// (the weight, both gw and the backward's workspace: about 8 bytes per column
+// at few rows), and the float64 reference check's buffers beside them. At one
+// row of 2^24 f16 columns this is 106 bytes per column, against a measured
+// peak of 118.
+double host_bytes(const Config& cfg, bool cuda) {
+  const double vectors = static_cast<double>(cfg.cols) * (2.0 * rmsnorm_dtype_size(cfg.dtype) + 4.0 + 8.0);
+  return io_host_bytes(cfg, cuda) + vectors +
+         static_cast<double>(rmsnorm::harness::check_host_bytes(cfg.rows, cfg.cols));
 }
 
 // Physical memory, or 0 where unknown. A run that needs more is refused up
