@@ -2751,68 +2751,100 @@ TEST_F(Cuda, BackwardOnAContextWithFewerSms) {
 // be left with a context created on device 0 (every process of a job that
 // calls the library for its own GPU would hold one there), and a thread with
 // device 0's context current gets that device and context back. Two GPUs.
+using DeviceGetFn = CUresult (*)(CUdevice*, int);
+using PrimaryStateFn = CUresult (*)(CUdevice, unsigned*, int*);
+using CtxGetFn = CUresult (*)(CUcontext*);
+
+// 1 where `ordinal`'s primary context exists, 0 where not, -1 if unknown.
+int primary_active(int ordinal) {
+  const auto device_get = driver_entry<DeviceGetFn>("cuDeviceGet");
+  const auto primary_state = driver_entry<PrimaryStateFn>("cuDevicePrimaryCtxGetState");
+  CUdevice dev = 0;
+  unsigned flags = 0;
+  int on = -1;
+  if (device_get == nullptr || primary_state == nullptr || device_get(&dev, ordinal) != CUDA_SUCCESS ||
+      primary_state(dev, &flags, &on) != CUDA_SUCCESS)
+    return -1;
+  return on;
+}
+
+// Device 1's x (kRows x kD fp32 ones) and y, allocated from a thread of their
+// own so that the calling thread does not make device 1 current.
+constexpr int64_t kOtherRows = 4, kOtherD = 256;
+constexpr size_t kOtherBytes = size_t{kOtherRows} * kOtherD * 4;
+cudaError_t other_device_buffers(void** x, void** y) {
+  cudaError_t setup = cudaSuccess;
+  std::thread([&] {
+    const std::vector<float> ones(static_cast<size_t>(kOtherRows * kOtherD), 1.0f);
+    for (cudaError_t e : {cudaSetDevice(1), cudaMalloc(x, kOtherBytes), cudaMalloc(y, kOtherBytes),
+                          cudaMemcpy(*x, ones.data(), kOtherBytes, cudaMemcpyHostToDevice)})
+      if (setup == cudaSuccess) setup = e;
+  }).join();
+  return setup;
+}
+
+rmsnorm_status_t forward_on_device_1(const void* x, void* y) {
+  rmsnorm_problem_t p = rmsnorm_problem_default();
+  p.rows = kOtherRows;
+  p.cols = kOtherD;
+  const rmsnorm_backend_t b = rmsnorm_backend_cuda(1, nullptr);
+  return rmsnorm_forward(&p, x, kOtherD, nullptr, y, kOtherD, nullptr, &b);
+}
+
+// The first half in a process of its own (gtest re-runs the binary for this
+// test alone): device 0 has no context there before the call, whatever the
+// other tests of a whole-binary run did. Exit codes name what went wrong.
+[[noreturn]] void call_from_a_thread_without_context() {
+  void *x = nullptr, *y = nullptr;
+  if (other_device_buffers(&x, &y) != cudaSuccess) std::_Exit(2);
+  if (primary_active(0) != 0) std::_Exit(3);  // device 0 had a context before the call
+  rmsnorm_status_t st = RMSNORM_STATUS_INTERNAL_ERROR;
+  int after = -1;
+  std::thread([&] {
+    st = forward_on_device_1(x, y);
+    cudaGetDevice(&after);
+  }).join();
+  if (st != RMSNORM_STATUS_SUCCESS) std::_Exit(4);
+  if (primary_active(0) != 0) std::_Exit(5);  // the call left a context on device 0
+  if (after != 1) std::_Exit(6);              // such a thread keeps the call's device current
+  std::vector<float> out(static_cast<size_t>(kOtherRows * kOtherD), -1.0f);
+  cudaError_t copy = cudaSuccess;
+  std::thread([&] {
+    copy = cudaSetDevice(1);
+    if (copy == cudaSuccess) copy = cudaMemcpy(out.data(), y, kOtherBytes, cudaMemcpyDeviceToHost);
+  }).join();
+  if (copy != cudaSuccess) std::_Exit(7);
+  for (float v : out)
+    if (std::fabs(v - 1.0 / std::sqrt(1.0 + 1e-5)) > 1e-6) std::_Exit(8);  // x = 1, no weight
+  std::_Exit(0);
+}
+
 TEST_F(Cuda, AnotherDeviceLeavesTheCallersContext) {
   int n = 0;
   CUDA_OK(cudaGetDeviceCount(&n));
   if (n < 2) GTEST_SKIP() << "needs two GPUs (" << n << " present)";
-  using DeviceGet = CUresult (*)(CUdevice*, int);
-  using PrimaryState = CUresult (*)(CUdevice, unsigned*, int*);
-  using CtxGet = CUresult (*)(CUcontext*);
-  const auto device_get = driver_entry<DeviceGet>("cuDeviceGet");
-  const auto primary_state = driver_entry<PrimaryState>("cuDevicePrimaryCtxGetState");
-  const auto ctx_get = driver_entry<CtxGet>("cuCtxGetCurrent");
-  ASSERT_TRUE(device_get != nullptr && primary_state != nullptr && ctx_get != nullptr);
-  auto active = [&](int ordinal) {
-    CUdevice dev = 0;
-    unsigned flags = 0;
-    int on = -1;
-    if (device_get(&dev, ordinal) != CUDA_SUCCESS || primary_state(dev, &flags, &on) != CUDA_SUCCESS) return -1;
-    return on;
-  };
-  constexpr int64_t kRows = 4, kD = 256;
-  const size_t bytes = size_t{kRows} * kD * 4;
-  void *x = nullptr, *y = nullptr;
-  cudaError_t setup = cudaSuccess;
-  std::thread([&] {  // device 1's buffers, from a thread of their own: this one must not make device 1 current
-    const std::vector<float> ones(static_cast<size_t>(kRows * kD), 1.0f);
-    for (cudaError_t e : {cudaSetDevice(1), cudaMalloc(&x, bytes), cudaMalloc(&y, bytes),
-                          cudaMemcpy(x, ones.data(), bytes, cudaMemcpyHostToDevice)})
-      if (setup == cudaSuccess) setup = e;
-  }).join();
-  ASSERT_EQ(cudaSuccess, setup) << cudaGetErrorName(setup);
-  if (active(0) != 0) GTEST_SKIP() << "device 0 already has a context in this process";
+  const auto ctx_get = driver_entry<CtxGetFn>("cuCtxGetCurrent");
+  ASSERT_NE(ctx_get, nullptr);
+  ASSERT_NE(primary_active(0), -1);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(call_from_a_thread_without_context(), ::testing::ExitedWithCode(0), "")
+      << "2 setup, 3 device 0 had a context before, 4 the call failed, 5 the call left a context on device 0, "
+         "6 the thread is not on device 1, 7 the copy failed, 8 wrong y";
 
-  rmsnorm_problem_t p = rmsnorm_problem_default();
-  p.rows = kRows;
-  p.cols = kD;
-  const rmsnorm_backend_t b = rmsnorm_backend_cuda(1, nullptr);
+  // A thread with device 0's context current gets device 0 and that context back.
+  void *x = nullptr, *y = nullptr;
+  ASSERT_EQ(cudaSuccess, other_device_buffers(&x, &y));
+  CUcontext before = nullptr, restored = nullptr;
   rmsnorm_status_t st = RMSNORM_STATUS_INTERNAL_ERROR;
   int after = -1;
   std::thread([&] {
-    st = rmsnorm_forward(&p, x, kD, nullptr, y, kD, nullptr, &b);
-    cudaGetDevice(&after);
-  }).join();
-  EXPECT_EQ(RMSNORM_STATUS_SUCCESS, st);
-  EXPECT_EQ(0, active(0)) << "the call left a context on device 0";
-  EXPECT_EQ(1, after) << "a thread without a context keeps the call's device current";
-  std::vector<float> out(static_cast<size_t>(kRows * kD), -1.0f);
-  std::thread([&] {
-    setup = cudaSetDevice(1);
-    if (setup == cudaSuccess) setup = cudaMemcpy(out.data(), y, bytes, cudaMemcpyDeviceToHost);
-  }).join();
-  ASSERT_EQ(cudaSuccess, setup) << cudaGetErrorName(setup);
-  for (float v : out) ASSERT_NEAR(v, 1.0 / std::sqrt(1.0 + 1e-5), 1e-6);  // x = 1, no weight
-
-  // A thread with device 0's context current gets it back.
-  CUcontext before = nullptr, restored = nullptr;
-  std::thread([&] {
     if (cudaSetDevice(0) != cudaSuccess || cudaFree(nullptr) != cudaSuccess || ctx_get(&before) != CUDA_SUCCESS) return;
-    st = rmsnorm_forward(&p, x, kD, nullptr, y, kD, nullptr, &b);
+    st = forward_on_device_1(x, y);
     cudaGetDevice(&after);
     ctx_get(&restored);
   }).join();
   ASSERT_NE(nullptr, before);
-  EXPECT_EQ(RMSNORM_STATUS_SUCCESS, st) << rmsnorm_last_error();
+  EXPECT_EQ(RMSNORM_STATUS_SUCCESS, st);
   EXPECT_EQ(0, after);
   EXPECT_EQ(before, restored);
   std::thread([&] {

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <new>
+#include <utility>
 
 #include "cuda/cuda_backend.hpp"
 #include "cuda/launch.hpp"
@@ -129,21 +131,44 @@ MemorySpace memory_space(const void* p, int* owner, const char** why) {
   return MemorySpace::kBoth;
 }
 
-std::mutex& launch_attribute_mutex(int device) {
-  static std::mutex mutexes[64];  // devices past 64 share one: a lock held longer, never a race
-  return mutexes[static_cast<unsigned>(device) % 64];
+cudaError_t allow_dynamic_smem(const void* kernel, size_t bytes) {
+  int device = 0;
+  const cudaError_t ed = cudaGetDevice(&device);
+  if (ed != cudaSuccess) return ed;
+  // The launch itself runs outside the lock: one that blocks (a full launch
+  // queue) holds up no other thread.
+  static std::mutex mutex;
+  static std::map<std::pair<int, const void*>, size_t> largest;
+  std::lock_guard<std::mutex> lock(mutex);
+  try {
+    size_t& limit = largest[{device, kernel}];
+    const size_t value = limit > bytes ? limit : bytes;
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(value));
+    if (e == cudaSuccess) limit = value;
+    return e;
+  } catch (const std::bad_alloc&) {
+    return cudaErrorMemoryAllocation;
+  }
 }
 
 namespace {
 
 // Errors that say a capability query could not run at all (no usable
-// context, a sticky error left by an earlier fault, no memory) rather than
-// answer it. They are an error of the call, and nothing is cached: caching
-// "no clusters, no PDL" after a transient failure would change the plan, and
-// so every reduction order, for the rest of the process. Any other failure of
-// a query is its answer: this device or this build cannot do that.
+// context, a sticky error left by an earlier fault, no memory, the MPS server
+// gone) rather than answer it. They are an error of the call, and nothing is
+// cached: caching "no clusters, no PDL" after a transient failure would change
+// the plan, and so every reduction order, for the rest of the process.
 bool query_could_not_run(cudaError_t e) {
   switch (e) {
+    case cudaErrorDeviceUninitialized:
+    case cudaErrorMpsConnectionFailed:
+    case cudaErrorMpsRpcFailure:
+    case cudaErrorMpsServerNotReady:
+    case cudaErrorMpsMaxClientsReached:
+    case cudaErrorMpsMaxConnectionsReached:
+    case cudaErrorMpsClientTerminated:
+    case cudaErrorTimeout:
+    case cudaErrorExternalDevice:
     case cudaErrorMemoryAllocation:
     case cudaErrorInitializationError:
     case cudaErrorCudartUnloading:
@@ -164,7 +189,6 @@ bool query_could_not_run(cudaError_t e) {
     case cudaErrorInvalidPc:
     case cudaErrorAssert:
     case cudaErrorECCUncorrectable:
-    case cudaErrorUnknown:
       return true;
     default:
       return false;
@@ -172,11 +196,19 @@ bool query_could_not_run(cudaError_t e) {
 }
 
 // A capability query's failure: the error itself when the query could not
-// run, else cudaSuccess (the caller takes "cannot" as the answer).
+// run, else cudaSuccess (the caller takes "cannot" as the answer). A failure
+// the list does not name (cudaErrorUnknown, say) is an answer only while a
+// query that any working context answers still succeeds: the attributes of
+// one of the library's own kernels.
 cudaError_t answer_or_error(cudaError_t e) {
   if (e == cudaSuccess) return cudaSuccess;
   cudaGetLastError();
-  return query_could_not_run(e) ? e : cudaSuccess;
+  if (query_could_not_run(e)) return e;
+  cudaFuncAttributes fattr;
+  const cudaError_t probe = cudaFuncGetAttributes(&fattr, finalize_kernel_handle());
+  if (probe == cudaSuccess) return cudaSuccess;
+  cudaGetLastError();
+  return query_could_not_run(probe) || probe == cudaErrorUnknown ? e : cudaSuccess;
 }
 
 // Whether the library's kernels were compiled for compute_90 or later (a
@@ -198,14 +230,8 @@ cudaError_t active_clusters(const void* kernel, int cs, size_t smem, int* cluste
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e != cudaSuccess) return answer_or_error(e);
   }
-  if (smem > 48 * 1024) {
-    // As in launch_planned: no launch of this kernel may see the limit change under it.
-    int device = 0;
-    const cudaError_t ed = cudaGetDevice(&device);
-    if (ed != cudaSuccess) return answer_or_error(ed);
-    std::lock_guard<std::mutex> lock(launch_attribute_mutex(device));
-    const cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (smem > kDefaultDynamicSmem) {
+    const cudaError_t e = allow_dynamic_smem(kernel, smem);
     if (e != cudaSuccess) return answer_or_error(e);
   }
   cudaLaunchConfig_t cfg = {};

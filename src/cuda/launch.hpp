@@ -7,7 +7,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -31,14 +30,14 @@ inline rmsnorm_status_t cuda_fail(cudaError_t e, const char* what) {
 // (the default 48 KiB less the kernels' static shared memory, the scratch).
 constexpr size_t kDefaultDynamicSmem = 32 * 1024;
 
-// Held from setting a kernel's dynamic shared-memory limit to its launch
-// (device.cu), one per device. The limit is a function attribute of the
-// device's context, shared by every thread, and two plans may give one kernel
-// different sizes (with and without gw, say): without the lock another thread
-// could lower the limit between this thread's set and its launch, which then
-// fails. Per device, so that a launch that blocks (a full launch queue) holds
-// up no other device's.
-std::mutex& launch_attribute_mutex(int device);
+// Lets `kernel` take `bytes` of dynamic shared memory on the current device
+// (device.cu). The limit is a function attribute of the context, shared by
+// every thread, and two plans may give one kernel different sizes (with and
+// without gw, say). So it is set to the largest size asked of that kernel on
+// that device so far, never lower: another thread cannot lower it between
+// this thread's set and its launch. It is set on every call, since a context
+// (reset, or another one of the same device) may not have it yet.
+cudaError_t allow_dynamic_smem(const void* kernel, size_t bytes);
 
 // The device's properties as the plan sees them, read once per device
 // (device.cu).
@@ -157,23 +156,15 @@ rmsnorm_status_t launch_kernel(Kernel kernel, int64_t grid, dim3 block, int cs, 
 }
 
 // The main kernel of a plan: the kernel's CTA size (a template constant) must
-// be the plan's; its dynamic shared-memory limit is set to the plan's size on
-// every call that needs more than the default (function attributes belong to
-// a context, which the caller may have reset since), under
-// launch_attribute_mutex; then launch_kernel.
+// be the plan's; its dynamic shared-memory limit is raised where the plan
+// needs more than the default (allow_dynamic_smem); then launch_kernel.
 template <typename Kernel, typename Params>
 rmsnorm_status_t launch_planned(Kernel kernel, int cta_threads, const plan::Launch& l, bool pdl, cudaStream_t stream,
                                 const Params& p) {
   if (cta_threads != l.row.cta_threads)
     return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan",
                 std::string(plan::kernel_name(l.kernel)) + ": the kernel's CTA size disagrees with the plan");
-  if (l.smem <= kDefaultDynamicSmem)
-    return launch_kernel(kernel, l.grid, cta_threads, l.row.cluster, l.smem, pdl, stream, p);
-  int device = 0;
-  RMSNORM_CUDA_TRY(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(launch_attribute_mutex(device));
-  RMSNORM_CUDA_TRY(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l.smem)));
+  if (l.smem > kDefaultDynamicSmem) RMSNORM_CUDA_TRY(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), l.smem));
   return launch_kernel(kernel, l.grid, cta_threads, l.row.cluster, l.smem, pdl, stream, p);
 }
 
