@@ -3034,7 +3034,7 @@ TEST_F(Cuda, ConcurrentPlansOfOneKernel) {
   pd.smem_per_sm = 100 * size_t{1024};
   pd.max_smem_optin = 99 * size_t{1024};
   const OneStagePlans limit(pd.smem_per_sm, pd.max_smem_optin);
-  constexpr int64_t kRows = 2048, kD = 1024;
+  constexpr int64_t kRows = 8192, kD = 1024;  // rows enough for the kBackwardRows plan (fewer take the direct kernel)
   const plan::Launch with_gw = plan::backward_launch(kRows, kD, 2, plan::Io::kVector, true, pd);
   const plan::Launch no_gw = plan::backward_launch(kRows, kD, 2, plan::Io::kVector, false, pd);
   ASSERT_EQ(with_gw.kernel, plan::Kernel::kBackwardRows);
