@@ -377,11 +377,13 @@ inline Io backward_io(std::initializer_list<RowsOperand> rows, const void* w, in
   }
   return Io::kPaired;
 }
-// The shifted kernels that hold backward_rows_paired: every one but the 16-bit 4-chunk kernels at 64 threads per
-// row (D 1025..2048), which spilled with it (ptxas, sm_90: bf16 288 bytes, f16 300) and keep the run-time
-// offsets. The 16-bit 4-chunk kernels at 2..32 threads per row spill 16 bytes with it (backward_paired_barrier).
-RMSNORM_HD constexpr bool backward_paired_geometry(int tpr, int cpt, int esize) {
-  return esize == 4 || cpt != kMaxChunksPerThread || tpr != 64;
+// Where backward_rows_paired's offset is a template parameter of the kernel (one kernel per offset, chosen on the
+// host) rather than a switch inside it: the 16-bit 4-chunk kernels at 64 threads per row (D 1025..2048). With the
+// seven offsets' loops in one kernel they spilled (ptxas, sm_90: bf16 420 bytes, f16 300); one offset alone
+// compiles without spills. Every other shifted kernel holds the switch (the 16-bit 4-chunk ones at 2..32 threads per
+// row spill 16 bytes with it: backward_paired_barrier).
+RMSNORM_HD constexpr bool backward_paired_per_offset(int tpr, int cpt, int esize) {
+  return esize == 2 && cpt == kMaxChunksPerThread && tpr == 64;
 }
 // Whether the paired path's held weights go through an empty asm at each use (PairedWeights::held): ptxas hoisted
 // their conversions out of the row loop and spilled the fp32 forms at f16 with 4 chunks per thread (380 and 716
@@ -390,9 +392,9 @@ RMSNORM_HD constexpr bool backward_paired_geometry(int tpr, int cpt, int esize) 
 RMSNORM_HD constexpr bool backward_paired_barrier(int tpr, int cpt, bool f16) {
   return cpt == kMaxChunksPerThread && (f16 || tpr <= 32);
 }
-// backward_rows_paired's condition (above): kPaired, D a multiple of the chunk width, and a geometry that holds it.
-inline bool backward_paired_rows(Io io, int64_t cols, int esize, int tpr, int cpt) {
-  return io == Io::kPaired && cols % vec_elems(esize) == 0 && backward_paired_geometry(tpr, cpt, esize);
+// backward_rows_paired's condition: kPaired and D a multiple of the chunk width.
+inline bool backward_paired_rows(Io io, int64_t cols, int esize) {
+  return io == Io::kPaired && cols % vec_elems(esize) == 0;
 }
 
 // The grid of the persistent forward kernels (the cluster band and the rows

@@ -3159,17 +3159,20 @@ TEST_F(CudaSanitizer, PairedForward) {
 }
 
 // The paired backward (x, gy, gx and g_h at one offset, the weight aligned) at each offset, in place too, with
-// rows enough that CTAs walk several row groups (the stages reused): D = 64 (tpr 8 at 16-bit), 512, 4096
-// (2 chunks per thread) and 7168 (4 at 16-bit, tpr 256).
+// rows enough that CTAs walk several row groups (the stages reused): D = 64 (tpr 8 at 16-bit), 512, 2048 (bf16
+// only: tpr 64, 8 row slots per CTA, a kernel per offset), 4096 (2 chunks per thread) and 7168 (4 at 16-bit, tpr
+// 256).
 TEST_F(CudaSanitizer, PairedBackward) {
   std::mt19937_64 rng(79);
-  for (int64_t d : {64, 512, 4096, 7168})
+  for (int64_t d : {64, 512, 2048, 4096, 7168})
     for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32}) {
+      if (d == 2048 && dt == RMSNORM_DTYPE_F32) continue;
       const int64_t vec = dt == RMSNORM_DTYPE_F32 ? 4 : 8;
       for (int64_t off = 1; off < vec; off += 2) {
         Case opts;
         opts.weight = off != 3;
-        check_paired_backward(dt, d, d > 1000 ? 3 * 132 + 5 : 40 * 132, off, opts, off == 1, rng);
+        const int64_t rows = d == 2048 ? 2 * 8 * 132 + 5 : d > 1000 ? 3 * 132 + 5 : 40 * 132;
+        check_paired_backward(dt, d, rows, off, opts, off == 1, rng);
         if (HasFailure()) return;
       }
     }

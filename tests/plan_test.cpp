@@ -1071,8 +1071,8 @@ TEST(Plan, PairedWholeRowsOnlyAtOneOffsetAndWholeChunks) {
 
 // The backward's I/O path: kPaired only where every given operand's rows sit at one offset (a multiple of the
 // element size) and every row stride is a whole number of 16-byte blocks, the weight aligned or none; and the
-// shifted kernel takes the offset as a constant only at D a multiple of the chunk width in the geometries that
-// hold that path (every backward geometry of the rows band, at every D, is checked against the predicate).
+// shifted kernel takes the offset as a constant at every D a multiple of the chunk width, in one kernel per offset
+// only at 16-bit D 1025..2048 (every backward geometry of the rows band, at every D, is checked).
 TEST(Plan, BackwardPairedIoAndRows) {
   char buf[256];
   char* const a = buf + (16 - reinterpret_cast<uintptr_t>(buf) % 16);  // 16-byte aligned
@@ -1101,16 +1101,12 @@ TEST(Plan, BackwardPairedIoAndRows) {
         ASSERT_EQ(l.smem, e.smem) << d;
         ASSERT_EQ(l.stages, e.stages) << d;
         const int tpr = l.row.threads_per_row, cpt = l.row.chunks_per_thread;
-        const bool rows = backward_paired_rows(l.io, d, esize, tpr, cpt);
-        ASSERT_EQ(rows, d % vec == 0 && (esize == 4 || cpt != kMaxChunksPerThread || tpr != 64)) << d;
-        if (l.kernel == Kernel::kBackwardRowsShifted && esize == 2 && d % vec == 0) {
-          ASSERT_EQ(rows, cpt == kFewChunksPerThread || d <= 1024 || d > 2048) << d;  // 64 threads x 4 chunks
-        }
-        if (esize == 2 && d % vec == 0 && d > 1024 && d <= 2048) {
-          ASSERT_FALSE(rows) << d;
-        }
-        ASSERT_FALSE(backward_paired_rows(Io::kElement, d, esize, tpr, cpt)) << d;
-        ASSERT_FALSE(backward_paired_rows(Io::kPairedRows, d, esize, tpr, cpt)) << d;
+        ASSERT_EQ(backward_paired_rows(l.io, d, esize), d % vec == 0) << d;
+        // One kernel per offset: the 16-bit rows of D 1025..2048 (64 threads x 4 chunks) and no others.
+        const bool per_offset = backward_paired_per_offset(tpr, cpt, esize);
+        if (l.kernel == Kernel::kBackwardRowsShifted) ASSERT_EQ(per_offset, esize == 2 && d > 1024 && d <= 2048) << d;
+        ASSERT_FALSE(backward_paired_rows(Io::kElement, d, esize)) << d;
+        ASSERT_FALSE(backward_paired_rows(Io::kPairedRows, d, esize)) << d;
       }
     }
   }

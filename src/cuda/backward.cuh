@@ -724,7 +724,9 @@ __global__ void __launch_bounds__(kDecode ? plan::backward_decode_cta_threads(kT
 // kGh: g_h may be added (plus_g_h); the rows band always passes true.
 // W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x) float, passed in p.w.
 // kCpt: the plan's chunks per thread (kMaxChunksPerThread in the cluster band).
-template <typename T, int kTpr, int kCpt, bool kClustered, bool kVec, bool kGh, typename W = T>
+// kPairedO > 0: backward_rows_paired alone, at that offset (plan::backward_paired_per_offset); 0: the offset of
+// backward_rows_paired from p.paired_offset, where the kernel holds that path.
+template <typename T, int kTpr, int kCpt, bool kClustered, bool kVec, bool kGh, typename W = T, int kPairedO = 0>
 __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackwardCtasPerSm)
     backward_kernel(const BackwardParams<T> p) {
   constexpr int kCtaThreads = plan::backward_cta_threads(kTpr);
@@ -736,6 +738,9 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
   static_assert(!kClustered || (kTpr == plan::kClusterTpr && kSlots == 1), "plan: cluster CTAs hold one row slot");
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(kClustered || kGh, "the rows band has one instantiation, g_h tested at run time");
+  static_assert(kPairedO == 0 || (!kClustered && !kVec && std::is_same_v<W, T> && kPairedO < plan::vec_elems(sizeof(T)) &&
+                                  plan::backward_paired_per_offset(kTpr, kCpt, sizeof(T))),
+                "plan: one kernel per offset only where backward_paired_per_offset");
   static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
   static_assert(plan::stage_bytes(kCtaThreads, 2, kCpt) == 2 * sizeof(uint4) * kCpt * kCtaThreads, "plan: stage size");
   static_assert(plan::backward_combine_smem(kTpr, sizeof(T), kCpt) ==
@@ -793,7 +798,8 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
   // shifts constants, gx computed and stored in gx's aligned blocks. Its own row loop: with the run-time loop below
   // turned into a lambda over the offset, the 16-bit 4-chunk kernels at <= 32 threads per row spilled 8 bytes and
   // ran 3% slower (docs/performance.md, "Misaligned backward: the offset as a constant").
-  constexpr bool kPairedPath = kShifted && std::is_same_v<W, T> && plan::backward_paired_geometry(kTpr, kCpt, sizeof(T));
+  constexpr bool kPairedPath =
+      kShifted && std::is_same_v<W, T> && (kPairedO > 0 || !plan::backward_paired_per_offset(kTpr, kCpt, sizeof(T)));
   if constexpr (kPairedPath) {
     auto paired_rows = [&](auto ko) {
       constexpr int kO = decltype(ko)::value;
@@ -890,7 +896,10 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
       cp_async_wait(0);  // the groups staged past the last row are empty
       if (with_gw) emit_cta_gw<T, kTpr, false, kSlots, kCpt, kO>(p, m, acc, reinterpret_cast<float*>(stage), tail);
     };
-    if (p.paired_offset > 0) {
+    if constexpr (kPairedO > 0) {
+      paired_rows(std::integral_constant<int, kPairedO>{});
+      return;
+    } else if (p.paired_offset > 0) {
       with_nonzero_offset<T>(p.paired_offset, paired_rows);
       return;
     }
@@ -1179,8 +1188,7 @@ BackwardParams<T> backward_params(const BackwardArgs& a, const plan::Launch& l) 
   p.stages = l.stages;
   p.g_h = static_cast<const T*>(a.g_h);
   p.g_h_stride = a.g_h_stride;
-  if (l.kernel == plan::Kernel::kBackwardRowsShifted &&
-      plan::backward_paired_rows(l.io, a.cols, sizeof(T), l.row.threads_per_row, l.row.chunks_per_thread))
+  if (l.kernel == plan::Kernel::kBackwardRowsShifted && plan::backward_paired_rows(l.io, a.cols, sizeof(T)))
     p.paired_offset = static_cast<int>((reinterpret_cast<uintptr_t>(a.x) % 16) / sizeof(T));
   return p;
 }
@@ -1289,9 +1297,14 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
                              : launch(backward_rows_direct_kernel<T, kTpr, kCpt, false, W, false, true>, kCta);
             return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "gw by columns with more than kSplitMaxSlots row slots");
           }
-          return l.kernel == Kernel::kBackwardRows
-                     ? launch(backward_kernel<T, kTpr, kCpt, false, true, true, W>, kCta)
-                     : launch(backward_kernel<T, kTpr, kCpt, false, false, true, W>, kCta);
+          if (l.kernel == Kernel::kBackwardRows) return launch(backward_kernel<T, kTpr, kCpt, false, true, true, W>, kCta);
+          if constexpr (std::is_same_v<W, T> && plan::backward_paired_per_offset(kTpr, kCpt, sizeof(T))) {
+            if (p.paired_offset > 0)
+              return with_nonzero_offset_host<T>(p.paired_offset, [&](auto ko) {
+                return launch(backward_kernel<T, kTpr, kCpt, false, false, true, W, decltype(ko)::value>, kCta);
+              });
+          }
+          return launch(backward_kernel<T, kTpr, kCpt, false, false, true, W>, kCta);
         };
         return dispatch_weight<T>(form == BackwardForm::kWeightF32, rows_kernels);
       });

@@ -353,5 +353,15 @@ __device__ __forceinline__ void with_nonzero_offset(int o, F&& f) {
     f(std::integral_constant<int, kO>{});
   }
 }
+// The same on the host, returning f's result (the launch of a kernel per offset).
+template <typename T, int kO = 1, typename F>
+decltype(auto) with_nonzero_offset_host(int o, F&& f) {
+  if constexpr (kO + 1 < Chunk<T>::kN) {
+    if (o == kO) return f(std::integral_constant<int, kO>{});
+    return with_nonzero_offset_host<T, kO + 1>(o, f);
+  } else {
+    return f(std::integral_constant<int, kO>{});
+  }
+}
 
 }  // namespace rmsnorm::cuda
