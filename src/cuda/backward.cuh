@@ -898,142 +898,143 @@ __global__ void __launch_bounds__(plan::backward_cta_threads(kTpr), plan::kBackw
     };
     if constexpr (kPairedO > 0) {
       paired_rows(std::integral_constant<int, kPairedO>{});
-      return;
     } else if (p.paired_offset > 0) {
       with_nonzero_offset<T>(p.paired_offset, paired_rows);
       return;
     }
   }
-  // The run-time offsets: every path but backward_rows_paired's.
-  for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
-    const int64_t row = g * kSlots + m.slot;
-    const bool valid = row < p.rows;
-    const float given_r = p.rstd != nullptr && valid ? p.rstd[row] : 0.0f;
-    // Element I/O (cluster band): x and gy in registers. Otherwise read
-    // from the stage where used, before and again after the reduction, so
-    // that nothing is held in registers across it (held, the fp32 copies
-    // spilled at bf16).
-    Chunk<T> xr[kVec || kShifted ? 1 : kCpt], gyr[kVec || kShifted ? 1 : kCpt];
-    const uint4* cur = stage + st * kStage;
-    int x_shift = 0, gy_shift = 0;
-    if constexpr (kVec) {
-      stage_rows(g + (stages - 1) * m.units, st == 0 ? stages - 1 : st - 1);
-      cp_async_wait(stages - 1);
-      st = st + 1 == stages ? 0 : st + 1;
-    } else if constexpr (kShifted) {
-      // A chunk reads a neighbour's block: every copy of the slot's row must
-      // have landed (wait, then the slot's barrier), and a stage is refilled
-      // only after that barrier, when the slot is done with its last row.
-      if (stages >= 2) {
-        cp_async_wait(stages - 2);
-        slot_sync_any<kTpr, kSlots>(m.slot);
+  // The run-time offsets: every path but backward_rows_paired's (none in a kernel per offset).
+  if constexpr (kPairedO == 0) {
+    for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
+      const int64_t row = g * kSlots + m.slot;
+      const bool valid = row < p.rows;
+      const float given_r = p.rstd != nullptr && valid ? p.rstd[row] : 0.0f;
+      // Element I/O (cluster band): x and gy in registers. Otherwise read
+      // from the stage where used, before and again after the reduction, so
+      // that nothing is held in registers across it (held, the fp32 copies
+      // spilled at bf16).
+      Chunk<T> xr[kVec || kShifted ? 1 : kCpt], gyr[kVec || kShifted ? 1 : kCpt];
+      const uint4* cur = stage + st * kStage;
+      int x_shift = 0, gy_shift = 0;
+      if constexpr (kVec) {
         stage_rows(g + (stages - 1) * m.units, st == 0 ? stages - 1 : st - 1);
+        cp_async_wait(stages - 1);
+        st = st + 1 == stages ? 0 : st + 1;
+      } else if constexpr (kShifted) {
+        // A chunk reads a neighbour's block: every copy of the slot's row must
+        // have landed (wait, then the slot's barrier), and a stage is refilled
+        // only after that barrier, when the slot is done with its last row.
+        if (stages >= 2) {
+          cp_async_wait(stages - 2);
+          slot_sync_any<kTpr, kSlots>(m.slot);
+          stage_rows(g + (stages - 1) * m.units, st == 0 ? stages - 1 : st - 1);
+        } else {
+          slot_sync_any<kTpr, kSlots>(m.slot);
+          stage_rows(g, st);
+          cp_async_wait(0);
+          slot_sync_any<kTpr, kSlots>(m.slot);
+        }
+        st = st + 1 == stages ? 0 : st + 1;
+        x_shift = static_cast<int>(reinterpret_cast<uintptr_t>(p.x + row * p.x_stride) & 15);
+        gy_shift = static_cast<int>(reinterpret_cast<uintptr_t>(p.gy + row * p.gy_stride) & 15);
       } else {
-        slot_sync_any<kTpr, kSlots>(m.slot);
-        stage_rows(g, st);
-        cp_async_wait(0);
-        slot_sync_any<kTpr, kSlots>(m.slot);
+        load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, xr);
+        load_group(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, gyr);
       }
-      st = st + 1 == stages ? 0 : st + 1;
-      x_shift = static_cast<int>(reinterpret_cast<uintptr_t>(p.x + row * p.x_stride) & 15);
-      gy_shift = static_cast<int>(reinterpret_cast<uintptr_t>(p.gy + row * p.gy_stride) & 15);
-    } else {
-      load_group(p.x, p.x_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, xr);
-      load_group(p.gy, p.gy_stride, p.rows, p.chunks, p.cols, false, m, g, kSlots, gyr);
-    }
-    auto x_of = [&](int it) {
-      if constexpr (kVec)
-        return as_chunk<T>(cur[it * kCtaThreads + threadIdx.x]);
-      else if constexpr (kShifted)
-        return shifted_chunk<T, kTpr, kCtaThreads, kCpt>(cur, cur + kCpt * kCtaThreads, it, m.slot, m.pos, x_shift);
-      else
-        return xr[it];
-    };
-    auto gy_of = [&](int it) {
-      if constexpr (kVec)
-        return as_chunk<T>(cur[kOperand + it * kCtaThreads + threadIdx.x]);
-      else if constexpr (kShifted)
-        return shifted_chunk<T, kTpr, kCtaThreads, kCpt>(cur + kOperand, cur + kOperand + kCpt * kCtaThreads, it, m.slot,
-                                                         m.pos,
-                                              gy_shift);
-      else
-        return gyr[it];
-    };
-    float2 sums = make_float2(0.0f, 0.0f);
-#pragma unroll
-    for (int it = 0; it < kCpt; ++it) {
-      const int c = m.chunk(it);
-      if (valid && c < p.chunks) {
-        float w[kN];
-        wv.get(it, w);
-        sums = add_chunk_sums(sums, x_of(it), gy_of(it), w);
-      }
-    }
-    sums = row_sum<kTpr, kSlots>(sums, scratch, parity);
-    if constexpr (kClustered) sums = cluster_sum(sums, exchange, parity);
-    // No rescaled path in this band (rstd.cuh).
-    if constexpr (kShifted && kTpr <= 32) {
-      // gx in gx's aligned blocks (store_gx_block) where a row slot lies in
-      // one warp (threads per row <= 32). Every thread takes part in the
-      // shuffles, whether its row is valid or not. With more threads per row
-      // the blocks at warp boundaries needed their halves written by element,
-      // and the A/B lost there (f32 base + 1 element 0.87x, odd row length
-      // 0.95x; docs/performance.md, "Misaligned backward: gx exchange").
-      const RowScalars s = plain_row_scalars(p, given_r, sums);
-      T* gxr = p.gx + row * p.gx_stride;
-      const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
-      const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(gxr) & 15);
-      const int lead = shift / static_cast<int>(sizeof(T));  // columns of block v before chunk v
-      const int lane = static_cast<int>(threadIdx.x) & 31;
-      const int last = lane | (kTpr - 1);  // the slot's last lane
-      Chunk<T> before;                      // this thread's gx of the previous step
+      auto x_of = [&](int it) {
+        if constexpr (kVec)
+          return as_chunk<T>(cur[it * kCtaThreads + threadIdx.x]);
+        else if constexpr (kShifted)
+          return shifted_chunk<T, kTpr, kCtaThreads, kCpt>(cur, cur + kCpt * kCtaThreads, it, m.slot, m.pos, x_shift);
+        else
+          return xr[it];
+      };
+      auto gy_of = [&](int it) {
+        if constexpr (kVec)
+          return as_chunk<T>(cur[kOperand + it * kCtaThreads + threadIdx.x]);
+        else if constexpr (kShifted)
+          return shifted_chunk<T, kTpr, kCtaThreads, kCpt>(cur + kOperand, cur + kOperand + kCpt * kCtaThreads, it, m.slot,
+                                                           m.pos,
+                                                gy_shift);
+        else
+          return gyr[it];
+      };
+      float2 sums = make_float2(0.0f, 0.0f);
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
-        Chunk<T> g;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) g.w[k] = 0;
         if (valid && c < p.chunks) {
           float w[kN];
           wv.get(it, w);
-          g = plus_g_h<kGh>(grad_chunk(x_of(it), gy_of(it), w, s, acc[it]), ghr, c, p.cols, false);
+          sums = add_chunk_sums(sums, x_of(it), gy_of(it), w);
         }
-        // Chunk c - 1: the lane before's chunk, or for the slot's first lane
-        // the slot's last lane's chunk of the step before.
-        Chunk<T> prev = shfl_up_chunk(g);
-        const Chunk<T> wrap = shfl_chunk(it > 0 ? before : g, last);
-        if (m.pos == 0) prev = wrap;
-        before = g;
-        if (!valid || c >= p.chunks) continue;
-        if (shift == 0) {
-          store_gx_block(gxr, c * kN, p.cols, g);
-          continue;
-        }
-        store_gx_block(gxr, c * kN - lead, p.cols, shift_pair(prev, g, 16 - shift));
-        // The row's last block: the last chunk's tail.
-        if (c == p.chunks - 1) store_gx_elems(gxr, c * kN, kN - lead, kN, p.cols, g);
       }
-    } else if (valid) {
-      const RowScalars s = plain_row_scalars(p, given_r, sums);
-      T* gxr = p.gx + row * p.gx_stride;
-      const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
+      sums = row_sum<kTpr, kSlots>(sums, scratch, parity);
+      if constexpr (kClustered) sums = cluster_sum(sums, exchange, parity);
+      // No rescaled path in this band (rstd.cuh).
+      if constexpr (kShifted && kTpr <= 32) {
+        // gx in gx's aligned blocks (store_gx_block) where a row slot lies in
+        // one warp (threads per row <= 32). Every thread takes part in the
+        // shuffles, whether its row is valid or not. With more threads per row
+        // the blocks at warp boundaries needed their halves written by element,
+        // and the A/B lost there (f32 base + 1 element 0.87x, odd row length
+        // 0.95x; docs/performance.md, "Misaligned backward: gx exchange").
+        const RowScalars s = plain_row_scalars(p, given_r, sums);
+        T* gxr = p.gx + row * p.gx_stride;
+        const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
+        const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(gxr) & 15);
+        const int lead = shift / static_cast<int>(sizeof(T));  // columns of block v before chunk v
+        const int lane = static_cast<int>(threadIdx.x) & 31;
+        const int last = lane | (kTpr - 1);  // the slot's last lane
+        Chunk<T> before;                      // this thread's gx of the previous step
 #pragma unroll
-      for (int it = 0; it < kCpt; ++it) {
-        const int c = m.chunk(it);
-        if (c < p.chunks) {
-          const Chunk<T> x = x_of(it), gy = gy_of(it);
-          float w[kN];
-          wv.get(it, w);
-          store_chunk(gxr, c, p.cols, kVec, plus_g_h<kGh>(grad_chunk(x, gy, w, s, acc[it]), ghr, c, p.cols, kVec));
+        for (int it = 0; it < kCpt; ++it) {
+          const int c = m.chunk(it);
+          Chunk<T> g;
+#pragma unroll
+          for (int k = 0; k < 4; ++k) g.w[k] = 0;
+          if (valid && c < p.chunks) {
+            float w[kN];
+            wv.get(it, w);
+            g = plus_g_h<kGh>(grad_chunk(x_of(it), gy_of(it), w, s, acc[it]), ghr, c, p.cols, false);
+          }
+          // Chunk c - 1: the lane before's chunk, or for the slot's first lane
+          // the slot's last lane's chunk of the step before.
+          Chunk<T> prev = shfl_up_chunk(g);
+          const Chunk<T> wrap = shfl_chunk(it > 0 ? before : g, last);
+          if (m.pos == 0) prev = wrap;
+          before = g;
+          if (!valid || c >= p.chunks) continue;
+          if (shift == 0) {
+            store_gx_block(gxr, c * kN, p.cols, g);
+            continue;
+          }
+          store_gx_block(gxr, c * kN - lead, p.cols, shift_pair(prev, g, 16 - shift));
+          // The row's last block: the last chunk's tail.
+          if (c == p.chunks - 1) store_gx_elems(gxr, c * kN, kN - lead, kN, p.cols, g);
+        }
+      } else if (valid) {
+        const RowScalars s = plain_row_scalars(p, given_r, sums);
+        T* gxr = p.gx + row * p.gx_stride;
+        const T* ghr = p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
+#pragma unroll
+        for (int it = 0; it < kCpt; ++it) {
+          const int c = m.chunk(it);
+          if (c < p.chunks) {
+            const Chunk<T> x = x_of(it), gy = gy_of(it);
+            float w[kN];
+            wv.get(it, w);
+            store_chunk(gxr, c, p.cols, kVec, plus_g_h<kGh>(grad_chunk(x, gy, w, s, acc[it]), ghr, c, p.cols, kVec));
+          }
         }
       }
     }
-  }
-  if constexpr (kVec || kShifted) cp_async_wait(0);  // the groups staged past the last row are empty
-  if constexpr (kClustered) cluster_sync();          // keep `exchange` alive until every CTA has read it
-  if (!with_gw) return;
+    if constexpr (kVec || kShifted) cp_async_wait(0);  // the groups staged past the last row are empty
+    if constexpr (kClustered) cluster_sync();          // keep `exchange` alive until every CTA has read it
+    if (!with_gw) return;
 
-  emit_cta_gw<T, kTpr, kClustered, kSlots>(p, m, acc, reinterpret_cast<float*>(stage));
+    emit_cta_gw<T, kTpr, kClustered, kSlots>(p, m, acc, reinterpret_cast<float*>(stage));
+  }
 }
 
 // ---- kLooped: any D; x and gy read twice; gw partial kept in this CTA's workspace row ----------
