@@ -160,8 +160,16 @@ Launch forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device
 
 Launch quant_launch(int64_t rows, int64_t cols, int esize, Io io, bool q_aligned, const Device& dev, int block_chunks) {
   Launch l = forward_launch(rows, cols, esize, io, dev);
-  if (quant_fused(l, q_aligned, block_chunks)) return l;
-  return looped_forward_launch(rows, cols, esize, io, dev);
+  if (!quant_fused(l, q_aligned, block_chunks)) return looped_forward_launch(rows, cols, esize, io, dev);
+  if (quant_sum_pairs(l, rows, block_chunks)) {
+    l.sum_tpr = l.row.threads_per_row;
+    l.row.threads_per_row /= 2;
+    l.row.chunks_per_thread = kMaxChunksPerThread;
+    l.row.cta_threads = forward_cta_threads(l.row.threads_per_row);
+    l.row.rows_per_cta = l.row.cta_threads / l.row.threads_per_row;
+    l.grid = std::max<int64_t>(1, std::min((rows + l.row.rows_per_cta - 1) / l.row.rows_per_cta, kMaxGrid));
+  }
+  return l;
 }
 
 Launch add_launch(int64_t rows, const Device& dev) {

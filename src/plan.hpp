@@ -434,6 +434,7 @@ struct Launch {
   RowPlan row;
   int64_t grid = 0;            // CTAs of the main kernel (a multiple of row.cluster)
   int64_t groups_per_cta = 0;  // forward rows band: > 0: CTA u takes groups [u n, u n + n); 0: grid-stride walk
+  int sum_tpr = 0;             // forward rows band: > 0: each thread sums as two of a row of sum_tpr (quant_sum_pairs)
   int stages = 1;              // cp.async pipeline depth (1: no lookahead, or no pipeline)
   size_t smem = 0;             // dynamic shared memory of the main kernel, bytes
   // Backward only.
@@ -506,6 +507,18 @@ inline bool q_rows_aligned(const void* q, int64_t stride, int esize) {
 inline bool quant_fused(const Launch& forward, bool q_aligned, int block_chunks = 0) {
   return forward.kernel == Kernel::kForwardRows && q_aligned &&
          (block_chunks <= 1 || forward.row.threads_per_row % block_chunks == 0);
+}
+// The fused quantized forward of rows of kFewChunksTpr threads of 2 chunks (16-bit D 2049..4096, fp32 D
+// 1025..2048), per-row or static scales, with rows enough that the CTAs fill the GPU several times over: half the
+// threads per row with 4 chunks each, every thread summing the squares as two of the kFewChunksTpr-thread row do
+// (its chunks it = 0, 2 as thread pos, it = 1, 3 as thread pos + tpr) and the two shares through that row's
+// butterfly and warp order (row_sum_pairs), so rstd and every q keep their bits. The quantized epilogue is
+// issue-bound and half of what a thread issues per row is per row, not per element (docs/fusions.md). Fewer rows
+// (decode) keep the 2-chunk row: its dependent chain is half as long.
+inline constexpr int64_t kQuantSumPairsMinRows = 1024;
+inline bool quant_sum_pairs(const Launch& l, int64_t rows, int block_chunks) {
+  return l.kernel == Kernel::kForwardRows && block_chunks <= 1 && l.row.threads_per_row == kFewChunksTpr &&
+         l.row.chunks_per_thread == kFewChunksPerThread && rows >= kQuantSumPairsMinRows;
 }
 Launch quant_launch(int64_t rows, int64_t cols, int esize, Io io, bool q_aligned, const Device& dev,
                     int block_chunks = 0);

@@ -1197,6 +1197,37 @@ TEST_F(Cuda, ForwardQuant) {
   EXPECT_GT(looped, 0);
 }
 
+// The fused quantized forward where each thread sums as two threads of the plain forward's row (plan::quant_sum_pairs:
+// rows of 256 threads x 2 chunks, rows >= kQuantSumPairsMinRows): rstd bit for bit rmsnorm_forward's and q by the
+// rule from its y (check_forward_quant), every kind, whole and partial last chunks, an odd row count (the last
+// CTA's second slot empty); the plan is asked first, so the case is seen to take that path.
+TEST_F(Cuda, ForwardQuantSumPairs) {
+  std::mt19937_64 rng(53);
+  struct PCase { int64_t d; int32_t dtype; Layout layout; };
+  const PCase cases[] = {{4096, RMSNORM_DTYPE_BF16, Layout::kAligned}, {4096, RMSNORM_DTYPE_F16, Layout::kAligned},
+                         {2056, RMSNORM_DTYPE_BF16, Layout::kAligned}, {4095, RMSNORM_DTYPE_BF16, Layout::kPadded},
+                         {2048, RMSNORM_DTYPE_F32, Layout::kAligned},  {1030, RMSNORM_DTYPE_F32, Layout::kPadded}};
+  int k = 0;
+  for (const PCase& pc : cases)
+    for (const QuantSpec& qs : kQuantSpecs) {
+      Case c;
+      c.dtype = pc.dtype;
+      c.cols = pc.d;
+      c.layout = pc.layout;
+      c.rows = plan::kQuantSumPairsMinRows + 77;
+      c.hetero = true;
+      c.weight = k % 5 != 4;
+      c.weight_offset = k % 7 == 3;
+      c.round_xhat = k % 3 == 1;
+      ++k;
+      const int esize = pc.dtype == RMSNORM_DTYPE_F32 ? 4 : 2;
+      const plan::Launch l = plan::quant_launch(c.rows, c.cols, esize, io_of_case(c), true, current_plan_device());
+      ASSERT_EQ(l.sum_tpr, plan::kFewChunksTpr) << describe(c);
+      ASSERT_TRUE(check_forward_quant(c, qs, rng)) << "not fused";
+      if (HasFatalFailure()) return;
+    }
+}
+
 // h = T(x + residual) by the rule (over: 0 h apart, 1 h over the residual, 2 h over x); q, the scales and rstd
 // bit for bit rmsnorm_forward_quant's of that h.
 void check_add_forward_quant(const Case& c, int over, const QuantSpec& qs, std::mt19937_64& rng) {
@@ -1270,6 +1301,17 @@ TEST_F(Cuda, AddForwardQuant) {
           check_add_forward_quant(c, over, qs, rng);
           if (HasFatalFailure()) return;
         }
+  // Rows enough for plan::quant_sum_pairs (Cuda.ForwardQuantSumPairs checks that path against rmsnorm_forward).
+  for (int over : {0, 1, 2}) {
+    Case c;
+    c.cols = 4096;
+    c.rows = plan::kQuantSumPairsMinRows + 77;
+    c.hetero = true;
+    const QuantSpec qs = kQuantSpecs[over + 1];
+    SCOPED_TRACE(describe(c) + describe(qs) + " over " + std::to_string(over));
+    check_add_forward_quant(c, over, qs, rng);
+    if (HasFatalFailure()) return;
+  }
 }
 
 // One fp32-weight case: y against float64 and exactly T(x * rstd * w') of the returned rstd; gx and gw against
@@ -3223,14 +3265,16 @@ TEST_F(CudaSanitizer, LoopedBand) {
   sanitizer_cases({300000}, rng);
 }
 
-// The quantized forward under the sanitizers: the fused rows kernel (whole and partial chunks) and the looped
-// kernel (misaligned, cluster and looped bands), per-row and static scales.
+// The quantized forward under the sanitizers: the fused rows kernel (whole and partial chunks; at D = 4096 with
+// rows enough for plan::quant_sum_pairs too) and the looped kernel (misaligned, cluster and looped bands), per-row
+// and static scales.
 TEST_F(CudaSanitizer, QuantKernels) {
   std::mt19937_64 rng(17);
   struct QCase { int64_t d; int32_t dtype; int64_t rows; Layout layout; };
   const QCase cases[] = {{4096, RMSNORM_DTYPE_BF16, 300, Layout::kAligned}, {22, RMSNORM_DTYPE_F16, 700, Layout::kPadded},
                          {1000, RMSNORM_DTYPE_F32, 200, Layout::kOffset},   {33, RMSNORM_DTYPE_BF16, 500, Layout::kPadded},
-                         {20000, RMSNORM_DTYPE_BF16, 17, Layout::kAligned}, {300000, RMSNORM_DTYPE_BF16, 2, Layout::kAligned}};
+                         {20000, RMSNORM_DTYPE_BF16, 17, Layout::kAligned}, {300000, RMSNORM_DTYPE_BF16, 2, Layout::kAligned},
+                         {4096, RMSNORM_DTYPE_BF16, plan::kQuantSumPairsMinRows + 77, Layout::kAligned}};
   for (const QCase& q : cases)
     for (const QuantSpec& qs : {kQuantSpecs[1], kQuantSpecs[3]}) {
       Case c;

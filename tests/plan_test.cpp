@@ -378,6 +378,44 @@ TEST(Plan, SplitBackwardGeometry) {
 // blocks at each chunk index (threads per row a multiple of the block's chunks, so a block is consecutive lanes
 // of one warp, at most 32 of them), else the looped kernel, as for per-row scales. On the H200 that fuses the
 // 16-bit rows band from D = 97 (blocks of 64) or 257 (blocks of 128) to 16384 (docs/fusions.md says so).
+// quant_sum_pairs: the fused per-row and static quantized forwards of 256-thread rows of 2 chunks (16-bit D
+// 2049..4096, fp32 D 1025..2048) with at least kQuantSumPairsMinRows rows run 128 threads of 4 chunks, two row
+// slots per 256-thread CTA, summing as the 256 threads do; nothing else changes (fewer rows, the block kinds,
+// every other D keep the forward's row).
+TEST(Plan, QuantSumPairs) {
+  for (const Device& dev : {hopper(), ampere()})
+    for (int esize : {2, 4})
+      for (int64_t d = 1; d <= 20000; d += d < 5000 ? 1 : 7)
+        for (int64_t rows : {kQuantSumPairsMinRows - 1, kQuantSumPairsMinRows, int64_t{100000}})
+          for (int bc : {0, 128 / vec_elems(esize)}) {
+            const Launch f = forward_launch(rows, d, esize, Io::kVector, dev);
+            const Launch q = quant_launch(rows, d, esize, Io::kVector, true, dev, bc);
+            const int64_t lo = esize == 2 ? 2049 : 1025, hi = esize == 2 ? 4096 : 2048;
+            const bool pairs = quant_fused(f, true, bc) && bc == 0 && d >= lo && d <= hi && rows >= kQuantSumPairsMinRows;
+            ASSERT_EQ(quant_sum_pairs(f, rows, bc), pairs) << d << " rows " << rows;
+            if (!pairs) {
+              ASSERT_EQ(q.sum_tpr, 0) << d;
+              if (q.kernel == Kernel::kForwardRows) {
+                ASSERT_EQ(q.row.threads_per_row, f.row.threads_per_row) << d;
+                ASSERT_EQ(q.grid, f.grid) << d;
+              }
+              continue;
+            }
+            ASSERT_EQ(f.row.threads_per_row, kFewChunksTpr) << d;
+            ASSERT_EQ(f.row.chunks_per_thread, kFewChunksPerThread) << d;
+            ASSERT_EQ(q.kernel, Kernel::kForwardRows);
+            ASSERT_EQ(q.sum_tpr, kFewChunksTpr);
+            ASSERT_EQ(q.row.threads_per_row, kFewChunksTpr / 2);
+            ASSERT_EQ(q.row.chunks_per_thread, kMaxChunksPerThread);
+            ASSERT_EQ(q.row.chunks, f.row.chunks);
+            // The same chunks: thread pos holds pos + it 128, it = 0..3, i.e. threads pos and pos + 128 of the row.
+            ASSERT_GE(int64_t{q.row.threads_per_row} * q.row.chunks_per_thread, q.row.chunks) << d;
+            ASSERT_EQ(q.row.cta_threads, forward_cta_threads(q.row.threads_per_row));
+            ASSERT_EQ(q.row.rows_per_cta, q.row.cta_threads / q.row.threads_per_row);
+            ASSERT_EQ(q.grid, (rows + q.row.rows_per_cta - 1) / q.row.rows_per_cta) << d;  // below the grid cap here
+          }
+}
+
 TEST(Plan, BlockQuantFusedWhereARowHoldsWholeBlocks) {
   for (bool is_hopper : {true, false}) {
     const Device dev = is_hopper ? hopper() : ampere();
@@ -429,6 +467,11 @@ TEST(Plan, QuantFusedInTheRowsForwardElseLooped) {
               const Launch q = quant_launch(rows, d, esize, io, q_aligned, dev);
               const bool fused = f.kernel == Kernel::kForwardRows && q_aligned;
               ASSERT_EQ(quant_fused(f, q_aligned), fused) << d;
+              if (fused && quant_sum_pairs(f, rows, 0)) {  // two rows per CTA (Plan.QuantSumPairs); the grid capped
+                ASSERT_EQ(q.sum_tpr, kFewChunksTpr) << d;
+                ASSERT_EQ(q.grid, std::min<int64_t>((rows + 1) / 2, int64_t{1} << 24)) << d << " " << rows;
+                continue;
+              }
               if (fused) {
                 ASSERT_EQ(q.kernel, f.kernel) << d;
                 ASSERT_EQ(q.grid, f.grid) << d;

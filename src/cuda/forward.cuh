@@ -377,12 +377,17 @@ __device__ __forceinline__ void store_direct(T* __restrict__ yr, const Chunk<T> 
 // kernel per kind: with the kinds as run-time branches in one kernel ptxas
 // spilled, and the per-element code is what limits this kernel (issue-bound).
 // W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x, not quantized) float, passed in p.w and
-// held as HeldWeight chunks. kCpt: the plan's chunks per thread.
-template <typename T, int kTpr, int kCpt, bool kPartial, bool kAdd, QuantKind kQ = QuantKind::kNone, typename W = T>
+// held as HeldWeight chunks. kCpt: the plan's chunks per thread. kSumTpr = 2 kTpr: the sum of squares as by a
+// row of kSumTpr threads of 2 chunks, each thread two of them (plan::quant_sum_pairs, row_sum_pairs).
+template <typename T, int kTpr, int kCpt, bool kPartial, bool kAdd, QuantKind kQ = QuantKind::kNone, typename W = T,
+          int kSumTpr = kTpr>
 __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr, kCpt, plan::Kernel::kForwardRows))
     forward_rows_direct_kernel(const ForwardParamsOf<T, kQ != QuantKind::kNone> p) {
   constexpr bool kQuant = kQ != QuantKind::kNone;
   static_assert(std::is_same_v<W, T> || !kQuant, "an fp32 weight: the plain and the add forward");
+  static_assert(kSumTpr == kTpr || (kSumTpr == 2 * kTpr && kSumTpr == plan::kFewChunksTpr &&
+                                    kCpt == plan::kMaxChunksPerThread && kQuant && !quant_per_block(kQ)),
+                "plan: quant_sum_pairs");
   const W* const wp = reinterpret_cast<const W*>(p.w);
   constexpr int kCtaThreads = plan::forward_cta_threads(kTpr);
   constexpr int kSlots = kCtaThreads / kTpr;
@@ -391,7 +396,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(kCpt == plan::kFewChunksPerThread || kCpt == plan::kMaxChunksPerThread, "plan: chunks per thread");
   static_assert(kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
-  __shared__ RowScratch<float, kTpr, kSlots> scratch;
+  __shared__ RowScratch<float, kSumTpr, kSlots> scratch;
   __shared__ RowScratch<AbsMax, kTpr, (kQuant && !quant_per_block(kQ)) ? kSlots : 1> max_scratch;
   pdl_enter();
   QuantConsts qk;
@@ -457,10 +462,18 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     if constexpr (kQuant) {
       if (g == m.unit) qk = load_quant_consts(p.quant);
     }
-    float part = 0.0f;
+    float ss;
+    if constexpr (kSumTpr == kTpr) {
+      float part = 0.0f;
 #pragma unroll
-    for (int it = 0; it < kCpt; ++it) part = add_squares(part, xr[it]);
-    const float ss = row_sum<kTpr, kSlots>(part, scratch, parity);
+      for (int it = 0; it < kCpt; ++it) part = add_squares(part, xr[it]);
+      ss = row_sum<kTpr, kSlots>(part, scratch, parity);
+    } else {
+      // Chunk it is pos + it kTpr: thread pos of the kSumTpr row holds it = 0, 2, thread pos + kTpr it = 1, 3.
+      const float2 part = make_float2(add_squares(add_squares(0.0f, xr[0]), xr[2]),
+                                      add_squares(add_squares(0.0f, xr[1]), xr[3]));
+      ss = row_sum_pairs<kSumTpr, kTpr, kSlots>(part, scratch, parity);
+    }
     if constexpr (kQuant) {
       if constexpr (std::is_same_v<W, T>)
         quantize_row<kTpr, kSlots, kPartial, kQ>(p, xr, wr, ss, row, valid, m, max_scratch, parity, qk);
@@ -1187,6 +1200,22 @@ rmsnorm_status_t launch_forward_quant(const ForwardArgs& a, const QuantArgs& qa,
     return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", std::string("no quantized forward for ") + plan::kernel_name(l.kernel));
   return dispatch_quant_kind(qa.fp8, qa.per_row, blocks, [&](auto kind) -> rmsnorm_status_t {
     constexpr QuantKind kQ = decltype(kind)::value;
+    if (l.sum_tpr > 0) {
+      // plan::quant_sum_pairs: rows of kFewChunksTpr threads of 2 chunks as half the threads of 4.
+      constexpr int kSum = plan::kFewChunksTpr, kTpr = kSum / 2, kCpt = plan::kMaxChunksPerThread;
+      constexpr int kCta = plan::forward_cta_threads(kTpr);
+      if constexpr (!quant_per_block(kQ)) {
+        if (l.sum_tpr == kSum && l.row.threads_per_row == kTpr && l.row.chunks_per_thread == kCpt) {
+          const bool partial = a.cols % Chunk<T>::kN != 0;
+          if (add)
+            return partial ? launch(forward_rows_direct_kernel<T, kTpr, kCpt, true, true, kQ, T, kSum>, kCta)
+                           : launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, true, kQ, T, kSum>, kCta);
+          return partial ? launch(forward_rows_direct_kernel<T, kTpr, kCpt, true, false, kQ, T, kSum>, kCta)
+                         : launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, false, kQ, T, kSum>, kCta);
+        }
+      }
+      return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "quant_sum_pairs: no kernel for this geometry or kind");
+    }
     return dispatch_rows<static_cast<int>(sizeof(T))>(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
       constexpr int kTpr = decltype(tpr)::value;
       constexpr int kCpt = decltype(cpt)::value;

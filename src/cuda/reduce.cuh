@@ -95,6 +95,29 @@ __device__ __forceinline__ V row_sum(V v, RowScratch<V, kTpr, kSlots>& scratch, 
   return v;
 }
 
+// row_sum<kSumTpr, ...>'s sum where each thread of a kTpr = kSumTpr / 2 thread slot holds the shares of two of the
+// kSumTpr threads, pos (.x) and pos + kTpr (.y) (plan::quant_sum_pairs): the same butterfly within each warp of 32,
+// both at once, then the kSumTpr row's warp sums in its warp order (thread pos + kTpr's warp is kTpr / 32 after
+// pos's), so the total has the same bits.
+template <int kSumTpr, int kTpr, int kSlots>
+__device__ __forceinline__ float row_sum_pairs(float2 v, RowScratch<float, kSumTpr, kSlots>& scratch, int parity) {
+  static_assert(kSumTpr == 2 * kTpr && kTpr % 32 == 0, "two shares per thread, rows of whole warps");
+  constexpr int kWarps = plan::warps_per_row(kTpr);
+  v = group_sum<32>(v);
+  const int slot = plan::row_slot(threadIdx.x, kTpr);
+  const int warp_in_row = (threadIdx.x % kTpr) / 32;
+  if (threadIdx.x % 32 == 0) {
+    scratch.v[plan::scratch_index(parity, slot, warp_in_row, kSumTpr, kSlots)] = v.x;
+    scratch.v[plan::scratch_index(parity, slot, warp_in_row + kWarps, kSumTpr, kSlots)] = v.y;
+  }
+  slot_sync<kTpr, kSlots>(slot);
+  const float* s = &scratch.v[plan::scratch_index(parity, slot, 0, kSumTpr, kSlots)];
+  float total = s[0];
+#pragma unroll
+  for (int w = 1; w < 2 * kWarps; ++w) total = add(total, s[w]);
+  return total;
+}
+
 __device__ __forceinline__ unsigned cluster_size() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   return cooperative_groups::this_cluster().num_blocks();
