@@ -374,10 +374,6 @@ TEST(Plan, SplitBackwardGeometry) {
             Kernel::kBackwardRowsDecode);
 }
 
-// rmsnorm_forward_block_quant: fused only where the quantized forward fuses and a row's threads hold whole
-// blocks at each chunk index (threads per row a multiple of the block's chunks, so a block is consecutive lanes
-// of one warp, at most 32 of them), else the looped kernel, as for per-row scales. On the H200 that fuses the
-// 16-bit rows band from D = 97 (blocks of 64) or 257 (blocks of 128) to 16384 (docs/fusions.md says so).
 // quant_sum_pairs: the fused per-row and static quantized forwards of 256-thread rows of 2 chunks (16-bit D
 // 2049..4096, fp32 D 1025..2048) with at least kQuantSumPairsMinRows rows run 128 threads of 4 chunks, two row
 // slots per 256-thread CTA, summing as the 256 threads do; nothing else changes (fewer rows, the block kinds,
@@ -416,6 +412,10 @@ TEST(Plan, QuantSumPairs) {
           }
 }
 
+// rmsnorm_forward_block_quant: fused only where the quantized forward fuses and a row's threads hold whole
+// blocks at each chunk index (threads per row a multiple of the block's chunks, so a block is consecutive lanes
+// of one warp, at most 32 of them), else the looped kernel, as for per-row scales. On the H200 that fuses the
+// 16-bit rows band from D = 97 (blocks of 64) or 257 (blocks of 128) to 16384 (docs/fusions.md says so).
 TEST(Plan, BlockQuantFusedWhereARowHoldsWholeBlocks) {
   for (bool is_hopper : {true, false}) {
     const Device dev = is_hopper ? hopper() : ampere();
