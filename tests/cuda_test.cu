@@ -1301,10 +1301,13 @@ TEST_F(Cuda, AddForwardQuant) {
           check_add_forward_quant(c, over, qs, rng);
           if (HasFatalFailure()) return;
         }
-  // Rows enough for plan::quant_sum_pairs (Cuda.ForwardQuantSumPairs checks that path against rmsnorm_forward).
+  // Rows enough for plan::quant_sum_pairs (Cuda.ForwardQuantSumPairs checks that path against rmsnorm_forward):
+  // whole chunks, a partial last chunk, fp32.
   for (int over : {0, 1, 2}) {
     Case c;
-    c.cols = 4096;
+    c.cols = over == 0 ? 4096 : over == 1 ? 4095 : 2048;
+    c.layout = over == 1 ? Layout::kPadded : Layout::kAligned;
+    c.dtype = over == 2 ? RMSNORM_DTYPE_F32 : RMSNORM_DTYPE_BF16;
     c.rows = plan::kQuantSumPairsMinRows + 77;
     c.hetero = true;
     const QuantSpec qs = kQuantSpecs[over + 1];
