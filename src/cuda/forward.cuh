@@ -275,6 +275,9 @@ __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chu
   constexpr bool kPerBlock = quant_per_block(kQ);
   const QuantParams& qp = p.quant;
   float absmax = 0.0f;
+  // Whole 16-bit chunks: max|y| on packed pairs (PackedRange), folded after the loop.
+  constexpr bool kPackedMax = sizeof(T) == 2 && !kPartial;
+  [[maybe_unused]] PackedRange<std::conditional_t<sizeof(T) == 2, T, __half>> range;
   if (valid) {
     const float r = rms_from_sum(ss, p.cols, p.eps);  // no rescaled path in this band: rstd.cuh
     if (p.rstd != nullptr && m.pos == 0) p.rstd[row] = r;
@@ -290,13 +293,17 @@ __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chu
 #pragma unroll
         for (int j = 0; j < kN; ++j) w[j] = decltype(with_offset)::value ? wr[it].get(j) + offset : wr[it].get(j);
         xr[it] = y_chunk(xr[it], w, r, p.round_xhat);
-        if constexpr (kPerRow) absmax = chunk_absmax(absmax, xr[it], kPartial ? p.cols - m.chunk(it) * kN : kN);
+        if constexpr (kPerRow && kPackedMax)
+          range.add(xr[it]);
+        else if constexpr (kPerRow)
+          absmax = chunk_absmax(absmax, xr[it], kPartial ? p.cols - m.chunk(it) * kN : kN);
       }
     };
     if (offset != 0.0f)
       y_chunks(std::true_type{});
     else
       y_chunks(std::false_type{});
+    if constexpr (kPerRow && kPackedMax) absmax = range.abs_max(absmax);
   }
   if constexpr (kPerBlock) {
     // A block's chunks at one chunk index are 1 << block_shift consecutive lanes of one row slot (the plan puts
@@ -309,7 +316,15 @@ __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chu
     for (int it = 0; it < kCpt; ++it) {
       const int c = m.chunk(it);
       const int n = kPartial ? min(kN, p.cols - c * kN) : kN;
-      const QuantRow br = per_row_quant(qp, qk, block_absmax(chunk_absmax(0.0f, xr[it], n), 1 << shift));
+      float chunk_max;
+      if constexpr (kPackedMax) {
+        PackedRange<T> block;
+        block.add(xr[it]);
+        chunk_max = block.abs_max(0.0f);
+      } else {
+        chunk_max = chunk_absmax(0.0f, xr[it], n);
+      }
+      const QuantRow br = per_row_quant(qp, qk, block_absmax(chunk_max, 1 << shift));
       if (valid && c < p.chunks) {
         if ((c & ((1 << shift) - 1)) == 0) srow[(c >> shift) * qp.scales_block_stride] = br.s;
         store_q_chunk<T>(qrow, c, n, true, quantize_chunk<kQ>(xr[it], br));

@@ -70,6 +70,42 @@ __device__ __forceinline__ float chunk_absmax(float m, const Chunk<T>& y, int n)
   return m;
 }
 
+// max|y| of 16-bit chunks on packed pairs: the largest and the smallest y of
+// each half, two elements per instruction (three-operand max and min), and
+// max|y| = max(|largest|, |smallest|) folded to fp32 once. Every 16-bit value
+// converts to fp32 exactly and in order, so this is chunk_absmax's value; NaN
+// is ignored as fmaxf ignores it (the packed max and min return the other
+// operand; both start at +0, which no |y| is below, and are never NaN).
+// Whole chunks only: a partial chunk's elements past the row are not y. The
+// unpacked form took two instructions per element in one dependent chain (an
+// unpack and a max).
+template <typename T>
+struct PackedRange {
+  static_assert(sizeof(T) == 2, "16-bit pairs");
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  T2 hi = zero();
+  T2 lo = zero();
+  __device__ __forceinline__ static T2 zero() {
+    const uint32_t bits = 0u;  // +0 in both halves
+    T2 z;
+    memcpy(&z, &bits, 4);
+    return z;
+  }
+  __device__ __forceinline__ void add(const Chunk<T>& y) {
+    T2 v[4];
+    memcpy(v, y.w, sizeof v);
+    hi = __hmax2(__hmax2(hi, v[0]), v[1]);
+    lo = __hmin2(__hmin2(lo, v[0]), v[1]);
+    hi = __hmax2(__hmax2(hi, v[2]), v[3]);
+    lo = __hmin2(__hmin2(lo, v[2]), v[3]);
+  }
+  // max(m, max|y|) over what was added.
+  __device__ __forceinline__ float abs_max(float m) const {
+    const T2 a = __hmax2(__habs2(hi), __habs2(lo));
+    return fmaxf(m, fmaxf(__low2float(a), __high2float(a)));
+  }
+};
+
 // How a row's y become the values that are rounded: v = y / s (fp8 per row,
 // as vLLM divides; quant::quotient_by_inverse from s and mul = 1 / s) or
 // v = y * mul (mul = 1 / scale: static, and int8 per row).
