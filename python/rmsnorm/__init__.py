@@ -368,15 +368,20 @@ torch.fx.wrap("rms_norm")
 def _normalized_dims(op, input, normalized_shape):
     """normalized_shape as a tuple, after checking input's dtype and that those are its last dims; op names the
     function in the errors."""
-    # F.rms_norm's rule: an integer (a numpy one too) or a sequence of them; 16.0 is refused.
-    try:
-        normalized_shape = (operator.index(normalized_shape),)
-    except TypeError:
+    # F.rms_norm's rule: an integer (a numpy one too) or a sequence of them; 16.0 is refused. Tuples and lists are
+    # taken as sequences before operator.index is tried on the whole: under torch.compile a TypeError raised inside
+    # the traced code is not one this function can catch (dynamo reports it as an internal error).
+    dims = normalized_shape
+    if not isinstance(normalized_shape, (tuple, list)):
         try:
-            normalized_shape = tuple(operator.index(n) for n in normalized_shape)
+            dims = (operator.index(normalized_shape),)
         except TypeError:
-            raise TypeError(
-                f"{op}: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}") from None
+            pass
+    try:
+        normalized_shape = tuple(operator.index(n) for n in dims)
+    except TypeError:
+        raise TypeError(
+            f"{op}: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}") from None
     k = len(normalized_shape)
     if input.dtype not in _DTYPES:
         raise TypeError(f"{op}: input has dtype {input.dtype}; supported: float32, float16, bfloat16")

@@ -50,6 +50,24 @@ def _assert_close_all(a, b, **tol):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("normalized_shape", [64, (64,), [64], torch.Size([64])])
+def test_compile_functional(device, normalized_shape):
+    """rmsnorm.rms_norm itself inside torch.compile(fullgraph=True), normalized_shape in each accepted form (the
+    module path does not take normalized_shape from the caller). A tuple once failed there: the int check raised a
+    TypeError inside the traced code, which dynamo turns into an internal error."""
+    torch.manual_seed(0)
+    x = randn(4, 64, device=device)
+    w = randn(64, device=device)
+    want = rmsnorm.rms_norm(x, normalized_shape, w, 1e-5)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w: rmsnorm.rms_norm(x, normalized_shape, w, 1e-5), backend="aot_eager",
+                             fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        got = compiled(x, w)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compile_fullgraph(device, backend):
     torch.manual_seed(0)
