@@ -9,6 +9,9 @@
 // CTA 0's first instruction and its release from the wait, and the last CTA's
 // end. Its work is a copy of the given size, one 256-thread CTA per 16 KiB
 // tile (the rows forward's one row group per CTA). Median of 50 calls each.
+// Each CTA also records the SM it ran on: "SMs" is how many distinct SMs the
+// grid used and "most" the most CTAs one SM ran (medians), which says whether
+// a launch spread its CTAs over the GPU or packed them on a few SMs.
 //   build/rmsnorm_pdl_probe [MiB ...]      (default: 0 1 64; 0 = one empty CTA)
 #include <cuda_runtime.h>
 
@@ -49,10 +52,17 @@ __global__ void marker_kernel(unsigned long long* t, unsigned long long spin_ns)
 }
 
 // t[1]: CTA 0's first instruction; t[2]: CTA 0 past griddepcontrol.wait; t[3]: the last CTA's end.
+__device__ __forceinline__ unsigned sm_id() {
+  unsigned s;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+  return s;
+}
+
 template <bool kPdl>
 __global__ void __launch_bounds__(kThreads) probe_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
-                                                         size_t n, unsigned long long* t) {
+                                                         size_t n, unsigned long long* t, unsigned* sms) {
   if (blockIdx.x == 0 && threadIdx.x == 0) t[1] = now_ns();
+  if (threadIdx.x == 0) sms[blockIdx.x] = sm_id();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (kPdl) asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
@@ -86,7 +96,8 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, dev));
   std::printf("PDL probe on %s (sm_%d%d); us after the marker's end, median of %d\n", prop.name, prop.major,
               prop.minor, kReps);
-  std::printf("%8s %-10s %14s %14s %14s\n", "MiB", "launch", "first instr", "past wait", "last CTA end");
+  std::printf("%8s %6s %-10s %14s %14s %14s %6s %6s\n", "MiB", "CTAs", "launch", "first instr", "past wait",
+              "last CTA end", "SMs", "most");
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   unsigned long long* t = nullptr;
@@ -99,8 +110,11 @@ int main(int argc, char** argv) {
     CK(cudaMemset(src, 1, std::max<size_t>(n, 1) * sizeof(uint4)));
     const size_t per_cta = size_t{kThreads} * kPerThread;
     const unsigned grid = static_cast<unsigned>(std::max<size_t>(1, (n + per_cta - 1) / per_cta));
+    unsigned* sms = nullptr;
+    CK(cudaMalloc(&sms, grid * sizeof(unsigned)));
+    std::vector<unsigned> sm_host(grid);
     for (bool pdl : {false, true}) {
-      std::vector<double> first, released, end;
+      std::vector<double> first, released, end, used, most;
       for (int r = 0; r < kReps + 5; ++r) {
         CK(cudaMemsetAsync(t, 0, 4 * sizeof(unsigned long long), stream));
         marker_kernel<<<1, 32, 0, stream>>>(t, kMarkerNs);
@@ -115,13 +129,18 @@ int main(int argc, char** argv) {
         cfg.attrs = pdl ? attr : nullptr;
         cfg.numAttrs = pdl ? 1 : 0;
         if (pdl)
-          CK(cudaLaunchKernelEx(&cfg, probe_kernel<true>, static_cast<const uint4*>(src), dst, n, t));
+          CK(cudaLaunchKernelEx(&cfg, probe_kernel<true>, static_cast<const uint4*>(src), dst, n, t, sms));
         else
-          CK(cudaLaunchKernelEx(&cfg, probe_kernel<false>, static_cast<const uint4*>(src), dst, n, t));
+          CK(cudaLaunchKernelEx(&cfg, probe_kernel<false>, static_cast<const uint4*>(src), dst, n, t, sms));
         unsigned long long h[4];
         CK(cudaMemcpyAsync(h, t, sizeof h, cudaMemcpyDeviceToHost, stream));
+        CK(cudaMemcpyAsync(sm_host.data(), sms, grid * sizeof(unsigned), cudaMemcpyDeviceToHost, stream));
         CK(cudaStreamSynchronize(stream));
         if (r < 5) continue;  // warm-up
+        std::vector<int> per_sm(1024, 0);
+        for (unsigned s : sm_host) ++per_sm[std::min(s, 1023u)];
+        used.push_back(static_cast<double>(std::count_if(per_sm.begin(), per_sm.end(), [](int c) { return c > 0; })));
+        most.push_back(*std::max_element(per_sm.begin(), per_sm.end()));
         auto us = [&](unsigned long long x) {
           return (static_cast<double>(static_cast<long long>(x - h[0]))) / 1e3;
         };
@@ -129,11 +148,12 @@ int main(int argc, char** argv) {
         released.push_back(us(h[2]));
         end.push_back(us(h[3]));
       }
-      std::printf("%8.1f %-10s %14.2f %14.2f %14.2f\n", mib, pdl ? "PDL" : "plain", median(first), median(released),
-                  median(end));
+      std::printf("%8.1f %6u %-10s %14.2f %14.2f %14.2f %6.0f %6.0f\n", mib, grid, pdl ? "PDL" : "plain",
+                  median(first), median(released), median(end), median(used), median(most));
     }
     CK(cudaFree(src));
     CK(cudaFree(dst));
+    CK(cudaFree(sms));
   }
   CK(cudaFree(t));
   CK(cudaStreamDestroy(stream));
