@@ -76,9 +76,9 @@ __device__ __forceinline__ float chunk_absmax(float m, const Chunk<T>& y, int n)
 // converts to fp32 exactly and in order, so this is chunk_absmax's value; NaN
 // is ignored as fmaxf ignores it (the packed max and min return the other
 // operand; both start at +0, which no |y| is below, and are never NaN).
-// Whole chunks only: a partial chunk's elements past the row are not y. The
-// unpacked form took two instructions per element in one dependent chain (an
-// unpack and a max).
+// Whole chunks only: a partial chunk's elements past the row are not y.
+// chunk_absmax's form costs two instructions per element (an unpack and a
+// max) in one dependent chain; this costs half of one.
 template <typename T>
 struct PackedRange {
   static_assert(sizeof(T) == 2, "16-bit pairs");
