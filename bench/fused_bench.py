@@ -14,6 +14,16 @@ Operations and implementations (bf16 x, residual and w, eps 1e-5, the same tenso
     eager          F.rms_norm, then the same eager quantization
     compile        torch.compile of the fp32 formula and the quantization
   quant fp8/static, int8/row: the same with a static scale, and int8 per row.
+  add f32res fwd the add forward with an fp32 residual stream (bf16 x, fp32 residual and h, bf16 y and w)
+    fused          rmsnorm.add_rms_norm(x, residual_f32, ...)
+    2 passes       torch's add (x.float() + residual), then rmsnorm.rms_norm(h, w.float(), out_dtype=bfloat16)
+    eager          torch's add, then F.rms_norm(h, w.float()) rounded to bf16
+    compile        torch.compile of the add and the fp32 formula (y rounded once to bf16)
+  w f32 fwd      the forward with an fp32 weight and bf16 x (AMP master weights); y bf16
+    fused          rmsnorm.rms_norm(x, D, w_f32)
+    2 passes       -
+    eager          F.rms_norm(x.float(), w_f32) rounded to bf16
+    compile        torch.compile of the fp32 formula
   quant fp8/block128, int8/block128: the same with one scale per 128 columns of a row (rms_norm_quant's
     group_size=128, row-major scales); the eager and compiled forms reduce max|y| over a (rows, D / 128, 128) view.
 
@@ -21,7 +31,8 @@ Timing as in bench/torch_ops_bench.py (its Bench class does it): kernel_us is th
 with the L2 flushed before it, call_us the CUDA-event time per call; medians of --reps calls.
 Bytes (minimal): add forward reads x, residual, w and writes h and y: (4nD + D) * 2; add fwd+bwd adds the backward's
 reads of gy, g_h, x (h), w and writes of gx and gw: (9nD + 3D) * 2 for the whole; quant reads x and w and writes q
-(1 byte each) and the per-row scales: 2nD + 2D + nD (+ 4n; 4n D / 128 for block scales).
+(1 byte each) and the per-row scales: 2nD + 2D + nD (+ 4n; 4n D / 128 for block scales); add f32res fwd reads x (2)
+and the residual (4) and writes h (4) and y (2): 12nD + 2D; w f32 fwd reads x, writes y and reads w in fp32: 4nD + 4D.
 
 The verdict per shape and operation: the fused op against the fastest other implementation (kernel time).
 Output: a table, --json FILE. Without CUDA it says so and exits 0.
@@ -40,7 +51,7 @@ EPS = 1e-5
 SHAPES = [(1, 4096), (128, 4096), (8192, 4096), (16384, 7168), (4096, 16384), (65536, 2048)]
 QUICK_SHAPES = [(1, 4096), (8192, 4096)]
 OPS = ["add forward", "add fwd+bwd", "quant fp8/row", "quant fp8/static", "quant int8/row", "quant fp8/block128",
-       "quant int8/block128"]
+       "quant int8/block128", "add f32res fwd", "w f32 fwd"]
 GROUP = 128
 IMPLS = ["fused", "2 passes", "eager", "compile"]
 
@@ -74,6 +85,28 @@ def make(torch, rmsnorm, op, impl, cols):
         hf = h.float()
         return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + EPS) * w.float()).to(h.dtype)
 
+    if op == "add f32res fwd":  # x bf16, r fp32: h = x.float() + r (fp32), y = bf16(rms_norm(h) * w)
+        if impl == "fused":
+            return lambda x, r, w: rmsnorm.add_rms_norm(x, r, cols, w, EPS)
+        if impl == "2 passes":
+            return lambda x, r, w: (lambda h: (rmsnorm.rms_norm(h, cols, w.float(), EPS, out_dtype=x.dtype), h))(
+                x.float() + r)
+        if impl == "eager":
+            return lambda x, r, w: (lambda h: (F.rms_norm(h, (cols,), w.float(), EPS).to(x.dtype), h))(x.float() + r)
+
+        def f32res_formula(x, r, w):
+            h = x.float() + r
+            return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * w.float()).to(x.dtype), h
+
+        return torch.compile(f32res_formula, fullgraph=True, dynamic=False)
+    if op == "w f32 fwd":  # x bf16, w fp32, y bf16
+        if impl == "fused":
+            return lambda x, r, w: rmsnorm.rms_norm(x, cols, w, EPS)
+        if impl == "2 passes":
+            raise NotImplementedError("no two-pass form")
+        if impl == "eager":
+            return lambda x, r, w: F.rms_norm(x.float(), (cols,), w, EPS).to(x.dtype)
+        return torch.compile(lambda x, r, w: formula(x, w), fullgraph=True, dynamic=False)
     if op.startswith("add"):
         if impl == "fused":
             return lambda x, r, w: rmsnorm.add_rms_norm(x, r, cols, w, EPS)
@@ -146,6 +179,8 @@ def main():
         x = torch.randn(rows, cols, dtype=torch.bfloat16, device=dev, generator=gen)
         r = torch.randn(rows, cols, dtype=torch.bfloat16, device=dev, generator=gen)
         w = (1.0 + 0.25 * torch.randn(cols, device=dev, generator=gen)).to(torch.bfloat16)
+        r32 = torch.randn(rows, cols, dtype=torch.float32, device=dev, generator=gen)
+        w32 = w.float()
         gy = torch.randn_like(x)
         gh = torch.randn_like(x)
         scale = torch.tensor([0.05], device=dev)
@@ -155,7 +190,8 @@ def main():
                       "quant fp8/row": 2 * n + 2 * d + n + 4 * rows, "quant fp8/static": 2 * n + 2 * d + n,
                       "quant int8/row": 2 * n + 2 * d + n + 4 * rows,
                       "quant fp8/block128": 2 * n + 2 * d + n + 4 * rows * (d // GROUP),
-                      "quant int8/block128": 2 * n + 2 * d + n + 4 * rows * (d // GROUP)}[op]
+                      "quant int8/block128": 2 * n + 2 * d + n + 4 * rows * (d // GROUP),
+                      "add f32res fwd": 2 * n + 4 * n + 4 * n + 2 * n + 2 * d, "w f32 fwd": 2 * n + 2 * n + 4 * d}[op]
             for impl in IMPLS:
                 try:
                     f = make(torch, rmsnorm, op, impl, cols)
@@ -163,6 +199,14 @@ def main():
                         def call(f=f):
                             with torch.no_grad():
                                 return f(x, r, w)
+                    elif op == "add f32res fwd":
+                        def call(f=f):
+                            with torch.no_grad():
+                                return f(x, r32, w)
+                    elif op == "w f32 fwd":
+                        def call(f=f):
+                            with torch.no_grad():
+                                return f(x, None, w32)
                     elif op == "add fwd+bwd":
                         xl, rl, wl = (t.detach().requires_grad_(True) for t in (x, r, w))
 
