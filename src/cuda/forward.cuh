@@ -979,6 +979,118 @@ __global__ void __launch_bounds__(plan::kLoopedThreads)
   }
 }
 
+// ---- kLooped with the fp32 residual stream's add (RMSNORM_FLAG_RESIDUAL_F32) -------------------
+// h = float(x) + residual (x 16-bit; residual and h fp32) and y = T(h r w') in one
+// launch, where add_kernel and forward_looped_kernel<float, kNone, W, T> took two
+// (and read h back from memory in between). The same looped geometry and the same
+// arithmetic: thread t adds, stores and sums chunks t, t + kLoopedThreads, .. of
+// h (4 columns each), in that order, and the row's sum goes through the same
+// reduction, so h, rstd and y are bit for bit those of the two launches (and of
+// the backward's recompute, which runs the looped order on h). A thread reads
+// each residual chunk before it writes the same chunk of h, so h == residual
+// (the stream updated in place) is safe; the second pass reads back only the
+// chunks of h the thread itself wrote.
+template <typename T>
+struct AddF32ForwardParams : ForwardParams<float> {
+  const T* x16 = nullptr;  // the call's x; ForwardParams::x is h (read back), ::res the residual, ::y y of T
+  int64_t x16_stride = 0;
+  bool x16_vector = false;  // every x row 8-byte aligned: a chunk's 4 columns of x are one 8-byte load
+  bool y_vector = false;    // every y row 8-byte aligned: a chunk's 4 columns of y are one 8-byte store
+};
+
+// Columns [first, first + 4) of a 16-bit row as fp32 (0 past cols), in the low two words of a Chunk<T>.
+template <typename T>
+__device__ __forceinline__ Chunk<T> load_quad(const T* __restrict__ row, int first, int cols, bool vec) {
+  static_assert(sizeof(T) == 2, "4 columns of a 16-bit row");
+  Chunk<T> q = zero_chunk<T>();
+  if (vec && first + 4 <= cols) {
+    const uint2 u = *reinterpret_cast<const uint2*>(row + first);
+    q.w[0] = u.x;
+    q.w[1] = u.y;
+    return q;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (first + j < cols) q.set_elem(j, row[first + j]);
+  return q;
+}
+
+// Chunk `chunk` of the row of h this kernel wrote (0 past cols), read back through L2 (ld.global.cg): coherent with
+// the thread's own stores however the compiler would cache a read-only load, which matters where h == residual.
+__device__ __forceinline__ Chunk<float> load_h_chunk(const float* row, int chunk, int cols, bool vector_io) {
+  const int first = chunk * Chunk<float>::kN;
+  if (vector_io && first + Chunk<float>::kN <= cols) {
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(row + first));
+    return as_chunk<float>(make_uint4(__float_as_uint(v.x), __float_as_uint(v.y), __float_as_uint(v.z),
+                                      __float_as_uint(v.w)));
+  }
+  Chunk<float> h = zero_chunk<float>();
+#pragma unroll
+  for (int j = 0; j < Chunk<float>::kN; ++j)
+    if (first + j < cols) h.w[j] = __float_as_uint(__ldcg(row + first + j));
+  return h;
+}
+
+template <typename T, typename W>
+__global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_add_f32_kernel(const AddF32ForwardParams<T> p) {
+  constexpr int kCtaThreads = plan::kLoopedThreads;
+  constexpr int kN = Chunk<float>::kN;
+  static_assert(kN == 4 && sizeof(T) == 2, "fp32 h chunks of 4 columns, 16-bit x and y");
+  __shared__ RowScratch<float, kCtaThreads, 1> scratch;
+  pdl_enter();
+  int parity = 0;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
+    const T* xr = p.x16 + row * p.x16_stride;
+    const float* rr = p.res + row * p.res_stride;
+    float* hw = p.h + row * p.h_stride;
+    const float* hr = p.x + row * p.x_stride;  // the same row of h, read back
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
+      const Chunk<T> xq = load_quad(xr, c * kN, p.cols, p.x16_vector);
+      const Chunk<float> res = load_chunk(rr, c, p.cols, p.vector_io);
+      Chunk<float> h;
+      // add_kernel's h = float(x) + residual; past cols both read as 0, so h is +0 there and adds nothing.
+#pragma unroll
+      for (int j = 0; j < kN; j += 2) h.set2(j, xq.get(j) + res.get(j), xq.get(j + 1) + res.get(j + 1));
+      store_chunk(hw, c, p.cols, p.vector_io, h);
+      ss = add_squares(ss, h);
+    }
+    const float r = cta_row_rstd<kCtaThreads>(row_sum<kCtaThreads, 1>(ss, scratch, parity), p.cols, p.eps, scratch,
+                                              [&](float s) {
+                                                float v = 0.0f;
+                                                for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads)
+                                                  v = add_scaled_squares(v, load_h_chunk(hr, c, p.cols, p.vector_io), s);
+                                                return v;
+                                              });
+    if (p.rstd != nullptr && threadIdx.x == 0) p.rstd[row] = r;
+    T* yr = reinterpret_cast<T*>(p.y) + row * p.y_stride;
+    for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
+      float w[kN];
+      weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+      const Chunk<float> h = load_h_chunk(hr, c, p.cols, p.vector_io);
+      float o[kN];
+      // forward_looped_kernel<float, kNone, W, T>'s y: x_hat rounded to the norm's input dtype (fp32 here) with
+      // round_xhat, then one rounding to T.
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        const float xh = h.get(j) * r;
+        o[j] = (p.round_xhat ? to_float(from_float<float>(xh)) : xh) * w[j];
+      }
+      const int first = c * kN;
+      if (p.y_vector && first + kN <= p.cols) {
+        Chunk<T> y;
+        y.set2(0, o[0], o[1]);
+        y.set2(2, o[2], o[3]);
+        *reinterpret_cast<uint2*>(yr + first) = make_uint2(y.w[0], y.w[1]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kN; ++j)
+          if (first + j < p.cols) yr[first + j] = from_float<T>(o[j]);
+      }
+    }
+  }
+}
+
 // ---- launch ------------------------------------------------------------------------------------
 
 // The residual add alone, where the forward that follows is not the fused
@@ -1059,19 +1171,41 @@ rmsnorm_status_t launch_looped_as(const ForwardArgs& a, const plan::Device& dev,
                         p);
 }
 
+// The fp32 residual stream's forward (forward_looped_add_f32_kernel): the looped band's plan for fp32 rows of h
+// (the I/O path of h, the residual and an fp32 weight; x and y take 8-byte accesses where their rows allow).
+template <typename T, typename W>
+rmsnorm_status_t launch_looped_add_f32(const ForwardArgs& a, const plan::Device& dev, cudaStream_t stream) {
+  constexpr int kEs = static_cast<int>(sizeof(float));
+  const plan::Io io = std::is_same_v<W, float>
+                          ? plan::io_of({{a.h, a.h_stride}, {a.residual, a.residual_stride}, {a.weight, 0}}, kEs)
+                          : plan::io_of({{a.h, a.h_stride}, {a.residual, a.residual_stride}}, kEs);
+  const plan::Launch l = plan::looped_forward_launch(a.rows, a.cols, kEs, io, dev);
+  ForwardArgs b = a;
+  b.x = a.h;  // ForwardParams::x: h, read back by the second pass
+  b.x_stride = a.h_stride;
+  AddF32ForwardParams<T> p;
+  static_cast<ForwardParams<float>&>(p) = forward_params<float>(b, l);
+  auto rows8 = [](const void* q, int64_t stride) {
+    return reinterpret_cast<uintptr_t>(q) % 8 == 0 && (stride * static_cast<int64_t>(sizeof(T))) % 8 == 0;
+  };
+  p.x16 = static_cast<const T*>(a.x);
+  p.x16_stride = a.x_stride;
+  p.x16_vector = rows8(a.x, a.x_stride);
+  p.y_vector = rows8(a.y, a.y_stride);
+  return launch_planned(forward_looped_add_f32_kernel<T, W>, plan::kLoopedThreads, l, a.pdl && dev.sm90_code, stream, p);
+}
+
 // y in another dtype than x's (RMSNORM_FLAG_Y_DTYPE), or the fp32 residual
-// stream (RMSNORM_FLAG_RESIDUAL_F32: h = float(x) + residual in float, then
-// the forward of h with y in x's dtype T and the weight in T, or fp32).
+// stream (RMSNORM_FLAG_RESIDUAL_F32: h = float(x) + residual in float and
+// the forward of h with y in x's dtype T and the weight in T, or fp32, in one
+// launch: launch_looped_add_f32).
 template <typename T>
 rmsnorm_status_t launch_forward_mixed(const ForwardArgs& a, const plan::Device& dev, cudaStream_t stream) {
   if (a.residual_f32) {
     if constexpr (std::is_same_v<T, float>) {
       return fail(RMSNORM_STATUS_INTERNAL_ERROR, "dtype", "RMSNORM_FLAG_RESIDUAL_F32 with fp32 x");  // api.cpp: none
     } else {
-      return add_then_forward<T, float>(a, dev, a.pdl && dev.sm90_code, stream, [&](const ForwardArgs& b) {
-        return a.weight_f32 ? launch_looped_as<float, float, T>(b, dev, stream)
-                            : launch_looped_as<float, T, T>(b, dev, stream);
-      });
+      return a.weight_f32 ? launch_looped_add_f32<T, float>(a, dev, stream) : launch_looped_add_f32<T, T>(a, dev, stream);
     }
   }
   return dispatch_dtype(y_dtype_of(a), [&](auto ytag) -> rmsnorm_status_t {
