@@ -181,6 +181,13 @@ Launch add_launch(int64_t rows, const Device& dev) {
   return l;
 }
 
+Launch looped_add_f32_launch(int64_t rows, int64_t cols, Io io, const Device& dev) {
+  Launch l = looped_forward_launch(rows, cols, static_cast<int>(sizeof(float)), io, dev);
+  l.sum_tpr = kLoopedThreads;
+  l.row.cta_threads = kLoopedShareThreads;
+  return l;
+}
+
 Launch weight_f32_forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev) {
   // kForwardRowsPaired reads the weight in x's dtype: an fp32 weight takes the element path.
   const Launch l = forward_launch(rows, cols, esize, io == Io::kVector ? io : Io::kElement, dev);

@@ -167,6 +167,12 @@ inline constexpr int kClusterTpr = 512;  // kCluster: threads per CTA (one row s
 inline constexpr int kMaxPortableCluster = 8;
 inline constexpr int kMaxCluster = 16;  // non-portable; used where the device can co-schedule it
 inline constexpr int kLoopedThreads = 1024;
+// The fp32 residual stream's forward (forward_looped_add_f32_kernel): the looped band's row of kLoopedThreads
+// summing threads, run by CTAs of kLoopedShareThreads threads that each hold kLoopedThreads / kLoopedShareThreads
+// of them (row_sum_shares: the same sum, bit for bit), so that several rows share an SM where the 1024-thread CTA
+// fitted two (docs/fusions.md, "The residual stream in fp32").
+inline constexpr int kLoopedShareThreads = 256;
+inline constexpr int kLoopedShareCtasPerSm = 4;  // <= 64 registers (57): x and the residual of 4 chunks in flight; 5 or 6 spilled
 inline constexpr int kLoopedCtasPerSm = 2;  // backward: two partial rows per SM
 // Forward: CTAs of >= 256 threads, 1024 threads per SM with 4 chunks per
 // thread (64 registers hold a thread's x and w' chunks without spilling),
@@ -487,6 +493,9 @@ inline bool add_fused(const Launch& forward) { return forward.kernel == Kernel::
 inline constexpr int kAddThreads = 256;
 inline constexpr int kAddMaxCtasPerSm = 8;
 Launch add_launch(int64_t rows, const Device& dev);
+// RMSNORM_FLAG_RESIDUAL_F32's forward: the looped band's row plan on the fp32 h (chunks of 4 columns; sum_tpr =
+// kLoopedThreads, the summing threads) on CTAs of kLoopedShareThreads, one row per CTA up to kMaxGrid.
+Launch looped_add_f32_launch(int64_t rows, int64_t cols, Io io, const Device& dev);
 // Quantized output (rmsnorm_forward_quant). Where the forward is the rows
 // band's 16-byte kernel and q's rows are aligned to a chunk's q bytes
 // (q_rows_aligned: 8 bytes at 16-bit, 4 at fp32), that kernel

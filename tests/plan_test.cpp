@@ -521,6 +521,33 @@ TEST(Plan, MixedWeightLaunchesAreTheLoopedKernels) {
   }
 }
 
+// RMSNORM_FLAG_RESIDUAL_F32's forward, for every D: the looped band's row on the fp32 h (its chunks of 4 columns,
+// its 1024 summing threads, so rstd is summed as rms_norm(h, out_dtype) and the backward's recompute sum it), run by
+// CTAs of kLoopedShareThreads threads holding whole shares of them, one row per CTA as the looped forward's grid.
+TEST(Plan, ResidualF32ForwardIsTheLoopedRowInShares) {
+  static_assert(kLoopedThreads % kLoopedShareThreads == 0 && kLoopedShareThreads % 32 == 0, "whole shares of warps");
+  for (const Device& dev : {hopper(), ampere()}) {
+    for (int64_t d = 1; d <= kMaxD; d += d < 4096 ? 1 : 61) {
+      for (Io io : {Io::kVector, Io::kElement}) {
+        for (int64_t rows : {int64_t{1}, int64_t{1000}, (int64_t{1} << 25) + 1}) {
+          const Launch l = looped_add_f32_launch(rows, d, io, dev);
+          const Launch f = looped_forward_launch(rows, d, 4, io, dev);
+          ASSERT_EQ(l.kernel, Kernel::kForwardLooped) << d;
+          ASSERT_EQ(l.row.band, Band::kLooped) << d;
+          ASSERT_EQ(l.row.chunks, (d + 3) / 4) << d;
+          ASSERT_EQ(l.row.threads_per_row, kLoopedThreads) << d;
+          ASSERT_EQ(l.row.threads_per_row, f.row.threads_per_row) << d;
+          ASSERT_EQ(l.sum_tpr, kLoopedThreads) << d;
+          ASSERT_EQ(l.row.cta_threads, kLoopedShareThreads) << d;
+          ASSERT_EQ(l.grid, f.grid) << d;
+          ASSERT_EQ(l.io, io) << d;
+          ASSERT_EQ(l.smem, 0u) << d;
+        }
+      }
+    }
+  }
+}
+
 // An fp32 weight (16-bit x), for every D: the plain call's plans, forward and backward, in the rows and cluster
 // bands (the same geometry, so rstd is summed as in the plain call and the backward's recomputed rstd is the
 // forward's), the looped kernels in the looped band, forward and backward alike; the backward's workspace as the

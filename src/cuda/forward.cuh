@@ -982,14 +982,16 @@ __global__ void __launch_bounds__(plan::kLoopedThreads)
 // ---- kLooped with the fp32 residual stream's add (RMSNORM_FLAG_RESIDUAL_F32) -------------------
 // h = float(x) + residual (x 16-bit; residual and h fp32) and y = T(h r w') in one
 // launch, where add_kernel and forward_looped_kernel<float, kNone, W, T> took two
-// (and read h back from memory in between). The same looped geometry and the same
-// arithmetic: thread t adds, stores and sums chunks t, t + kLoopedThreads, .. of
-// h (4 columns each), in that order, and the row's sum goes through the same
-// reduction, so h, rstd and y are bit for bit those of the two launches (and of
-// the backward's recompute, which runs the looped order on h). A thread reads
-// each residual chunk before it writes the same chunk of h, so h == residual
-// (the stream updated in place) is safe; the second pass reads back only the
-// chunks of h the thread itself wrote.
+// (and read h back from memory in between). The looped band's row: 1024 summing
+// threads, thread v adding, storing and summing chunks v, v + 1024, .. of h (4
+// columns each), in that order, the row's sum through row_sum<1024, 1>; here run
+// by a CTA of kLoopedShareThreads threads, each holding kShares of the summing
+// threads (row_sum_shares), so that h, rstd and y are bit for bit those of the
+// two launches (and of the backward's recompute, which runs the looped order on
+// h), while several rows share an SM. A thread reads each residual chunk before
+// it writes the same chunk of h, so h == residual (the stream updated in place)
+// is safe; the second pass reads back only the chunks of h the thread itself
+// wrote.
 template <typename T>
 struct AddF32ForwardParams : ForwardParams<float> {
   const T* x16 = nullptr;  // the call's x; ForwardParams::x is h (read back), ::res the residual, ::y y of T
@@ -998,7 +1000,7 @@ struct AddF32ForwardParams : ForwardParams<float> {
   bool y_vector = false;    // every y row 8-byte aligned: a chunk's 4 columns of y are one 8-byte store
 };
 
-// Columns [first, first + 4) of a 16-bit row as fp32 (0 past cols), in the low two words of a Chunk<T>.
+// Columns [first, first + 4) of a 16-bit row (0 past cols), in the low two words of a Chunk<T>.
 template <typename T>
 __device__ __forceinline__ Chunk<T> load_quad(const T* __restrict__ row, int first, int cols, bool vec) {
   static_assert(sizeof(T) == 2, "4 columns of a 16-bit row");
@@ -1032,39 +1034,74 @@ __device__ __forceinline__ Chunk<float> load_h_chunk(const float* row, int chunk
 }
 
 template <typename T, typename W>
-__global__ void __launch_bounds__(plan::kLoopedThreads) forward_looped_add_f32_kernel(const AddF32ForwardParams<T> p) {
-  constexpr int kCtaThreads = plan::kLoopedThreads;
+__global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareCtasPerSm) forward_looped_add_f32_kernel(const AddF32ForwardParams<T> p) {
+  constexpr int kCta = plan::kLoopedShareThreads;
+  constexpr int kSumThreads = plan::kLoopedThreads;
+  constexpr int kShares = kSumThreads / kCta;
   constexpr int kN = Chunk<float>::kN;
+  static_assert(kShares * kCta == kSumThreads, "plan: the looped row's summing threads in whole shares");
   static_assert(kN == 4 && sizeof(T) == 2, "fp32 h chunks of 4 columns, 16-bit x and y");
-  __shared__ RowScratch<float, kCtaThreads, 1> scratch;
+  __shared__ RowScratch<float, kSumThreads, 1> scratch;
   pdl_enter();
+  const int t = static_cast<int>(threadIdx.x);
   int parity = 0;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
     const T* xr = p.x16 + row * p.x16_stride;
     const float* rr = p.res + row * p.res_stride;
     float* hw = p.h + row * p.h_stride;
     const float* hr = p.x + row * p.x_stride;  // the same row of h, read back
-    float ss = 0.0f;
-    for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
-      const Chunk<T> xq = load_quad(xr, c * kN, p.cols, p.x16_vector);
-      const Chunk<float> res = load_chunk(rr, c, p.cols, p.vector_io);
-      Chunk<float> h;
-      // add_kernel's h = float(x) + residual; past cols both read as 0, so h is +0 there and adds nothing.
+    float ss[kShares];
 #pragma unroll
-      for (int j = 0; j < kN; j += 2) h.set2(j, xq.get(j) + res.get(j), xq.get(j + 1) + res.get(j + 1));
-      store_chunk(hw, c, p.cols, p.vector_io, h);
-      ss = add_squares(ss, h);
+    for (int k = 0; k < kShares; ++k) ss[k] = 0.0f;
+    // Share k: summing thread t + k kCta, whose chunks are c0 + t + k kCta for c0 = 0, 1024, ..
+    for (int c0 = 0; c0 < p.chunks; c0 += kSumThreads) {
+      Chunk<T> xq[kShares];
+      Chunk<float> res[kShares];
+#pragma unroll
+      for (int k = 0; k < kShares; ++k) {
+        const int c = c0 + t + k * kCta;
+        xq[k] = zero_chunk<T>();
+        res[k] = zero_chunk<float>();
+        if (c < p.chunks) {
+          xq[k] = load_quad(xr, c * kN, p.cols, p.x16_vector);
+          res[k] = load_chunk(rr, c, p.cols, p.vector_io);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kShares; ++k) {
+        const int c = c0 + t + k * kCta;
+        if (c < p.chunks) {
+          Chunk<float> h;
+          // add_kernel's h = float(x) + residual; past cols both read as 0, so h is +0 there and adds nothing.
+#pragma unroll
+          for (int j = 0; j < kN; j += 2)
+            h.set2(j, xq[k].get(j) + res[k].get(j), xq[k].get(j + 1) + res[k].get(j + 1));
+          store_chunk(hw, c, p.cols, p.vector_io, h);
+          ss[k] = add_squares(ss[k], h);
+        }
+      }
     }
-    const float r = cta_row_rstd<kCtaThreads>(row_sum<kCtaThreads, 1>(ss, scratch, parity), p.cols, p.eps, scratch,
-                                              [&](float s) {
-                                                float v = 0.0f;
-                                                for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads)
-                                                  v = add_scaled_squares(v, load_h_chunk(hr, c, p.cols, p.vector_io), s);
-                                                return v;
-                                              });
-    if (p.rstd != nullptr && threadIdx.x == 0) p.rstd[row] = r;
+    const float total = row_sum_shares<kSumThreads, kCta, kShares>(ss, scratch, parity);
+    float r;
+    if (!rms_needs_rescale(total, p.eps)) {
+      r = rms_from_sum(total, p.cols, p.eps);
+    } else {  // cta_row_rstd's rescaled path, the sum again as row_sum_shares
+      const float s = rms_rescale_factor(total);
+      float v[kShares];
+#pragma unroll
+      for (int k = 0; k < kShares; ++k) {
+        v[k] = 0.0f;
+        for (int c = t + k * kCta; c < p.chunks; c += kSumThreads)
+          v[k] = add_scaled_squares(v[k], load_h_chunk(hr, c, p.cols, p.vector_io), s);
+      }
+      __syncthreads();  // cta_sum_rare: buffer 0 is free again
+      const float total2 = row_sum_shares<kSumThreads, kCta, kShares>(v, scratch, 0);
+      __syncthreads();
+      r = rms_from_scaled(total2, s, p.cols, p.eps);
+    }
+    if (p.rstd != nullptr && t == 0) p.rstd[row] = r;
     T* yr = reinterpret_cast<T*>(p.y) + row * p.y_stride;
-    for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
+    for (int c = t; c < p.chunks; c += kCta) {
       float w[kN];
       weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
       const Chunk<float> h = load_h_chunk(hr, c, p.cols, p.vector_io);
@@ -1179,7 +1216,7 @@ rmsnorm_status_t launch_looped_add_f32(const ForwardArgs& a, const plan::Device&
   const plan::Io io = std::is_same_v<W, float>
                           ? plan::io_of({{a.h, a.h_stride}, {a.residual, a.residual_stride}, {a.weight, 0}}, kEs)
                           : plan::io_of({{a.h, a.h_stride}, {a.residual, a.residual_stride}}, kEs);
-  const plan::Launch l = plan::looped_forward_launch(a.rows, a.cols, kEs, io, dev);
+  const plan::Launch l = plan::looped_add_f32_launch(a.rows, a.cols, io, dev);
   ForwardArgs b = a;
   b.x = a.h;  // ForwardParams::x: h, read back by the second pass
   b.x_stride = a.h_stride;
@@ -1192,7 +1229,7 @@ rmsnorm_status_t launch_looped_add_f32(const ForwardArgs& a, const plan::Device&
   p.x16_stride = a.x_stride;
   p.x16_vector = rows8(a.x, a.x_stride);
   p.y_vector = rows8(a.y, a.y_stride);
-  return launch_planned(forward_looped_add_f32_kernel<T, W>, plan::kLoopedThreads, l, a.pdl && dev.sm90_code, stream, p);
+  return launch_planned(forward_looped_add_f32_kernel<T, W>, plan::kLoopedShareThreads, l, a.pdl && dev.sm90_code, stream, p);
 }
 
 // y in another dtype than x's (RMSNORM_FLAG_Y_DTYPE), or the fp32 residual

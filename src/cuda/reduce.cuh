@@ -118,6 +118,34 @@ __device__ __forceinline__ float row_sum_pairs(float2 v, RowScratch<float, kSumT
   return total;
 }
 
+// row_sum<kSumTpr, 1>'s sum where a CTA of kCta = kSumTpr / kShares threads holds the shares of kShares of the
+// kSumTpr threads each: share k of thread t is summing thread t + k kCta's. Its warp is t / 32 + k kCta / 32 with
+// the same lanes, so each share goes through that warp's butterfly (all kShares at once) and lands in its scratch
+// entry, and the kSumTpr / 32 warp sums are added in warp order: the total has row_sum's bits.
+template <int kSumTpr, int kCta, int kShares>
+__device__ __forceinline__ float row_sum_shares(const float (&v)[kShares], RowScratch<float, kSumTpr, 1>& scratch,
+                                                int parity) {
+  static_assert(kCta * kShares == kSumTpr && kCta % 32 == 0, "shares of whole warps");
+  constexpr int kWarps = kCta / 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  float u[kShares];
+#pragma unroll
+  for (int k = 0; k < kShares; ++k) u[k] = v[k];
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1)
+#pragma unroll
+    for (int k = 0; k < kShares; ++k) u[k] = add(u[k], shfl_xor(u[k], off));
+  if (threadIdx.x % 32 == 0)
+#pragma unroll
+    for (int k = 0; k < kShares; ++k) scratch.v[plan::scratch_index(parity, 0, warp + k * kWarps, kSumTpr, 1)] = u[k];
+  __syncthreads();
+  const float* s = &scratch.v[plan::scratch_index(parity, 0, 0, kSumTpr, 1)];
+  float total = s[0];
+#pragma unroll
+  for (int w = 1; w < kSumTpr / 32; ++w) total = add(total, s[w]);
+  return total;
+}
+
 __device__ __forceinline__ unsigned cluster_size() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   return cooperative_groups::this_cluster().num_blocks();
