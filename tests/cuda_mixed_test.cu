@@ -61,6 +61,7 @@ struct MixedCase {
   bool round_xhat = false;
   bool padded = false;  // base + 1 element, row stride cols + 3
   bool weight_misaligned = false;  // the weight at base + 1 element (its dtype's alignment only)
+  bool h_in_place = false;         // residual_f32: h written over the residual (the stream updated in place)
   int64_t rows = 0, cols = 0;
   int32_t gw_mode = RMSNORM_GW_STORE;
 };
@@ -69,7 +70,8 @@ std::string describe(const MixedCase& c) {
   return std::string(dtype_name(c.x_dtype)) + " x, " + dtype_name(c.y_dtype) + " y" +
          (c.residual_f32 ? ", fp32 residual stream" : "") + (c.weight_f32 ? ", fp32 weight" : "") +
          (c.weight ? "" : ", no weight") + (c.weight_offset ? ", offset" : "") + (c.round_xhat ? ", round_xhat" : "") +
-         (c.padded ? ", base + 1, padded" : "") + (c.weight_misaligned ? ", weight at base + 1" : "") + ", " + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
+         (c.padded ? ", base + 1, padded" : "") + (c.weight_misaligned ? ", weight at base + 1" : "") +
+         (c.h_in_place ? ", h over the residual" : "") + ", " + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
          ", gw mode " + std::to_string(c.gw_mode);
 }
 
@@ -125,13 +127,16 @@ void check_mixed(const MixedCase& c, std::mt19937_64& rng) {
   poison_shared_memory();
   const int64_t s = stride_of(c);
   const rmsnorm_status_t fst =
-      c.residual_f32 ? rmsnorm_add_forward(&p, dx.data(), s, dres.data(), s, c.weight ? dw.data() : nullptr, dh.data(),
-                                           s, dy.data(), s, drstd, &b)
+      c.residual_f32 ? rmsnorm_add_forward(&p, dx.data(), s, dres.data(), s, c.weight ? dw.data() : nullptr,
+                                           c.h_in_place ? dres.data() : dh.data(), s, dy.data(), s, drstd, &b)
                      : rmsnorm_forward(&p, dx.data(), s, c.weight ? dw.data() : nullptr, dy.data(), s, drstd, &b);
   ASSERT_EQ(RMSNORM_STATUS_SUCCESS, fst) << rmsnorm_last_error();
   CUDA_OK(cudaDeviceSynchronize());
   dy.download(&y);
-  dh.download(&h);
+  if (c.h_in_place)
+    dres.download(&h);  // h's storage is the residual's (padding included), so h is checked there
+  else
+    dh.download(&h);
   CUDA_OK(cudaMemcpy(rstd.data(), drstd, rstd.size() * 4, cudaMemcpyDeviceToHost));
   EXPECT_TRUE(padding_untouched("y", y));
 
@@ -252,6 +257,23 @@ TEST_F(CudaMixed, ResidualF32) {
     for (int64_t d : {1, 33, 1000, 4096, 40000})
       for (bool padded : {false, true}) {
         check_mixed(sweep_case(xd, xd, true, d, padded, i++), rng);
+        if (HasFatalFailure() || HasFailure()) return;
+      }
+}
+
+// The fp32 residual stream updated in place (h == residual, the one overlap rmsnorm_add_forward allows with
+// RMSNORM_FLAG_RESIDUAL_F32): the fused kernel reads each residual chunk before it writes that chunk of h, and reads
+// h back for y. A read that missed the store would give y of the residual instead of h, which the exact check of y
+// from the returned rstd catches.
+TEST_F(CudaMixed, ResidualF32InPlace) {
+  std::mt19937_64 rng(105);
+  int i = 0;
+  for (int32_t xd : {RMSNORM_DTYPE_F16, RMSNORM_DTYPE_BF16})
+    for (int64_t d : {33, 4096, 40000})
+      for (bool padded : {false, true}) {
+        MixedCase c = sweep_case(xd, xd, true, d, padded, i++);
+        c.h_in_place = true;
+        check_mixed(c, rng);
         if (HasFatalFailure() || HasFailure()) return;
       }
 }

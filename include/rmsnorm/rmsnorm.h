@@ -159,8 +159,9 @@ typedef enum rmsnorm_dtype {
  * fp32 (residual's gradient; x's is T(gx)), and gw is in the weight's dtype.
  * h may be residual itself (and gx may be g_h); h over x, or gx over gy, is
  * RMSNORM_STATUS_OVERLAP. With RMSNORM_DTYPE_F32 it changes nothing. Both
- * backends; CUDA adds in one kernel, then runs the looped band's kernel on the
- * fp32 h at every D (the backward too). The other operations (the quantized
+ * backends; CUDA runs the forward as one looped-band kernel (the add, then the
+ * norm of the fp32 h) at every D, and the backward as the looped band's kernel
+ * on h. The other operations (the quantized
  * add among them) return RMSNORM_STATUS_INVALID_OPTION. */
 /* RMSNORM_FLAG_TRUSTED_MEMORY: the caller vouches that every operand lies in
  * memory the backend can use (for CUDA: memory of the backend's device, or

@@ -235,9 +235,9 @@ def test_fp32_residual_stream_is_the_eager_composition(dtype):
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cuda_fp32_residual_stream_is_the_eager_composition(dtype):
-    # On CUDA the fused op (add_kernel, then the looped kernel on the fp32 h) and the eager composition (torch's add,
-    # then rms_norm of the fp32 h with out_dtype: the same looped kernel) give the same bits: y, h and every
-    # gradient; and h, y against the CPU backend's within y's rounding.
+    # On CUDA the fused op (one kernel: the add fused into the looped kernel on the fp32 h) and the eager composition
+    # (torch's add, then rms_norm of the fp32 h with out_dtype: the looped kernel, the same chunks in the same order)
+    # give the same bits: y, h and every gradient; and h, y against the CPU backend's within y's rounding.
     gen = torch.Generator().manual_seed(83)
     for shape, with_gh in [((5, 64), True), ((2, 3, 1000), True), ((7, 96), False), ((2, 70000), True)]:
         d = shape[-1]
