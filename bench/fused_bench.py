@@ -19,6 +19,7 @@ Operations and implementations (bf16 x, residual and w, eps 1e-5, the same tenso
     2 passes       torch's add (x.float() + residual), then rmsnorm.rms_norm(h, w.float(), out_dtype=bfloat16)
     eager          torch's add, then F.rms_norm(h, w.float()) rounded to bf16
     compile        torch.compile of the add and the fp32 formula (y rounded once to bf16)
+  add f32res fwd+bwd  the same with autograd: gradients for x, the fp32 residual and w (g_h in fp32)
   w f32 fwd      the forward with an fp32 weight and bf16 x (AMP master weights); y bf16
     fused          rmsnorm.rms_norm(x, D, w_f32)
     2 passes       -
@@ -32,7 +33,8 @@ with the L2 flushed before it, call_us the CUDA-event time per call; medians of 
 Bytes (minimal): add forward reads x, residual, w and writes h and y: (4nD + D) * 2; add fwd+bwd adds the backward's
 reads of gy, g_h, x (h), w and writes of gx and gw: (9nD + 3D) * 2 for the whole; quant reads x and w and writes q
 (1 byte each) and the per-row scales: 2nD + 2D + nD (+ 4n; 4n D / 128 for block scales); add f32res fwd reads x (2)
-and the residual (4) and writes h (4) and y (2): 12nD + 2D; w f32 fwd reads x, writes y and reads w in fp32: 4nD + 4D.
+and the residual (4) and writes h (4) and y (2): 12nD + 2D; its backward adds reads of gy (2), g_h (4) and h (4) and
+writes of the residual's (4) and x's (2) gradients: 28nD + 6D for the whole; w f32 fwd reads x, writes y and reads w in fp32: 4nD + 4D.
 
 The verdict per shape and operation: the fused op against the fastest other implementation (kernel time).
 Output: a table, --json FILE. Without CUDA it says so and exits 0.
@@ -51,7 +53,7 @@ EPS = 1e-5
 SHAPES = [(1, 4096), (128, 4096), (8192, 4096), (16384, 7168), (4096, 16384), (65536, 2048)]
 QUICK_SHAPES = [(1, 4096), (8192, 4096)]
 OPS = ["add forward", "add fwd+bwd", "quant fp8/row", "quant fp8/static", "quant int8/row", "quant fp8/block128",
-       "quant int8/block128", "add f32res fwd", "w f32 fwd"]
+       "quant int8/block128", "add f32res fwd", "add f32res fwd+bwd", "w f32 fwd"]
 GROUP = 128
 IMPLS = ["fused", "2 passes", "eager", "compile"]
 
@@ -85,7 +87,7 @@ def make(torch, rmsnorm, op, impl, cols):
         hf = h.float()
         return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + EPS) * w.float()).to(h.dtype)
 
-    if op == "add f32res fwd":  # x bf16, r fp32: h = x.float() + r (fp32), y = bf16(rms_norm(h) * w)
+    if op.startswith("add f32res"):  # x bf16, r fp32: h = x.float() + r (fp32), y = bf16(rms_norm(h) * w)
         if impl == "fused":
             return lambda x, r, w: rmsnorm.add_rms_norm(x, r, cols, w, EPS)
         if impl == "2 passes":
@@ -191,7 +193,8 @@ def main():
                       "quant int8/row": 2 * n + 2 * d + n + 4 * rows,
                       "quant fp8/block128": 2 * n + 2 * d + n + 4 * rows * (d // GROUP),
                       "quant int8/block128": 2 * n + 2 * d + n + 4 * rows * (d // GROUP),
-                      "add f32res fwd": 2 * n + 4 * n + 4 * n + 2 * n + 2 * d, "w f32 fwd": 2 * n + 2 * n + 4 * d}[op]
+                      "add f32res fwd": 2 * n + 4 * n + 4 * n + 2 * n + 2 * d,
+                      "add f32res fwd+bwd": 28 * n + 6 * d, "w f32 fwd": 2 * n + 2 * n + 4 * d}[op]
             for impl in IMPLS:
                 try:
                     f = make(torch, rmsnorm, op, impl, cols)
@@ -203,6 +206,13 @@ def main():
                         def call(f=f):
                             with torch.no_grad():
                                 return f(x, r32, w)
+                    elif op == "add f32res fwd+bwd":
+                        xl, rl, wl = (t.detach().requires_grad_(True) for t in (x, r32, w))
+                        gh32 = gh.float()
+
+                        def call(f=f, xl=xl, rl=rl, wl=wl, gh32=gh32):
+                            y, h = f(xl, rl, wl)
+                            return torch.autograd.grad((y, h), (xl, rl, wl), (gy, gh32))
                     elif op == "w f32 fwd":
                         def call(f=f):
                             with torch.no_grad():
