@@ -1000,6 +1000,9 @@ struct AddF32ForwardParams : ForwardParams<float> {
   bool y_vector = false;    // every y row 8-byte aligned: a chunk's 4 columns of y are one 8-byte store
 };
 
+// The line holding *p into L1 (no register, no wait).
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
 // Columns [first, first + 4) of a 16-bit row (0 past cols), in the low two words of a Chunk<T>.
 template <typename T>
 __device__ __forceinline__ Chunk<T> load_quad(const T* __restrict__ row, int first, int cols, bool vec) {
@@ -1053,6 +1056,10 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareC
     float ss[kShares];
 #pragma unroll
     for (int k = 0; k < kShares; ++k) ss[k] = 0.0f;
+    // D <= 4096: the row is one pass of the summing threads, and a thread's chunks for y (t, t + kCta, ..) are its
+    // shares' chunks: their w' is prefetched into L1 with x and the residual, so that y does not wait on DRAM for it
+    // after the reduction (h or w' held in registers for y spilled at 64 registers).
+    const bool one_pass = p.chunks <= kSumThreads;
     // Share k: summing thread t + k kCta, whose chunks are c0 + t + k kCta for c0 = 0, 1024, ..
     for (int c0 = 0; c0 < p.chunks; c0 += kSumThreads) {
       Chunk<T> xq[kShares];
@@ -1065,6 +1072,7 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareC
         if (c < p.chunks) {
           xq[k] = load_quad(xr, c * kN, p.cols, p.x16_vector);
           res[k] = load_chunk(rr, c, p.cols, p.vector_io);
+          if (one_pass && p.w != nullptr) prefetch_l1(reinterpret_cast<const W*>(p.w) + c * kN);
         }
       }
 #pragma unroll
@@ -1101,10 +1109,7 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareC
     }
     if (p.rstd != nullptr && t == 0) p.rstd[row] = r;
     T* yr = reinterpret_cast<T*>(p.y) + row * p.y_stride;
-    for (int c = t; c < p.chunks; c += kCta) {
-      float w[kN];
-      weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
-      const Chunk<float> h = load_h_chunk(hr, c, p.cols, p.vector_io);
+    auto emit_y = [&](int c, const Chunk<float>& h, const float (&w)[kN]) {
       float o[kN];
       // forward_looped_kernel<float, kNone, W, T>'s y: x_hat rounded to the norm's input dtype (fp32 here) with
       // round_xhat, then one rounding to T.
@@ -1124,6 +1129,11 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareC
         for (int j = 0; j < kN; ++j)
           if (first + j < p.cols) yr[first + j] = from_float<T>(o[j]);
       }
+    };
+    for (int c = t; c < p.chunks; c += kCta) {
+      float w[kN];
+      weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+      emit_y(c, load_h_chunk(hr, c, p.cols, p.vector_io), w);
     }
   }
 }
