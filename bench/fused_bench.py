@@ -25,6 +25,11 @@ Operations and implementations (bf16 x, residual and w, eps 1e-5, the same tenso
     2 passes       -
     eager          F.rms_norm(x.float(), w_f32) rounded to bf16
     compile        torch.compile of the fp32 formula
+  f32 to bf16 fwd  the forward of fp32 x (an fp32 stream's h) with y in bf16 (rms_norm's out_dtype); w bf16
+    fused          rmsnorm.rms_norm(x, D, w.float(), out_dtype=bfloat16)
+    2 passes       rmsnorm.rms_norm in fp32, then .to(bfloat16)
+    eager          F.rms_norm in fp32, then .to(bfloat16)
+    compile        torch.compile of the fp32 formula rounded once to bf16
   quant fp8/block128, int8/block128: the same with one scale per 128 columns of a row (rms_norm_quant's
     group_size=128, row-major scales); the eager and compiled forms reduce max|y| over a (rows, D / 128, 128) view.
 
@@ -34,7 +39,8 @@ Bytes (minimal): add forward reads x, residual, w and writes h and y: (4nD + D) 
 reads of gy, g_h, x (h), w and writes of gx and gw: (9nD + 3D) * 2 for the whole; quant reads x and w and writes q
 (1 byte each) and the per-row scales: 2nD + 2D + nD (+ 4n; 4n D / 128 for block scales); add f32res fwd reads x (2)
 and the residual (4) and writes h (4) and y (2): 12nD + 2D; its backward adds reads of gy (2), g_h (4) and h (4) and
-writes of the residual's (4) and x's (2) gradients: 28nD + 6D for the whole; w f32 fwd reads x, writes y and reads w in fp32: 4nD + 4D.
+writes of the residual's (4) and x's (2) gradients: 28nD + 6D for the whole; w f32 fwd reads x, writes y and reads w in fp32: 4nD + 4D;
+f32 to bf16 fwd reads x (4) and writes y (2): 6nD + 2D.
 
 The verdict per shape and operation: the fused op against the fastest other implementation (kernel time).
 Output: a table, --json FILE. Without CUDA it says so and exits 0.
@@ -53,7 +59,7 @@ EPS = 1e-5
 SHAPES = [(1, 4096), (128, 4096), (8192, 4096), (16384, 7168), (4096, 16384), (65536, 2048)]
 QUICK_SHAPES = [(1, 4096), (8192, 4096)]
 OPS = ["add forward", "add fwd+bwd", "quant fp8/row", "quant fp8/static", "quant int8/row", "quant fp8/block128",
-       "quant int8/block128", "add f32res fwd", "add f32res fwd+bwd", "w f32 fwd"]
+       "quant int8/block128", "add f32res fwd", "add f32res fwd+bwd", "w f32 fwd", "f32 to bf16 fwd"]
 GROUP = 128
 IMPLS = ["fused", "2 passes", "eager", "compile"]
 
@@ -101,6 +107,14 @@ def make(torch, rmsnorm, op, impl, cols):
             return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * w.float()).to(x.dtype), h
 
         return torch.compile(f32res_formula, fullgraph=True, dynamic=False)
+    if op == "f32 to bf16 fwd":  # x fp32 (an fp32 residual stream's h), w bf16, y bf16: out_dtype
+        if impl == "fused":
+            return lambda x, r, w: rmsnorm.rms_norm(x, cols, w.float(), EPS, out_dtype=torch.bfloat16)
+        if impl == "2 passes":
+            return lambda x, r, w: rmsnorm.rms_norm(x, cols, w.float(), EPS).to(torch.bfloat16)
+        if impl == "eager":
+            return lambda x, r, w: F.rms_norm(x, (cols,), w.float(), EPS).to(torch.bfloat16)
+        return torch.compile(lambda x, r, w: formula(x, w).to(torch.bfloat16), fullgraph=True, dynamic=False)
     if op == "w f32 fwd":  # x bf16, w fp32, y bf16
         if impl == "fused":
             return lambda x, r, w: rmsnorm.rms_norm(x, cols, w, EPS)
@@ -194,7 +208,8 @@ def main():
                       "quant fp8/block128": 2 * n + 2 * d + n + 4 * rows * (d // GROUP),
                       "quant int8/block128": 2 * n + 2 * d + n + 4 * rows * (d // GROUP),
                       "add f32res fwd": 2 * n + 4 * n + 4 * n + 2 * n + 2 * d,
-                      "add f32res fwd+bwd": 28 * n + 6 * d, "w f32 fwd": 2 * n + 2 * n + 4 * d}[op]
+                      "add f32res fwd+bwd": 28 * n + 6 * d, "w f32 fwd": 2 * n + 2 * n + 4 * d,
+                      "f32 to bf16 fwd": 4 * n + 2 * n + 2 * d}[op]
             for impl in IMPLS:
                 try:
                     f = make(torch, rmsnorm, op, impl, cols)
@@ -217,6 +232,10 @@ def main():
                         def call(f=f):
                             with torch.no_grad():
                                 return f(x, None, w32)
+                    elif op == "f32 to bf16 fwd":
+                        def call(f=f):
+                            with torch.no_grad():
+                                return f(r32, None, w)
                     elif op == "add fwd+bwd":
                         xl, rl, wl = (t.detach().requires_grad_(True) for t in (x, r, w))
 
