@@ -201,6 +201,10 @@ def main():
         gh = torch.randn_like(x)
         scale = torch.tensor([0.05], device=dev)
         n, d = rows * cols, cols
+        # The forward ops' arguments (the quantized ones take (x, w, scale)), and the backward ops' inputs and g_h.
+        fwd_args = {"add forward": (x, r, w), "add f32res fwd": (x, r32, w), "w f32 fwd": (x, None, w32),
+                    "f32 to bf16 fwd": (r32, None, w)}
+        grads = {"add fwd+bwd": ((x, r, w), gh), "add f32res fwd+bwd": ((x, r32, w), gh.float())}
         for op in ops:
             nbytes = {"add forward": (4 * n + d) * 2, "add fwd+bwd": (9 * n + 3 * d) * 2,
                       "quant fp8/row": 2 * n + 2 * d + n + 4 * rows, "quant fp8/static": 2 * n + 2 * d + n,
@@ -213,39 +217,17 @@ def main():
             for impl in IMPLS:
                 try:
                     f = make(torch, rmsnorm, op, impl, cols)
-                    if op == "add forward":
-                        def call(f=f):
-                            with torch.no_grad():
-                                return f(x, r, w)
-                    elif op == "add f32res fwd":
-                        def call(f=f):
-                            with torch.no_grad():
-                                return f(x, r32, w)
-                    elif op == "add f32res fwd+bwd":
-                        xl, rl, wl = (t.detach().requires_grad_(True) for t in (x, r32, w))
-                        gh32 = gh.float()
+                    if op in grads:  # forward and backward: gradients for x, the residual and w
+                        ins, g_h = grads[op]
+                        xl, rl, wl = (t.detach().requires_grad_(True) for t in ins)
 
-                        def call(f=f, xl=xl, rl=rl, wl=wl, gh32=gh32):
+                        def call(f=f, xl=xl, rl=rl, wl=wl, g_h=g_h):
                             y, h = f(xl, rl, wl)
-                            return torch.autograd.grad((y, h), (xl, rl, wl), (gy, gh32))
-                    elif op == "w f32 fwd":
-                        def call(f=f):
-                            with torch.no_grad():
-                                return f(x, None, w32)
-                    elif op == "f32 to bf16 fwd":
-                        def call(f=f):
-                            with torch.no_grad():
-                                return f(r32, None, w)
-                    elif op == "add fwd+bwd":
-                        xl, rl, wl = (t.detach().requires_grad_(True) for t in (x, r, w))
-
-                        def call(f=f, xl=xl, rl=rl, wl=wl):
-                            y, h = f(xl, rl, wl)
-                            return torch.autograd.grad((y, h), (xl, rl, wl), (gy, gh))
+                            return torch.autograd.grad((y, h), (xl, rl, wl), (gy, g_h))
                     else:
-                        def call(f=f):
+                        def call(f=f, a=fwd_args.get(op, (x, w, scale))):
                             with torch.no_grad():
-                                return f(x, w, scale)
+                                return f(*a)
                     for _ in range(3):
                         call()
                     torch.cuda.synchronize()
