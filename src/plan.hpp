@@ -172,7 +172,7 @@ inline constexpr int kLoopedThreads = 1024;
 // of them (row_sum_shares: the same sum, bit for bit), so that several rows share an SM where the 1024-thread CTA
 // fitted two (docs/fusions.md, "The residual stream in fp32").
 inline constexpr int kLoopedShareThreads = 256;
-inline constexpr int kLoopedShareCtasPerSm = 4;  // <= 64 registers (57): x and the residual of 4 chunks in flight; 5 or 6 spilled
+inline constexpr int kLoopedShareCtasPerSm = 4;  // <= 64 registers (60): x and the residual of 4 chunks in flight; 5 or 6 spilled
 inline constexpr int kLoopedCtasPerSm = 2;  // backward: two partial rows per SM
 // Forward: CTAs of >= 256 threads, 1024 threads per SM with 4 chunks per
 // thread (64 registers hold a thread's x and w' chunks without spilling),
