@@ -1044,6 +1044,9 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareC
   constexpr int kN = Chunk<float>::kN;
   static_assert(kShares * kCta == kSumThreads, "plan: the looped row's summing threads in whole shares");
   static_assert(kN == 4 && sizeof(T) == 2, "fp32 h chunks of 4 columns, 16-bit x and y");
+  struct Shares {  // a thread's shares of the rescaled sum
+    float v[kShares];
+  };
   __shared__ RowScratch<float, kSumThreads, 1> scratch;
   pdl_enter();
   const int t = static_cast<int>(threadIdx.x);
@@ -1089,27 +1092,25 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareC
         }
       }
     }
-    const float total = row_sum_shares<kSumThreads, kCta, kShares>(ss, scratch, parity);
-    float r;
-    if (!rms_needs_rescale(total, p.eps)) {
-      r = rms_from_sum(total, p.cols, p.eps);
-    } else {  // cta_row_rstd's rescaled path, the sum again as row_sum_shares
-      const float s = rms_rescale_factor(total);
-      float v[kShares];
+    const float r = row_rstd(
+        row_sum_shares<kSumThreads, kCta, kShares>(ss, scratch, parity), p.cols, p.eps,
+        [&](const Shares& v) { return cta_sum_rare_shares<kSumThreads, kCta, kShares>(v.v, scratch); },
+        [&](float s) {
+          Shares v;
 #pragma unroll
-      for (int k = 0; k < kShares; ++k) {
-        v[k] = 0.0f;
-        for (int c = t + k * kCta; c < p.chunks; c += kSumThreads)
-          v[k] = add_scaled_squares(v[k], load_h_chunk(hr, c, p.cols, p.vector_io), s);
-      }
-      __syncthreads();  // cta_sum_rare: buffer 0 is free again
-      const float total2 = row_sum_shares<kSumThreads, kCta, kShares>(v, scratch, 0);
-      __syncthreads();
-      r = rms_from_scaled(total2, s, p.cols, p.eps);
-    }
+          for (int k = 0; k < kShares; ++k) {
+            v.v[k] = 0.0f;
+            for (int c = t + k * kCta; c < p.chunks; c += kSumThreads)
+              v.v[k] = add_scaled_squares(v.v[k], load_h_chunk(hr, c, p.cols, p.vector_io), s);
+          }
+          return v;
+        });
     if (p.rstd != nullptr && t == 0) p.rstd[row] = r;
     T* yr = reinterpret_cast<T*>(p.y) + row * p.y_stride;
-    auto emit_y = [&](int c, const Chunk<float>& h, const float (&w)[kN]) {
+    for (int c = t; c < p.chunks; c += kCta) {
+      float w[kN];
+      weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+      const Chunk<float> h = load_h_chunk(hr, c, p.cols, p.vector_io);
       float o[kN];
       // forward_looped_kernel<float, kNone, W, T>'s y: x_hat rounded to the norm's input dtype (fp32 here) with
       // round_xhat, then one rounding to T.
@@ -1129,11 +1130,6 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareC
         for (int j = 0; j < kN; ++j)
           if (first + j < p.cols) yr[first + j] = from_float<T>(o[j]);
       }
-    };
-    for (int c = t; c < p.chunks; c += kCta) {
-      float w[kN];
-      weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
-      emit_y(c, load_h_chunk(hr, c, p.cols, p.vector_io), w);
     }
   }
 }

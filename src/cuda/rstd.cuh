@@ -82,15 +82,30 @@ __device__ __forceinline__ float cta_sum_rare(float v, RowScratch<V, kCta, 1>& s
     return w.x;
 }
 
-// rstd of a CTA's row from its plain sum of squares `ss` (the same in every
-// thread). scaled_squares(s) returns this thread's share of sum((x s)^2); it
-// runs only on the rescaled path, in every thread of the CTA.
+// cta_sum_rare for a CTA whose threads each hold kShares of the kSumTpr summing threads (row_sum_shares).
+template <int kSumTpr, int kCta, int kShares>
+__device__ __forceinline__ float cta_sum_rare_shares(const float (&v)[kShares], RowScratch<float, kSumTpr, 1>& scratch) {
+  __syncthreads();
+  const float total = row_sum_shares<kSumTpr, kCta, kShares>(v, scratch, 0);
+  __syncthreads();
+  return total;
+}
+
+// rstd of a row from its plain sum of squares `ss` (the same in every thread of the row). scaled_squares(s) returns
+// this thread's share of sum((x s)^2) and rare_sum adds the shares over the row; they run only on the rescaled path,
+// in every thread of the row.
+template <typename RareSum, typename Fn>
+__device__ __forceinline__ float row_rstd(float ss, int cols, float eps, RareSum&& rare_sum, Fn&& scaled_squares) {
+  if (!rms_needs_rescale(ss, eps)) return rms_from_sum(ss, cols, eps);
+  const float s = rms_rescale_factor(ss);
+  return rms_from_scaled(rare_sum(scaled_squares(s)), s, cols, eps);
+}
+
+// row_rstd of a CTA's row (one row per CTA, the looped band).
 template <int kCta, typename V, typename Fn>
 __device__ __forceinline__ float cta_row_rstd(float ss, int cols, float eps, RowScratch<V, kCta, 1>& scratch,
                                               Fn&& scaled_squares) {
-  if (!rms_needs_rescale(ss, eps)) return rms_from_sum(ss, cols, eps);
-  const float s = rms_rescale_factor(ss);
-  return rms_from_scaled(cta_sum_rare<kCta>(scaled_squares(s), scratch), s, cols, eps);
+  return row_rstd(ss, cols, eps, [&](float v) { return cta_sum_rare<kCta>(v, scratch); }, scaled_squares);
 }
 
 }  // namespace rmsnorm::cuda
