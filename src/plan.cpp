@@ -204,8 +204,13 @@ Launch backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_g
 }
 
 Launch mixed_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev) {
-  return backward_launch_for(looped_row_plan(row_plan(cols, esize, Direction::kBackward, dev)), rows, cols, esize, io,
-                             with_gw, dev);
+  Launch l = backward_launch_for(looped_row_plan(row_plan(cols, esize, Direction::kBackward, dev)), rows, cols, esize,
+                                 io, with_gw, dev);
+  if (esize == 4) {  // fp32 x (its gy 16-bit): the looped row in shares, on the same grid
+    l.sum_tpr = kLoopedThreads;
+    l.row.cta_threads = kLoopedShareThreads;
+  }
+  return l;
 }
 
 Launch weight_f32_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev) {

@@ -534,7 +534,10 @@ Launch quant_launch(int64_t rows, int64_t cols, int esize, Io io, bool q_aligned
 // The looped band's geometry at any D: one row per CTA of kLoopedThreads (the
 // forward: one CTA per row up to kMaxGrid; the backward: kLoopedCtasPerSm CTAs
 // per SM, a gw partial each). The quantized forward's fallback, the mixed
-// forms (another y or gy dtype, the fp32 residual stream) at every D.
+// forms (another y or gy dtype, the fp32 residual stream) at every D. The
+// backward of fp32 x (its gy 16-bit) runs that row in shares (sum_tpr =
+// kLoopedThreads summing threads on CTAs of kLoopedShareThreads:
+// backward_looped_shares_kernel), on the same grid and partials.
 Launch looped_forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev);
 Launch mixed_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev);
 // An fp32 weight with 16-bit x (RMSNORM_FLAG_WEIGHT_F32; x, y and gy in x's

@@ -521,6 +521,35 @@ TEST(Plan, MixedWeightLaunchesAreTheLoopedKernels) {
   }
 }
 
+// The backward of fp32 x with a 16-bit gy (RMSNORM_FLAG_Y_DTYPE, the fp32 residual stream), for every D: the looped
+// row (its chunks of 4 columns, its 1024 summing threads, so the recompute sums rstd as the forward does) run by CTAs
+// of kLoopedShareThreads holding whole shares of it, on the looped grid and its partials, the workspace within
+// rmsnorm.h's bound (2 x SMs x D x 4 bytes).
+TEST(Plan, Fp32MixedBackwardIsTheLoopedRowInShares) {
+  static_assert(kLoopedThreads % kLoopedShareThreads == 0 && kLoopedShareThreads % 32 == 0, "whole shares of warps");
+  for (const Device& dev : {hopper(), ampere()}) {
+    for (int64_t d = 1; d <= kMaxD; d += d < 4096 ? 1 : 61) {
+      for (int64_t rows : {int64_t{1}, int64_t{1000}, (int64_t{1} << 25) + 1}) {
+        for (bool with_gw : {false, true}) {
+          const Launch b = mixed_backward_launch(rows, d, 4, Io::kVector, with_gw, dev);
+          ASSERT_EQ(b.kernel, Kernel::kBackwardLooped) << d;
+          ASSERT_EQ(b.row.band, Band::kLooped) << d;
+          ASSERT_EQ(b.row.chunks, (d + 3) / 4) << d;
+          ASSERT_EQ(b.row.threads_per_row, kLoopedThreads) << d;
+          ASSERT_EQ(b.sum_tpr, kLoopedThreads) << d;
+          ASSERT_EQ(b.row.cta_threads, kLoopedShareThreads) << d;
+          ASSERT_EQ(b.grid, std::min<int64_t>(rows, int64_t{dev.sm_count} * kLoopedCtasPerSm)) << d;
+          ASSERT_EQ(b.partials, b.grid) << d;
+          ASSERT_FALSE(b.direct_gw) << d;
+          ASSERT_LE(b.workspace, 2u * static_cast<size_t>(dev.sm_count) * static_cast<size_t>(d) * 4u) << d;
+          ASSERT_EQ(b.workspace == 0, !with_gw) << d;
+          ASSERT_EQ(b.workspace, mixed_backward_launch(rows, d, 4, Io::kElement, with_gw, dev).workspace) << d;
+        }
+      }
+    }
+  }
+}
+
 // RMSNORM_FLAG_RESIDUAL_F32's forward, for every D: the looped band's row on the fp32 h (its chunks of 4 columns,
 // its 1024 summing threads, so rstd is summed as rms_norm(h, out_dtype) and the backward's recompute sum it), run by
 // CTAs of kLoopedShareThreads threads holding whole shares of them, one row per CTA as the looped forward's grid.

@@ -51,6 +51,8 @@ struct BackwardParams {
   int64_t g_h_stride = 0;
   // backward_rows_paired: every operand's rows at this offset (elements, > 0) in their 16-byte blocks; 0: not.
   int paired_offset = 0;
+  // backward_looped_shares_kernel: every row of the 16-bit gy 8-byte aligned (a chunk's 4 columns in one load).
+  bool gy_vector = false;
 };
 
 // gx chunk c of a row plus the residual stream's gradient (ghr: that row of
@@ -1108,6 +1110,159 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
   }
 }
 
+// ---- kLooped in shares: fp32 x with a 16-bit gy (RMSNORM_FLAG_Y_DTYPE, the fp32 residual stream) --------
+// backward_looped_kernel<float, kGh, W, G>'s arithmetic, bit for bit, at more rows per SM: the row's 1024 summing
+// threads are held kShares to a thread by a CTA of kLoopedShareThreads (summing thread v = t + k kCta, chunks v,
+// v + 1024, ..), the sums through row_sum_shares (row_sum<1024, 1>'s order), each gw term rounded once and added to
+// the CTA's partial in row order, on the same grid (plan::mixed_backward_launch). The 1024-thread kernel fitted
+// one CTA per SM (41 registers with g_h), so its second wave of CTAs waited for the first.
+// One pass (D <= 4096): x, gy, g_h and w' of the row are held in registers across the reduction (g_h loaded with x
+// and gy, not after it) and the CTA's gw partial too, written once at the end. More passes: x and gy are read again
+// after the reduction (L1), g_h's lines prefetched into L1 with them, the partial kept in the workspace row.
+template <typename T, bool kGh, typename W, typename G>
+__global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPerSm)
+    backward_looped_shares_kernel(const BackwardParams<T> p) {
+  constexpr int kCta = plan::kLoopedShareThreads;
+  constexpr int kSum = plan::kLoopedThreads;
+  constexpr int kShares = kSum / kCta;
+  constexpr int kN = Chunk<T>::kN;
+  static_assert(kShares * kCta == kSum && kCta % 32 == 0, "plan: the looped row's summing threads in whole warps");
+  static_assert(std::is_same_v<T, float> && sizeof(G) == 2 && kN == 4, "fp32 x in chunks of 4, a 16-bit gy");
+  struct Shares {  // a thread's shares of a rescaled sum
+    float v[kShares];
+  };
+  __shared__ RowScratch<float2, kSum, 1> scratch;
+  pdl_enter();
+  const int t = static_cast<int>(threadIdx.x);
+  const bool one_pass = p.chunks <= kSum;
+  float* part = p.with_gw ? p.gw.partials + blockIdx.x * static_cast<int64_t>(p.cols) : nullptr;
+  if (part != nullptr && !one_pass)
+    for (int c = t; c < p.chunks; c += kCta)
+      for (int j = 0; j < kN; ++j)
+        if (c * kN + j < p.cols) part[c * kN + j] = 0.0f;
+  float acc[kShares][kN], wh[kShares][kN];
+#pragma unroll
+  for (int k = 0; k < kShares; ++k) {
+    const int c = t + k * kCta;
+#pragma unroll
+    for (int j = 0; j < kN; ++j) acc[k][j] = 0.0f;
+    if (one_pass && c < p.chunks) weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, wh[k]);
+  }
+  auto gy_of = [&](const G* gyr, int c) { return load_quad(gyr, c * kN, p.cols, p.gy_vector); };
+  int parity = 0;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
+    const T* xr = p.x + row * p.x_stride;
+    const G* gyr = reinterpret_cast<const G*>(p.gy) + row * p.gy_stride;
+    const T* ghr = kGh && p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
+    const float given_r = p.rstd != nullptr ? p.rstd[row] : 0.0f;
+    float2 sums[kShares];
+    Chunk<T> xk[kShares], hk[kShares];
+    Chunk<G> gk[kShares];
+#pragma unroll
+    for (int k = 0; k < kShares; ++k) sums[k] = make_float2(0.0f, 0.0f);
+    for (int c0 = 0; c0 < p.chunks; c0 += kSum) {
+#pragma unroll
+      for (int k = 0; k < kShares; ++k) {
+        const int c = c0 + t + k * kCta;
+        xk[k] = zero_chunk<T>();
+        gk[k] = zero_chunk<G>();
+        hk[k] = zero_chunk<T>();
+        if (c < p.chunks) {
+          xk[k] = load_chunk(xr, c, p.cols, p.vector_io);
+          gk[k] = gy_of(gyr, c);
+          if (ghr != nullptr) {
+            if (one_pass)
+              hk[k] = load_chunk(ghr, c, p.cols, p.vector_io);
+            else
+              prefetch_l1(ghr + c * kN);
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kShares; ++k) {
+        const int c = c0 + t + k * kCta;
+        if (c < p.chunks) {
+          float w[kN];
+          if (one_pass) {
+#pragma unroll
+            for (int j = 0; j < kN; ++j) w[j] = wh[k][j];
+          } else {
+            weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+          }
+          sums[k] = add_chunk_sums(sums[k], xk[k], gk[k], w);
+        }
+      }
+    }
+    const float2 total = row_sum_shares<kSum, kCta, kShares>(sums, scratch, parity);
+    // cta_row_scalars with the rare sums in shares (summing thread v's terms in v's order).
+    auto rare = [&](const Shares& v) { return cta_sum_rare_shares<kSum, kCta, kShares>(v.v, scratch); };
+    RowScalars s;
+    s.r = p.rstd != nullptr ? given_r : row_rstd(total.x, p.cols, p.eps, rare, [&](float sc) {
+      Shares v;
+#pragma unroll
+      for (int k = 0; k < kShares; ++k) {
+        v.v[k] = 0.0f;
+        for (int c = t + k * kCta; c < p.chunks; c += kSum)
+          v.v[k] = add_scaled_squares(v.v[k], load_chunk(xr, c, p.cols, p.vector_io), sc);
+      }
+      return v;
+    });
+    s.c = s.r * (total.y / static_cast<float>(p.cols));
+    const float tsc = rms_dot_scale(s.r);
+    if (tsc != 1.0f) {
+      Shares v;
+#pragma unroll
+      for (int k = 0; k < kShares; ++k) {
+        v.v[k] = 0.0f;
+        for (int c = t + k * kCta; c < p.chunks; c += kSum) {
+          float w[kN];
+          weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+          v.v[k] = add_scaled_dot(v.v[k], load_chunk(xr, c, p.cols, p.vector_io), gy_of(gyr, c), w, tsc);
+        }
+      }
+      s.c = (s.r / tsc) * (rare(v) / static_cast<float>(p.cols));
+    }
+    T* gxr = p.gx + row * p.gx_stride;
+    if (one_pass) {
+#pragma unroll
+      for (int k = 0; k < kShares; ++k) {
+        const int c = t + k * kCta;
+        if (c < p.chunks) {
+          float a[kN];
+#pragma unroll
+          for (int j = 0; j < kN; ++j) a[j] = 0.0f;
+          Chunk<T> g = grad_chunk(xk[k], gk[k], wh[k], s, a);
+          if (ghr != nullptr) g = add_g_h(g, hk[k]);
+          store_chunk(gxr, c, p.cols, p.vector_io, g);
+#pragma unroll
+          for (int j = 0; j < kN; ++j) acc[k][j] += a[j];
+        }
+      }
+    } else {
+      for (int c = t; c < p.chunks; c += kCta) {
+        float w[kN], a[kN];
+#pragma unroll
+        for (int j = 0; j < kN; ++j) a[j] = 0.0f;
+        weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+        Chunk<T> g = grad_chunk(load_chunk(xr, c, p.cols, p.vector_io), gy_of(gyr, c), w, s, a);
+        if (ghr != nullptr) g = add_g_h(g, load_chunk(ghr, c, p.cols, p.vector_io));
+        store_chunk(gxr, c, p.cols, p.vector_io, g);
+        if (part != nullptr)
+          for (int j = 0; j < kN; ++j)
+            if (c * kN + j < p.cols) part[c * kN + j] += a[j];
+      }
+    }
+  }
+  if (part != nullptr && one_pass)
+#pragma unroll
+    for (int k = 0; k < kShares; ++k) {
+      const int c = t + k * kCta;
+      if (c < p.chunks)
+        for (int j = 0; j < kN; ++j)
+          if (c * kN + j < p.cols) part[c * kN + j] = acc[k][j];
+    }
+}
+
 // ---- finalize: gw[col] = sum of the partial rows, in a fixed order ---------------------------
 // CTA = 32 columns (threadIdx.x) x L = plan::finalize_lanes(count) lanes
 // (threadIdx.y). Lane k adds partials k, k + L, k + 2L, ... in that order,
@@ -1217,6 +1372,23 @@ rmsnorm_status_t launch_looped_mixed(DType wdt, DType gdt, bool gh, Launch&& lau
   });
 }
 
+// backward_looped_shares_kernel (plan::mixed_backward_launch's CTA of kLoopedShareThreads): fp32 x with gy of a
+// 16-bit dtype G and the weight in G or fp32, with or without g_h.
+template <typename T, typename Launch>
+rmsnorm_status_t launch_looped_shares(DType wdt, DType gdt, bool gh, Launch&& launch) {
+  return dispatch_dtype(wdt, [&](auto wtag) -> rmsnorm_status_t {
+    return dispatch_dtype(gdt, [&](auto gtag) -> rmsnorm_status_t {
+      using W = decltype(wtag);
+      using G = decltype(gtag);
+      if constexpr (std::is_same_v<T, float> && sizeof(G) == 2 && (std::is_same_v<W, float> || std::is_same_v<W, G>)) {
+        return gh ? launch(backward_looped_shares_kernel<T, true, W, G>, plan::kLoopedShareThreads)
+                  : launch(backward_looped_shares_kernel<T, false, W, G>, plan::kLoopedShareThreads);
+      }
+      return fail(RMSNORM_STATUS_INTERNAL_ERROR, "dtype", "no looped backward in shares for this combination of dtypes");
+    });
+  });
+}
+
 template <typename T>
 rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev, cudaStream_t stream) {
   constexpr int kEs = static_cast<int>(sizeof(T));
@@ -1247,7 +1419,9 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
   // gw by column CTAs (plan::split_backward_launch) needs rstd, and gy unchanged while they read it.
   const plan::Launch l =
       !mixed && a.rstd != nullptr && a.gx != a.gy ? plan::split_backward_launch(planned, a.rows, dev) : planned;
-  const BackwardParams<T> p = backward_params<T>(a, l);
+  BackwardParams<T> p = backward_params<T>(a, l);
+  p.gy_vector = reinterpret_cast<uintptr_t>(a.gy) % 8 == 0 &&
+                (a.gy_stride * static_cast<int64_t>(dtype_size(gdt))) % 8 == 0;
   const bool pdl = a.pdl && dev.sm90_code;
   // gw's own dtype (the finalize's stores in the non-F32 modes): the weight's.
   auto finalize = [&](const float* partials, bool finalize_pdl) {
@@ -1326,7 +1500,9 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
       break;
     }
     case Kernel::kBackwardLooped:
-      if (form != BackwardForm::kPlain)
+      if (l.row.cta_threads == plan::kLoopedShareThreads)
+        st = launch_looped_shares<T>(wdt, gdt, gh, launch);
+      else if (form != BackwardForm::kPlain)
         st = launch_looped_mixed<T>(wdt, gdt, gh, launch);
       else
         st = gh ? launch(backward_looped_kernel<T, true>, plan::kLoopedThreads)

@@ -189,6 +189,26 @@ __device__ __forceinline__ void store_row_chunk(T* __restrict__ row, int chunk, 
     store16(row + chunk * Chunk<T>::kN, v);
 }
 
+// The line holding *p into L1 (no register, no wait).
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
+// Columns [first, first + 4) of a 16-bit row (0 past cols), in the low two words of a Chunk<T>.
+template <typename T>
+__device__ __forceinline__ Chunk<T> load_quad(const T* __restrict__ row, int first, int cols, bool vec) {
+  static_assert(sizeof(T) == 2, "4 columns of a 16-bit row");
+  Chunk<T> q = zero_chunk<T>();
+  if (vec && first + 4 <= cols) {
+    const uint2 u = *reinterpret_cast<const uint2*>(row + first);
+    q.w[0] = u.x;
+    q.w[1] = u.y;
+    return q;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (first + j < cols) q.set_elem(j, row[first + j]);
+  return q;
+}
+
 // kN elements of a row of G widened to fp32, with a Chunk's get(j): a gy of
 // another dtype than x's in the looped backward (elements past `cols` read
 // as 0). Element loads: G's rows need only G's alignment.

@@ -1000,26 +1000,6 @@ struct AddF32ForwardParams : ForwardParams<float> {
   bool y_vector = false;    // every y row 8-byte aligned: a chunk's 4 columns of y are one 8-byte store
 };
 
-// The line holding *p into L1 (no register, no wait).
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
-
-// Columns [first, first + 4) of a 16-bit row (0 past cols), in the low two words of a Chunk<T>.
-template <typename T>
-__device__ __forceinline__ Chunk<T> load_quad(const T* __restrict__ row, int first, int cols, bool vec) {
-  static_assert(sizeof(T) == 2, "4 columns of a 16-bit row");
-  Chunk<T> q = zero_chunk<T>();
-  if (vec && first + 4 <= cols) {
-    const uint2 u = *reinterpret_cast<const uint2*>(row + first);
-    q.w[0] = u.x;
-    q.w[1] = u.y;
-    return q;
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-    if (first + j < cols) q.set_elem(j, row[first + j]);
-  return q;
-}
-
 // Chunk `chunk` of the row of h this kernel wrote (0 past cols), read back through L2 (ld.global.cg): coherent with
 // the thread's own stores however the compiler would cache a read-only load, which matters where h == residual.
 __device__ __forceinline__ Chunk<float> load_h_chunk(const float* row, int chunk, int cols, bool vector_io) {

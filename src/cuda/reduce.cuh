@@ -122,13 +122,13 @@ __device__ __forceinline__ float row_sum_pairs(float2 v, RowScratch<float, kSumT
 // kSumTpr threads each: share k of thread t is summing thread t + k kCta's. Its warp is t / 32 + k kCta / 32 with
 // the same lanes, so each share goes through that warp's butterfly (all kShares at once) and lands in its scratch
 // entry, and the kSumTpr / 32 warp sums are added in warp order: the total has row_sum's bits.
-template <int kSumTpr, int kCta, int kShares>
-__device__ __forceinline__ float row_sum_shares(const float (&v)[kShares], RowScratch<float, kSumTpr, 1>& scratch,
-                                                int parity) {
+// V: float (the forward's sum of squares) or float2 (the backward's two sums; .x in the forward's order).
+template <int kSumTpr, int kCta, int kShares, typename V>
+__device__ __forceinline__ V row_sum_shares(const V (&v)[kShares], RowScratch<V, kSumTpr, 1>& scratch, int parity) {
   static_assert(kCta * kShares == kSumTpr && kCta % 32 == 0, "shares of whole warps");
   constexpr int kWarps = kCta / 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
-  float u[kShares];
+  V u[kShares];
 #pragma unroll
   for (int k = 0; k < kShares; ++k) u[k] = v[k];
 #pragma unroll
@@ -139,8 +139,8 @@ __device__ __forceinline__ float row_sum_shares(const float (&v)[kShares], RowSc
 #pragma unroll
     for (int k = 0; k < kShares; ++k) scratch.v[plan::scratch_index(parity, 0, warp + k * kWarps, kSumTpr, 1)] = u[k];
   __syncthreads();
-  const float* s = &scratch.v[plan::scratch_index(parity, 0, 0, kSumTpr, 1)];
-  float total = s[0];
+  const V* s = &scratch.v[plan::scratch_index(parity, 0, 0, kSumTpr, 1)];
+  V total = s[0];
 #pragma unroll
   for (int w = 1; w < kSumTpr / 32; ++w) total = add(total, s[w]);
   return total;

@@ -82,13 +82,25 @@ __device__ __forceinline__ float cta_sum_rare(float v, RowScratch<V, kCta, 1>& s
     return w.x;
 }
 
-// cta_sum_rare for a CTA whose threads each hold kShares of the kSumTpr summing threads (row_sum_shares).
-template <int kSumTpr, int kCta, int kShares>
-__device__ __forceinline__ float cta_sum_rare_shares(const float (&v)[kShares], RowScratch<float, kSumTpr, 1>& scratch) {
+// cta_sum_rare for a CTA whose threads each hold kShares of the kSumTpr summing threads (row_sum_shares), in a
+// scratch of V (float, or the backward's float2: the shares go in .x).
+template <int kSumTpr, int kCta, int kShares, typename V>
+__device__ __forceinline__ float cta_sum_rare_shares(const float (&v)[kShares], RowScratch<V, kSumTpr, 1>& scratch) {
+  V u[kShares];
+#pragma unroll
+  for (int k = 0; k < kShares; ++k) {
+    if constexpr (std::is_same_v<V, float>)
+      u[k] = v[k];
+    else
+      u[k] = make_float2(v[k], 0.0f);
+  }
   __syncthreads();
-  const float total = row_sum_shares<kSumTpr, kCta, kShares>(v, scratch, 0);
+  const V total = row_sum_shares<kSumTpr, kCta, kShares>(u, scratch, 0);
   __syncthreads();
-  return total;
+  if constexpr (std::is_same_v<V, float>)
+    return total;
+  else
+    return total.x;
 }
 
 // rstd of a row from its plain sum of squares `ss` (the same in every thread of the row). scaled_squares(s) returns
