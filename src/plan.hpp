@@ -493,9 +493,10 @@ inline bool add_fused(const Launch& forward) { return forward.kernel == Kernel::
 inline constexpr int kAddThreads = 256;
 inline constexpr int kAddMaxCtasPerSm = 8;
 Launch add_launch(int64_t rows, const Device& dev);
-// RMSNORM_FLAG_RESIDUAL_F32's forward: the looped band's row plan on the fp32 h (chunks of 4 columns; sum_tpr =
-// kLoopedThreads, the summing threads) on CTAs of kLoopedShareThreads, one row per CTA up to kMaxGrid.
-Launch looped_add_f32_launch(int64_t rows, int64_t cols, Io io, const Device& dev);
+// RMSNORM_FLAG_RESIDUAL_F32's forward, and that of fp32 x with a 16-bit y (RMSNORM_FLAG_Y_DTYPE): the looped
+// band's row plan on the fp32 h or x (chunks of 4 columns; sum_tpr = kLoopedThreads, the summing threads) on CTAs
+// of kLoopedShareThreads, one row per CTA up to kMaxGrid (forward_looped_add_f32_kernel).
+Launch looped_f32_shares_launch(int64_t rows, int64_t cols, Io io, const Device& dev);
 // Quantized output (rmsnorm_forward_quant). Where the forward is the rows
 // band's 16-byte kernel and q's rows are aligned to a chunk's q bytes
 // (q_rows_aligned: 8 bytes at 16-bit, 4 at fp32), that kernel

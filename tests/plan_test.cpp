@@ -559,7 +559,7 @@ TEST(Plan, ResidualF32ForwardIsTheLoopedRowInShares) {
     for (int64_t d = 1; d <= kMaxD; d += d < 4096 ? 1 : 61) {
       for (Io io : {Io::kVector, Io::kElement}) {
         for (int64_t rows : {int64_t{1}, int64_t{1000}, (int64_t{1} << 25) + 1}) {
-          const Launch l = looped_add_f32_launch(rows, d, io, dev);
+          const Launch l = looped_f32_shares_launch(rows, d, io, dev);
           const Launch f = looped_forward_launch(rows, d, 4, io, dev);
           ASSERT_EQ(l.kernel, Kernel::kForwardLooped) << d;
           ASSERT_EQ(l.row.band, Band::kLooped) << d;

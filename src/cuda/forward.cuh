@@ -1016,7 +1016,10 @@ __device__ __forceinline__ Chunk<float> load_h_chunk(const float* row, int chunk
   return h;
 }
 
-template <typename T, typename W>
+// kAdd false: the same row without the add, fp32 x (p.x) with y of the 16-bit T (RMSNORM_FLAG_Y_DTYPE:
+// forward_looped_kernel<float, kNone, W, T>'s rstd and y, bit for bit, at four rows per SM where it ran two); x is
+// read back through L1.
+template <typename T, typename W, bool kAdd = true>
 __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareCtasPerSm) forward_looped_add_f32_kernel(const AddF32ForwardParams<T> p) {
   constexpr int kCta = plan::kLoopedShareThreads;
   constexpr int kSumThreads = plan::kLoopedThreads;
@@ -1032,10 +1035,16 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareC
   const int t = static_cast<int>(threadIdx.x);
   int parity = 0;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
-    const T* xr = p.x16 + row * p.x16_stride;
-    const float* rr = p.res + row * p.res_stride;
-    float* hw = p.h + row * p.h_stride;
-    const float* hr = p.x + row * p.x_stride;  // the same row of h, read back
+    const T* xr = kAdd ? p.x16 + row * p.x16_stride : nullptr;
+    const float* hr = p.x + row * p.x_stride;  // the same row of h, read back (kAdd false: x)
+    const float* rr = kAdd ? p.res + row * p.res_stride : hr;
+    float* hw = kAdd ? p.h + row * p.h_stride : nullptr;
+    auto read_back = [&](int c) {
+      if constexpr (kAdd)
+        return load_h_chunk(hr, c, p.cols, p.vector_io);
+      else
+        return load_chunk(hr, c, p.cols, p.vector_io);
+    };
     float ss[kShares];
 #pragma unroll
     for (int k = 0; k < kShares; ++k) ss[k] = 0.0f;
@@ -1053,7 +1062,7 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareC
         xq[k] = zero_chunk<T>();
         res[k] = zero_chunk<float>();
         if (c < p.chunks) {
-          xq[k] = load_quad(xr, c * kN, p.cols, p.x16_vector);
+          if constexpr (kAdd) xq[k] = load_quad(xr, c * kN, p.cols, p.x16_vector);
           res[k] = load_chunk(rr, c, p.cols, p.vector_io);
           if (one_pass && p.w != nullptr) prefetch_l1(reinterpret_cast<const W*>(p.w) + c * kN);
         }
@@ -1062,12 +1071,14 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareC
       for (int k = 0; k < kShares; ++k) {
         const int c = c0 + t + k * kCta;
         if (c < p.chunks) {
-          Chunk<float> h;
-          // add_kernel's h = float(x) + residual; past cols both read as 0, so h is +0 there and adds nothing.
+          Chunk<float> h = res[k];
+          if constexpr (kAdd) {
+            // add_kernel's h = float(x) + residual; past cols both read as 0, so h is +0 there and adds nothing.
 #pragma unroll
-          for (int j = 0; j < kN; j += 2)
-            h.set2(j, xq[k].get(j) + res[k].get(j), xq[k].get(j + 1) + res[k].get(j + 1));
-          store_chunk(hw, c, p.cols, p.vector_io, h);
+            for (int j = 0; j < kN; j += 2)
+              h.set2(j, xq[k].get(j) + res[k].get(j), xq[k].get(j + 1) + res[k].get(j + 1));
+            store_chunk(hw, c, p.cols, p.vector_io, h);
+          }
           ss[k] = add_squares(ss[k], h);
         }
       }
@@ -1081,7 +1092,7 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareC
           for (int k = 0; k < kShares; ++k) {
             v.v[k] = 0.0f;
             for (int c = t + k * kCta; c < p.chunks; c += kSumThreads)
-              v.v[k] = add_scaled_squares(v.v[k], load_h_chunk(hr, c, p.cols, p.vector_io), s);
+              v.v[k] = add_scaled_squares(v.v[k], read_back(c), s);
           }
           return v;
         });
@@ -1090,7 +1101,7 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareC
     for (int c = t; c < p.chunks; c += kCta) {
       float w[kN];
       weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
-      const Chunk<float> h = load_h_chunk(hr, c, p.cols, p.vector_io);
+      const Chunk<float> h = read_back(c);
       float o[kN];
       // forward_looped_kernel<float, kNone, W, T>'s y: x_hat rounded to the norm's input dtype (fp32 here) with
       // round_xhat, then one rounding to T.
@@ -1188,10 +1199,20 @@ rmsnorm_status_t launch_looped_as(const ForwardArgs& a, const plan::Device& dev,
   constexpr int kEs = static_cast<int>(sizeof(X));
   const plan::Io io = std::is_same_v<W, X> ? plan::io_of({{a.x, a.x_stride}, {a.weight, 0}}, kEs)
                                            : plan::io_of({{a.x, a.x_stride}}, kEs);
-  const plan::Launch l = plan::looped_forward_launch(a.rows, a.cols, kEs, io, dev);
-  const ForwardParams<X> p = forward_params<X>(a, l);
-  return launch_planned(forward_looped_kernel<X, QuantKind::kNone, W, Y>, plan::kLoopedThreads, l, a.pdl && dev.sm90_code, stream,
-                        p);
+  if constexpr (std::is_same_v<X, float> && sizeof(Y) == 2) {
+    // The looped row in shares (forward_looped_add_f32_kernel without the add): the same rstd and y.
+    const plan::Launch l = plan::looped_f32_shares_launch(a.rows, a.cols, io, dev);
+    AddF32ForwardParams<Y> p;
+    static_cast<ForwardParams<float>&>(p) = forward_params<float>(a, l);
+    p.y_vector = reinterpret_cast<uintptr_t>(a.y) % 8 == 0 && (a.y_stride * static_cast<int64_t>(sizeof(Y))) % 8 == 0;
+    return launch_planned(forward_looped_add_f32_kernel<Y, W, false>, plan::kLoopedShareThreads, l,
+                          a.pdl && dev.sm90_code, stream, p);
+  } else {
+    const plan::Launch l = plan::looped_forward_launch(a.rows, a.cols, kEs, io, dev);
+    const ForwardParams<X> p = forward_params<X>(a, l);
+    return launch_planned(forward_looped_kernel<X, QuantKind::kNone, W, Y>, plan::kLoopedThreads, l,
+                          a.pdl && dev.sm90_code, stream, p);
+  }
 }
 
 // The fp32 residual stream's forward (forward_looped_add_f32_kernel): the looped band's plan for fp32 rows of h
@@ -1202,7 +1223,7 @@ rmsnorm_status_t launch_looped_add_f32(const ForwardArgs& a, const plan::Device&
   const plan::Io io = std::is_same_v<W, float>
                           ? plan::io_of({{a.h, a.h_stride}, {a.residual, a.residual_stride}, {a.weight, 0}}, kEs)
                           : plan::io_of({{a.h, a.h_stride}, {a.residual, a.residual_stride}}, kEs);
-  const plan::Launch l = plan::looped_add_f32_launch(a.rows, a.cols, io, dev);
+  const plan::Launch l = plan::looped_f32_shares_launch(a.rows, a.cols, io, dev);
   ForwardArgs b = a;
   b.x = a.h;  // ForwardParams::x: h, read back by the second pass
   b.x_stride = a.h_stride;
