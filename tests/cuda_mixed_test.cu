@@ -278,6 +278,23 @@ TEST_F(CudaMixed, ResidualF32InPlace) {
       }
 }
 
+// More rows than the backward's grid (2 CTAs per SM) for the forms of fp32 x in the looped row in shares (fp32 x
+// with a 16-bit y, the fp32 residual stream): each CTA walks several rows, keeping its gw partial across them (in
+// registers at D <= 4096, in the workspace above), with the row parity of its scratch alternating.
+TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
+  std::mt19937_64 rng(106);
+  int i = 0;
+  for (bool residual : {false, true})
+    for (int64_t d : {1000, 4096, 4100})
+      for (bool padded : {false, true}) {
+        MixedCase c = residual ? sweep_case(RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_BF16, true, d, padded, i++)
+                               : sweep_case(RMSNORM_DTYPE_F32, RMSNORM_DTYPE_BF16, false, d, padded, i++);
+        c.rows = 600;
+        check_mixed(c, rng);
+        if (HasFatalFailure() || HasFailure()) return;
+      }
+}
+
 // A weight aligned to its dtype only, with every other operand's rows 16-byte aligned: the 16-byte paths must not
 // read it by vectors (every mixed form, forward and backward; the fp32 weight alone in the rows band too).
 TEST_F(CudaMixed, MisalignedWeight) {

@@ -108,12 +108,15 @@ struct Case {
   int64_t rows = 1, cols = 64;
   int64_t offset = 0;  // elements: 1 misaligns every operand's base
   int32_t gw_mode = RMSNORM_GW_STORE_F32;
+  int32_t y_dtype = -1;  // y's and gy's dtype with RMSNORM_FLAG_Y_DTYPE; -1: x's
 };
+
+int32_t y_dtype_of(const Case& c) { return c.y_dtype < 0 ? c.kind.dtype : c.y_dtype; }
 
 std::string describe(const Case& c) {
   std::ostringstream os;
   os << c.kind.what << ", " << c.rows << "x" << c.cols << (c.offset ? ", base + 1 element" : ", aligned")
-     << ", gw_mode " << c.gw_mode;
+     << ", gw_mode " << c.gw_mode << (c.y_dtype < 0 ? "" : ", y dtype " + std::to_string(c.y_dtype));
   return os.str();
 }
 
@@ -131,7 +134,7 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
     for (int64_t j = 0; j < c.cols; ++j) in.x.set(r, j, (rng() & 1 ? 1.0 : -1.0) * mag(rng));
   in.w = HostMatrix(dt, 1, c.cols, c.cols, c.offset);
   fill_random(in.w, rng);
-  in.gy = HostMatrix(dt, c.rows, c.cols, c.cols, c.offset);
+  in.gy = HostMatrix(y_dtype_of(c), c.rows, c.cols, c.cols, c.offset);
   fill_random(in.gy, rng);
   return in;
 }
@@ -142,6 +145,7 @@ rmsnorm_problem_t problem_of(const Case& c) {
   p.cols = c.cols;
   p.dtype = c.kind.dtype;
   p.eps = c.kind.eps;
+  if (c.y_dtype >= 0) p.flags |= RMSNORM_FLAG_Y_DTYPE(c.y_dtype);
   return p;
 }
 
@@ -156,7 +160,7 @@ bool gw_f32(int32_t mode) { return mode == RMSNORM_GW_STORE_F32 || mode == RMSNO
 // ---- forward --------------------------------------------------------------------------------------
 
 void gpu_forward(const Case& c, const Inputs& in, HostMatrix* y, std::vector<float>* rstd) {
-  *y = HostMatrix(c.kind.dtype, c.rows, c.cols, c.cols, c.offset);  // NaN-poisoned
+  *y = HostMatrix(y_dtype_of(c), c.rows, c.cols, c.cols, c.offset);  // NaN-poisoned
   const DeviceMatrix dx = upload(in.x), dw = upload(in.w), dy = upload(*y);
   DevicePtr drstd = device_alloc(static_cast<size_t>(c.rows) * 4);
   RANGE_CUDA_OK(cudaMemset(drstd.get(), 0xFF, static_cast<size_t>(c.rows) * 4));
@@ -181,7 +185,7 @@ void expect_forward(const Case& c, const Inputs& in, const HostMatrix& y, const 
   const double rel = acc_rel(c.cols);
   EXPECT_TRUE(check_matrix("y", y, yr, [&](int64_t r, int64_t j) {
     const double v = yr[r * c.cols + j];
-    return ulp(c.kind.dtype, v) + rel * std::fabs(v);
+    return ulp(y_dtype_of(c), v) + rel * std::fabs(v);
   }));
   EXPECT_TRUE(check_vector(
       "rstd", c.rows, [&](int64_t r) { return static_cast<double>(rstd[r]); }, rr,
@@ -322,6 +326,29 @@ TEST_F(CudaRange, LargeDF32) {
 }
 
 TEST_F(CudaRange, LoopedBand) { run_band({300000}, {1, 4}, false, 73); }
+
+// fp32 x with y and gy in bf16 (RMSNORM_FLAG_Y_DTYPE): the looped row in shares at every D (forward and backward,
+// plan::looped_f32_shares_launch, plan::mixed_backward_launch). D 1000 and 4096: one pass of the summing threads, the
+// row held in registers; 4100 and 40000: more. 300 rows: more than one row per CTA on the backward's grid.
+TEST_F(CudaRange, Fp32WithBf16Y) {
+  std::mt19937_64 rng(74);
+  for (int64_t d : {1000, 4096, 4100, 40000})
+    for (const Kind& k : kKinds) {
+      if (k.dtype != RMSNORM_DTYPE_F32) continue;
+      for (int64_t rows : {1, 300})
+        for (int64_t offset : {0, 1}) {
+          Case c;
+          c.kind = k;
+          c.rows = rows;
+          c.cols = d;
+          c.offset = offset;
+          c.y_dtype = RMSNORM_DTYPE_BF16;
+          c.gw_mode = (rows + offset) % 2 ? RMSNORM_GW_STORE : RMSNORM_GW_STORE_F32;
+          check_case(c, rng);
+          if (HasFailure()) return;
+        }
+    }
+}
 
 }  // namespace
 }  // namespace rmsnorm::test
