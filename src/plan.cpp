@@ -209,6 +209,14 @@ Launch mixed_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool 
   if (esize == 4) {  // fp32 x (its gy 16-bit): the looped row in shares, on the same grid
     l.sum_tpr = kLoopedThreads;
     l.row.cta_threads = kLoopedShareThreads;
+    // One CTA whose row is one pass of the summing threads holds its gw sums in registers: it writes gw itself.
+    if (l.with_gw && l.partials == 1 && l.row.chunks <= kLoopedThreads) {
+      l.direct_gw = true;
+      l.workspace = 0;
+      l.finalize = false;
+      l.finalize_grid = 0;
+      l.finalize_lanes = 0;
+    }
   }
   return l;
 }

@@ -1135,7 +1135,7 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
   pdl_enter();
   const int t = static_cast<int>(threadIdx.x);
   const bool one_pass = p.chunks <= kSum;
-  float* part = p.with_gw ? p.gw.partials + blockIdx.x * static_cast<int64_t>(p.cols) : nullptr;
+  float* part = p.with_gw && !p.gw.direct ? p.gw.partials + blockIdx.x * static_cast<int64_t>(p.cols) : nullptr;
   if (part != nullptr && !one_pass)
     for (int c = t; c < p.chunks; c += kCta)
       for (int j = 0; j < kN; ++j)
@@ -1253,13 +1253,20 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
       }
     }
   }
-  if (part != nullptr && one_pass)
+  // One pass: the partial, or with one CTA (plan: direct_gw) gw itself, which the finalize of that one partial
+  // would give bit for bit (its sum is 0 + the partial + zeros).
+  if (p.with_gw && one_pass)
 #pragma unroll
     for (int k = 0; k < kShares; ++k) {
       const int c = t + k * kCta;
       if (c < p.chunks)
-        for (int j = 0; j < kN; ++j)
-          if (c * kN + j < p.cols) part[c * kN + j] = acc[k][j];
+        for (int j = 0; j < kN; ++j) {
+          if (c * kN + j >= p.cols) continue;
+          if (p.gw.direct)
+            store_gw_final<W>(p.gw, c * kN + j, acc[k][j]);
+          else
+            part[c * kN + j] = acc[k][j];
+        }
     }
 }
 
@@ -1351,21 +1358,18 @@ BackwardParams<T> backward_params(const BackwardArgs& a, const plan::Launch& l) 
 
 // The looped backward for a weight or gy of another dtype than x's T (W, G;
 // mixed_backward_launch): T16 x with RMSNORM_FLAG_WEIGHT_F32 and/or
-// RMSNORM_FLAG_Y_DTYPE (g_h only with gy in T); fp32 x with RMSNORM_FLAG_Y_DTYPE
-// (16-bit gy), or as the fp32 residual stream's h (16-bit gy, the weight in
-// gy's dtype or fp32, with or without g_h). Other combinations do not occur.
+// RMSNORM_FLAG_Y_DTYPE (g_h only with gy in T). fp32 x takes the looped row in
+// shares (launch_looped_shares). Other combinations do not occur.
 template <typename T, typename Launch>
 rmsnorm_status_t launch_looped_mixed(DType wdt, DType gdt, bool gh, Launch&& launch) {
   return dispatch_dtype(wdt, [&](auto wtag) -> rmsnorm_status_t {
     return dispatch_dtype(gdt, [&](auto gtag) -> rmsnorm_status_t {
       using W = decltype(wtag);
       using G = decltype(gtag);
-      constexpr bool kF32x = std::is_same_v<T, float>;
-      constexpr bool kTaken = kF32x ? !std::is_same_v<G, float> && (std::is_same_v<W, float> || std::is_same_v<W, G>)
-                                    : std::is_same_v<W, T> || std::is_same_v<W, float>;
+      constexpr bool kTaken = !std::is_same_v<T, float> && (std::is_same_v<W, T> || std::is_same_v<W, float>);
       if constexpr (kTaken) {
         if (!gh) return launch(backward_looped_kernel<T, false, W, G>, plan::kLoopedThreads);
-        if constexpr (kF32x || std::is_same_v<G, T>) return launch(backward_looped_kernel<T, true, W, G>, plan::kLoopedThreads);
+        if constexpr (std::is_same_v<G, T>) return launch(backward_looped_kernel<T, true, W, G>, plan::kLoopedThreads);
       }
       return fail(RMSNORM_STATUS_INTERNAL_ERROR, "dtype", "no looped backward for this combination of dtypes");
     });
