@@ -1239,17 +1239,45 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
         }
       }
     } else {
-      for (int c = t; c < p.chunks; c += kCta) {
-        float w[kN], a[kN];
+      // A pass's kShares chunks at once: every load (x and gy again, g_h, the partial) before any store, so that
+      // a thread waits for L1 / L2 once per pass, not once per chunk (gx and the partial could alias the loads
+      // for the compiler, which then kept them in order).
+      for (int c0 = 0; c0 < p.chunks; c0 += kSum) {
+        float pa[kShares][kN];
 #pragma unroll
-        for (int j = 0; j < kN; ++j) a[j] = 0.0f;
-        weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
-        Chunk<T> g = grad_chunk(load_chunk(xr, c, p.cols, p.vector_io), gy_of(gyr, c), w, s, a);
-        if (ghr != nullptr) g = add_g_h(g, load_chunk(ghr, c, p.cols, p.vector_io));
-        store_chunk(gxr, c, p.cols, p.vector_io, g);
-        if (part != nullptr)
-          for (int j = 0; j < kN; ++j)
-            if (c * kN + j < p.cols) part[c * kN + j] += a[j];
+        for (int k = 0; k < kShares; ++k) {
+          const int c = c0 + t + k * kCta;
+          xk[k] = zero_chunk<T>();
+          gk[k] = zero_chunk<G>();
+          hk[k] = zero_chunk<T>();
+#pragma unroll
+          for (int j = 0; j < kN; ++j) pa[k][j] = 0.0f;
+          if (c < p.chunks) {
+            xk[k] = load_chunk(xr, c, p.cols, p.vector_io);
+            gk[k] = gy_of(gyr, c);
+            if (ghr != nullptr) hk[k] = load_chunk(ghr, c, p.cols, p.vector_io);
+            if (part != nullptr)
+#pragma unroll
+              for (int j = 0; j < kN; ++j)
+                if (c * kN + j < p.cols) pa[k][j] = part[c * kN + j];
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < kShares; ++k) {
+          const int c = c0 + t + k * kCta;
+          if (c >= p.chunks) continue;
+          float w[kN], a[kN];
+#pragma unroll
+          for (int j = 0; j < kN; ++j) a[j] = 0.0f;
+          weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+          Chunk<T> g = grad_chunk(xk[k], gk[k], w, s, a);
+          if (ghr != nullptr) g = add_g_h(g, hk[k]);
+          store_chunk(gxr, c, p.cols, p.vector_io, g);
+          if (part != nullptr)
+#pragma unroll
+            for (int j = 0; j < kN; ++j)
+              if (c * kN + j < p.cols) part[c * kN + j] = pa[k][j] + a[j];
+        }
       }
     }
   }

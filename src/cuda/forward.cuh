@@ -1098,10 +1098,9 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareC
         });
     if (p.rstd != nullptr && t == 0) p.rstd[row] = r;
     T* yr = reinterpret_cast<T*>(p.y) + row * p.y_stride;
-    for (int c = t; c < p.chunks; c += kCta) {
+    auto emit_y = [&](int c, const Chunk<float>& h) {
       float w[kN];
       weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
-      const Chunk<float> h = read_back(c);
       float o[kN];
       // forward_looped_kernel<float, kNone, W, T>'s y: x_hat rounded to the norm's input dtype (fp32 here) with
       // round_xhat, then one rounding to T.
@@ -1121,6 +1120,19 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareC
         for (int j = 0; j < kN; ++j)
           if (first + j < p.cols) yr[first + j] = from_float<T>(o[j]);
       }
+    };
+    // A pass's kShares chunks of h read back at once: a thread waits for L1 / L2 once per pass, not once per chunk
+    // (y's stores could alias the loads for the compiler, which then kept them in order).
+    for (int c0 = 0; c0 < p.chunks; c0 += kSumThreads) {
+      Chunk<float> hs[kShares];
+#pragma unroll
+      for (int k = 0; k < kShares; ++k) {
+        const int c = c0 + t + k * kCta;
+        hs[k] = c < p.chunks ? read_back(c) : zero_chunk<float>();
+      }
+#pragma unroll
+      for (int k = 0; k < kShares; ++k)
+        if (c0 + t + k * kCta < p.chunks) emit_y(c0 + t + k * kCta, hs[k]);
     }
   }
 }
