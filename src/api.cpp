@@ -768,12 +768,16 @@ static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const v
                                        const void* weight, const void* gy, int64_t gy_row_stride, const float* rstd,
                                        const void* g_h, int64_t g_h_row_stride, void* gx, int64_t gx_row_stride,
                                        void* gw, int32_t gw_mode, void* workspace, size_t workspace_bytes,
-                                       const rmsnorm_backend_t* backend, bool is_add) {
+                                       const rmsnorm_backend_t* backend, bool is_add, void* gx_x = nullptr,
+                                       int64_t gx_x_row_stride = 0, bool with_gx_x = false) {
   clear_last_error();
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
   RMSNORM_TRY(check_y_dtype(c, !is_add, "rmsnorm_add_backward"));
   RMSNORM_TRY(check_residual_f32(c, is_add, "rmsnorm_backward"));
+  if (with_gx_x && !c.residual_f32)
+    return fail(RMSNORM_STATUS_INVALID_OPTION, "flags",
+                "rmsnorm_add_backward_x needs RMSNORM_FLAG_RESIDUAL_F32 (without it x's gradient is gx itself)");
   // The fp32 residual stream's backward: h, g_h and gx are float, gy and the weight stay in x's dtype T. It runs
   // as the fp32 problem with gy in T (y_dtype) and the weight in T (weight_dtype).
   const DType weight_dtype = c.weight_f32 ? DType::kF32 : c.dtype;
@@ -798,6 +802,8 @@ static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const v
   a.gx_stride = gx_row_stride;
   a.g_h = g_h;
   a.g_h_stride = g_h_row_stride;
+  a.gx_x = gx_x;
+  a.gx_x_stride = gx_x_row_stride;
   a.gw_mode = static_cast<GwMode>(gw_mode);
   // gw in the weight's dtype: fp32 with RMSNORM_FLAG_WEIGHT_F32.
   if (c.weight_f32 && a.gw_mode == GwMode::kStore) a.gw_mode = GwMode::kStoreF32;
@@ -824,6 +830,12 @@ static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const v
     RMSNORM_TRY(check_stride("gy_row_stride", a.gy_stride, a.cols));
     RMSNORM_TRY(check_stride("gx_row_stride", a.gx_stride, a.cols));
     if (a.g_h != nullptr) RMSNORM_TRY(check_stride("g_h_row_stride", a.g_h_stride, a.cols));
+    if (with_gx_x) {
+      RMSNORM_TRY(check_pointer("gx_x", a.gx_x, c.ysize));
+      RMSNORM_TRY(check_stride("gx_x_row_stride", a.gx_x_stride, a.cols));
+    }
+  } else {
+    a.gx_x = nullptr;  // no rows: not touched
   }
   RMSNORM_TRY(check_optional_pointer("weight", a.weight, c.wsize));
 
@@ -840,7 +852,7 @@ static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const v
   }
 
   if (a.g_h != nullptr && rows_present) RMSNORM_TRY(check_pointer("g_h", a.g_h, c.esize));
-  Extent ex, egy, egx, ew, er, egw, ews, egh;
+  Extent ex, egy, egx, ew, er, egw, ews, egh, egxx;
   RMSNORM_TRY(extent_of("x", rows_present ? a.x : nullptr, a.rows, a.cols, a.x_stride, c.esize, &ex));
   RMSNORM_TRY(extent_of("gy", rows_present ? a.gy : nullptr, a.rows, a.cols, a.gy_stride, c.ysize, &egy));
   RMSNORM_TRY(extent_of("gx", rows_present ? a.gx : nullptr, a.rows, a.cols, a.gx_stride, c.esize, &egx));
@@ -852,7 +864,9 @@ static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const v
     return fail(RMSNORM_STATUS_INVALID_SHAPE, "workspace", std::to_string(needed) + " bytes overflow int64");
   RMSNORM_TRY(vector_extent("workspace", needed > 0 ? a.workspace : nullptr, static_cast<int64_t>(needed), 1, &ews));
   RMSNORM_TRY(extent_of("g_h", rows_present ? a.g_h : nullptr, a.rows, a.cols, a.g_h_stride, c.esize, &egh));
-  RMSNORM_TRY(check_memory_space({&ex, &egy, &egx, &ew, &er, &egw, &ews, &egh}, c));
+  RMSNORM_TRY(extent_of("gx_x", a.gx_x, a.rows, a.cols, a.gx_x_stride, c.ysize, &egxx));
+  RMSNORM_TRY(check_memory_space({&ex, &egy, &egx, &ew, &er, &egw, &ews, &egh, &egxx}, c));
+  for (const Extent* other : {&ex, &egy, &egx, &ew, &er, &egw, &ews, &egh}) RMSNORM_TRY(check_overlap(egxx, *other));
   // gx may be g_h exactly (the residual stream's gradient updated in place); g_h overlaps no other operand.
   if (!same_view(egx, egh) && overlaps(egx, egh))
     return fail(RMSNORM_STATUS_OVERLAP, "gx", "overlaps g_h (only gx == g_h with equal row strides is allowed)");
@@ -896,6 +910,22 @@ rmsnorm_status_t rmsnorm_add_backward(const rmsnorm_problem_t* problem, const vo
     }
     return backward_entry(problem, h, h_row_stride, weight, gy, gy_row_stride, rstd, g_h, g_h_row_stride, gx,
                           gx_row_stride, gw, gw_mode, workspace, workspace_bytes, backend, true);
+  });
+}
+
+rmsnorm_status_t rmsnorm_add_backward_x(const rmsnorm_problem_t* problem, const void* h, int64_t h_row_stride,
+                                        const void* weight, const void* gy, int64_t gy_row_stride, const float* rstd,
+                                        const void* g_h, int64_t g_h_row_stride, void* gx, int64_t gx_row_stride,
+                                        void* gx_x, int64_t gx_x_row_stride, void* gw, int32_t gw_mode,
+                                        void* workspace, size_t workspace_bytes, const rmsnorm_backend_t* backend) {
+  return guarded([&] {
+    if (g_h == nullptr && problem != nullptr && problem->rows > 0) {
+      clear_last_error();
+      return fail(RMSNORM_STATUS_NULL_POINTER, "g_h", "must not be NULL (rmsnorm_backward is the form without it)");
+    }
+    return backward_entry(problem, h, h_row_stride, weight, gy, gy_row_stride, rstd, g_h, g_h_row_stride, gx,
+                          gx_row_stride, gw, gw_mode, workspace, workspace_bytes, backend, true, gx_x,
+                          gx_x_row_stride, true);
   });
 }
 

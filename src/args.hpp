@@ -92,6 +92,9 @@ struct BackwardArgs {
   // rmsnorm_add_backward: gx = T(T(gx of the norm) + g_h); null: the plain backward.
   const void* g_h = nullptr;
   int64_t g_h_stride = 0;
+  // rmsnorm_add_backward_x (the fp32 residual stream): x's gradient, gx_x = Y(gx) in gy's dtype; null: not written.
+  void* gx_x = nullptr;
+  int64_t gx_x_stride = 0;
   void* gw = nullptr;  // null iff gw_mode == kNone
   GwMode gw_mode = GwMode::kNone;
   void* workspace = nullptr;

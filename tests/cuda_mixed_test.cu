@@ -62,6 +62,7 @@ struct MixedCase {
   bool padded = false;  // base + 1 element, row stride cols + 3
   bool weight_misaligned = false;  // the weight at base + 1 element (its dtype's alignment only)
   bool h_in_place = false;         // residual_f32: h written over the residual (the stream updated in place)
+  bool gx_x = false;               // residual_f32: rmsnorm_add_backward_x, x's gradient in x's dtype as well
   int64_t rows = 0, cols = 0;
   int32_t gw_mode = RMSNORM_GW_STORE;
 };
@@ -71,7 +72,7 @@ std::string describe(const MixedCase& c) {
          (c.residual_f32 ? ", fp32 residual stream" : "") + (c.weight_f32 ? ", fp32 weight" : "") +
          (c.weight ? "" : ", no weight") + (c.weight_offset ? ", offset" : "") + (c.round_xhat ? ", round_xhat" : "") +
          (c.padded ? ", base + 1, padded" : "") + (c.weight_misaligned ? ", weight at base + 1" : "") +
-         (c.h_in_place ? ", h over the residual" : "") + ", " + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
+         (c.h_in_place ? ", h over the residual" : "") + (c.gx_x ? ", gx_x" : "") + ", " + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
          ", gw mode " + std::to_string(c.gw_mode);
 }
 
@@ -187,8 +188,13 @@ void check_mixed(const MixedCase& c, std::mt19937_64& rng) {
   DeviceCopy din(in);
   poison_shared_memory();
   void* gw_ptr = mode == RMSNORM_GW_NONE ? nullptr : dgw.data();
+  HostMatrix gxx = matrix(c, c.x_dtype);  // x's gradient with gx_x (NaN-poisoned)
+  DeviceCopy dgxx(gxx);
   const rmsnorm_status_t bst =
-      c.residual_f32 ? rmsnorm_add_backward(&p, din.data(), s, c.weight ? dw.data() : nullptr, dgy.data(), s, drstd,
+      c.gx_x         ? rmsnorm_add_backward_x(&p, din.data(), s, c.weight ? dw.data() : nullptr, dgy.data(), s, drstd,
+                                              dgh.data(), s, dgx.data(), s, dgxx.data(), s, gw_ptr, mode, ws, ws_bytes,
+                                              &b)
+      : c.residual_f32 ? rmsnorm_add_backward(&p, din.data(), s, c.weight ? dw.data() : nullptr, dgy.data(), s, drstd,
                                             dgh.data(), s, dgx.data(), s, gw_ptr, mode, ws, ws_bytes, &b)
                      : rmsnorm_backward(&p, dx.data(), s, c.weight ? dw.data() : nullptr, dgy.data(), s, drstd,
                                         dgx.data(), s, gw_ptr, mode, ws, ws_bytes, &b);
@@ -198,6 +204,21 @@ void check_mixed(const MixedCase& c, std::mt19937_64& rng) {
   dgx.download(&gx);
   dgw.download(&gw);
   EXPECT_TRUE(padding_untouched("gx", gx));
+  if (c.gx_x) {
+    // Each element gx rounded to x's dtype by the harness (round to nearest even), bit for bit.
+    dgxx.download(&gxx);
+    EXPECT_TRUE(padding_untouched("gx_x", gxx));
+    HostMatrix want = matrix(c, c.x_dtype);
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t k = 0; k < c.cols; ++k) {
+        want.set(r, k, gx.get(r, k));
+        const auto* got_p = static_cast<const unsigned char*>(gxx.data()) + gxx.index(r, k) * 2;
+        const auto* want_p = static_cast<const unsigned char*>(want.data()) + want.index(r, k) * 2;
+        ASSERT_EQ(0, std::memcmp(got_p, want_p, 2))
+            << "gx_x(" << r << ", " << k << ") = " << gxx.get(r, k) << ", gx " << gx.get(r, k) << " rounds to "
+            << want.get(r, k);
+      }
+  }
   std::vector<double> gxr(n), gwr(static_cast<size_t>(c.cols)), gxs(n), gws(static_cast<size_t>(c.cols));
   reference::backward(c.rows, c.cols, ind.data(), c.weight ? wdd.data() : nullptr, gyd.data(), ref_options(c),
                       gxr.data(), gwr.data(), gxs.data(), gws.data());
@@ -228,6 +249,7 @@ MixedCase sweep_case(int32_t xd, int32_t yd, bool residual_f32, int64_t d, bool 
   c.round_xhat = i % 4 == 2;
   c.weight_f32 = xd != RMSNORM_DTYPE_F32 && i % 3 == 2;
   c.gw_mode = i % 2 == 0 ? RMSNORM_GW_STORE : RMSNORM_GW_STORE_F32;
+  c.gx_x = residual_f32 && i % 4 < 2;  // with both gw modes
   return c;
 }
 
@@ -363,6 +385,7 @@ TEST_F(CudaMixedSanitizer, YDtypeAndResidualF32Kernels) {
         c.y_dtype = form == 0 ? RMSNORM_DTYPE_F32 : RMSNORM_DTYPE_BF16;
         c.residual_f32 = form == 2;
         c.weight_f32 = form == 2 && padded;
+        c.gx_x = form == 2 && d != 1000;
         c.cols = d;
         c.rows = 3;
         c.padded = padded;

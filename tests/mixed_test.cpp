@@ -565,6 +565,108 @@ TEST(ResidualF32, ArgumentRules) {
   EXPECT_EQ(0, std::memcmp(ha.data(), hb.data(), ha.data_bytes()));
 }
 
+// rmsnorm_add_backward_x: gx and gw bit for bit rmsnorm_add_backward's, and x's gradient gx_x each element of gx
+// rounded to x's dtype (the harness's own rounding, round to nearest even); the C++ add_backward_x is the C ABI.
+// Refused with nothing written: without RMSNORM_FLAG_RESIDUAL_F32, gx_x NULL, a short row stride, gx_x over gy, gx
+// or g_h. No rows: gx_x may be NULL.
+TEST(ResidualF32, BackwardXIsGxRoundedToXsDtype) {
+  for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F16}) {
+    SCOPED_TRACE(dt);
+    const int64_t rows = 5, cols = 70;
+    HostMatrix h(RMSNORM_DTYPE_F32, rows, cols), w(dt, 1, cols), gy(dt, rows, cols), gh(RMSNORM_DTYPE_F32, rows, cols);
+    harness::fill_normal(h, 120, harness::hetero_row_scale);
+    harness::fill_normal(w, 121, {}, 1.0);
+    harness::fill_normal(gy, 122);
+    harness::fill_normal(gh, 123);
+    const rmsnorm_problem_t p = problem(dt, rows, cols, RMSNORM_FLAG_RESIDUAL_F32);
+    std::vector<double> ws(1 << 16);
+    const size_t wsb = ws.size() * 8;
+    HostMatrix gx_c(RMSNORM_DTYPE_F32, rows, cols), gw_c(dt, 1, cols);
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+              rmsnorm_add_backward(&p, h.data(), cols, w.data(), gy.data(), cols, nullptr, gh.data(), cols,
+                                   gx_c.data(), cols, gw_c.data(), RMSNORM_GW_STORE, ws.data(), wsb, &kCpu));
+    HostMatrix gx(RMSNORM_DTYPE_F32, rows, cols), gx_x(dt, rows, cols + 3), gw(dt, 1, cols);
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+              rmsnorm_add_backward_x(&p, h.data(), cols, w.data(), gy.data(), cols, nullptr, gh.data(), cols,
+                                     gx.data(), cols, gx_x.data(), cols + 3, gw.data(), RMSNORM_GW_STORE, ws.data(),
+                                     wsb, &kCpu))
+        << rmsnorm_last_error();
+    EXPECT_EQ(0, std::memcmp(gx.data(), gx_c.data(), gx.data_bytes()));
+    EXPECT_EQ(0, std::memcmp(gw.data(), gw_c.data(), gw.data_bytes()));
+    HostMatrix want(dt, rows, cols + 3);  // the padding keeps its poison in both
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k) want.set(r, k, gx_c.get(r, k));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols + 3; ++k)
+        ASSERT_EQ(0, std::memcmp(static_cast<const char*>(gx_x.data()) + gx_x.index(r, k) * 2,
+                                 static_cast<const char*>(want.data()) + want.index(r, k) * 2, 2))
+            << "gx_x(" << r << ", " << k << ") = " << gx_x.get(r, k) << ", want " << want.get(r, k);
+
+    // The C++ API.
+    using B = rmsnorm::bfloat16;
+    using H = rmsnorm::half;
+    HostMatrix gx2(RMSNORM_DTYPE_F32, rows, cols), gx_x2(dt, rows, cols + 3), gw2(dt, 1, cols);
+    auto cpp = [&](auto tag) {
+      using T = decltype(tag);
+      return rmsnorm::add_backward_x<T>(
+          rmsnorm::make_matrix(static_cast<const float*>(h.data()), rows, cols),
+          rmsnorm::make_vector(static_cast<const T*>(w.data()), cols),
+          rmsnorm::make_matrix(static_cast<const T*>(gy.data()), rows, cols), rmsnorm::VectorView<const float>{},
+          rmsnorm::make_matrix(static_cast<const float*>(gh.data()), rows, cols),
+          rmsnorm::make_matrix(static_cast<float*>(gx2.data()), rows, cols),
+          rmsnorm::make_matrix(static_cast<T*>(gx_x2.data()), rows, cols, cols + 3),
+          rmsnorm::GradWeight<T>::store(rmsnorm::make_vector(static_cast<T*>(gw2.data()), cols)),
+          rmsnorm::Workspace{ws.data(), wsb}, rmsnorm::Options{}, rmsnorm::Backend::cpu(2));
+    };
+    ASSERT_EQ(rmsnorm::Status::kSuccess, dt == RMSNORM_DTYPE_BF16 ? cpp(B{}) : cpp(H{})) << rmsnorm::last_error();
+    EXPECT_EQ(0, std::memcmp(gx_x2.storage.data(), gx_x.storage.data(), gx_x.storage.size()));
+    EXPECT_EQ(0, std::memcmp(gx2.data(), gx.data(), gx.data_bytes()));
+    EXPECT_EQ(0, std::memcmp(gw2.data(), gw.data(), gw.data_bytes()));
+
+    // Refusals: every output keeps its poison.
+    auto refused = [&](rmsnorm_status_t want_status, const rmsnorm_problem_t& q, void* gxx, int64_t gxx_stride,
+                       const void* gyp, const char* what) {
+      SCOPED_TRACE(what);
+      HostMatrix gx3(RMSNORM_DTYPE_F32, rows, cols), gw3(dt, 1, cols);
+      const std::vector<unsigned char> gx_before = gx3.storage, gw_before = gw3.storage, gy_before = gy.storage;
+      EXPECT_EQ(want_status, rmsnorm_add_backward_x(&q, h.data(), cols, w.data(), gyp, cols, nullptr, gh.data(), cols,
+                                                    gx3.data(), cols, gxx, gxx_stride, gw3.data(),
+                                                    RMSNORM_GW_STORE, ws.data(), wsb, &kCpu));
+      EXPECT_TRUE(gx3.storage == gx_before);
+      EXPECT_TRUE(gw3.storage == gw_before);
+      EXPECT_TRUE(gy.storage == gy_before);
+    };
+    HostMatrix poison_x(dt, rows, cols);
+    refused(RMSNORM_STATUS_INVALID_OPTION, problem(dt, rows, cols, 0), poison_x.data(), cols, gy.data(),
+            "without RMSNORM_FLAG_RESIDUAL_F32");
+    EXPECT_TRUE(poison_x.storage == HostMatrix(dt, rows, cols).storage);
+    refused(RMSNORM_STATUS_NULL_POINTER, p, nullptr, cols, gy.data(), "gx_x NULL");
+    EXPECT_NE(RMSNORM_STATUS_SUCCESS,
+              rmsnorm_add_backward_x(&p, h.data(), cols, w.data(), gy.data(), cols, nullptr, gh.data(), cols,
+                                     gx.data(), cols, poison_x.data(), cols - 1, gw.data(), RMSNORM_GW_STORE, ws.data(),
+                                     wsb, &kCpu));
+    EXPECT_TRUE(poison_x.storage == HostMatrix(dt, rows, cols).storage) << "short stride";
+    HostMatrix gy_copy = gy;
+    refused(RMSNORM_STATUS_OVERLAP, p, gy_copy.data(), cols, gy_copy.data(), "gx_x over gy");
+    EXPECT_TRUE(gy_copy.storage == gy.storage);
+    // gx_x over g_h's first half (g_h is read, gx_x would be written).
+    EXPECT_EQ(RMSNORM_STATUS_OVERLAP,
+              rmsnorm_add_backward_x(&p, h.data(), cols, w.data(), gy.data(), cols, nullptr, gh.data(), cols,
+                                     gx.data(), cols, gh.data(), cols, gw.data(), RMSNORM_GW_STORE, ws.data(), wsb,
+                                     &kCpu));
+    EXPECT_EQ(RMSNORM_STATUS_OVERLAP,
+              rmsnorm_add_backward_x(&p, h.data(), cols, w.data(), gy.data(), cols, nullptr, gh.data(), cols,
+                                     gx.data(), cols, gx.data(), cols, gw.data(), RMSNORM_GW_STORE, ws.data(), wsb,
+                                     &kCpu));
+    // No rows: nothing is read or written but gw (the empty sum); gx_x may be NULL.
+    const rmsnorm_problem_t p0 = problem(dt, 0, cols, RMSNORM_FLAG_RESIDUAL_F32);
+    EXPECT_EQ(RMSNORM_STATUS_SUCCESS,
+              rmsnorm_add_backward_x(&p0, nullptr, cols, w.data(), nullptr, cols, nullptr, nullptr, cols, nullptr, cols,
+                                     nullptr, cols, gw.data(), RMSNORM_GW_STORE, nullptr, 0, &kCpu))
+        << rmsnorm_last_error();
+  }
+}
+
 // The C++ API: add_forward with a float h (R deduced) and add_backward<float, T> are the C ABI with the flag.
 TEST(ResidualF32, CppAddForwardAndBackwardAreTheCAbi) {
   const int64_t rows = 4, cols = 80;

@@ -434,6 +434,27 @@ RMSNORM_API rmsnorm_status_t rmsnorm_add_backward(const rmsnorm_problem_t* probl
                                                   void* workspace, size_t workspace_bytes,
                                                   const rmsnorm_backend_t* backend);
 
+/* rmsnorm_add_backward of the fp32 residual stream (RMSNORM_FLAG_RESIDUAL_F32
+ * required) that also writes x's gradient in x's dtype T:
+ *   gx_x = T(gx)
+ * rounded to nearest even, bit for bit what casting gx after
+ * rmsnorm_add_backward gives, in the same pass over the rows (one read of gx
+ * fewer). gx (float) is the residual's gradient, as in rmsnorm_add_backward,
+ * and every other argument and rule is that function's. gx_x (T, rows of
+ * gx_x_row_stride elements) overlaps no other operand. With rows == 0 gx_x is
+ * not read or written (it may be NULL). */
+RMSNORM_API rmsnorm_status_t rmsnorm_add_backward_x(const rmsnorm_problem_t* problem,
+                                                    const void* h, int64_t h_row_stride,
+                                                    const void* weight,
+                                                    const void* gy, int64_t gy_row_stride,
+                                                    const float* rstd,
+                                                    const void* g_h, int64_t g_h_row_stride,
+                                                    void* gx, int64_t gx_row_stride,
+                                                    void* gx_x, int64_t gx_x_row_stride,
+                                                    void* gw, int32_t gw_mode,
+                                                    void* workspace, size_t workspace_bytes,
+                                                    const rmsnorm_backend_t* backend);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -588,6 +588,34 @@ Status add_backward(detail::nondeduced<MatrixView<const R>> h, detail::nondeduce
                                                   workspace.bytes, &backend.c()));
 }
 
+// The fp32 residual stream's backward writing x's gradient as well (rmsnorm_add_backward_x): add_backward<float, T>
+// and gx_x = T(gx), x's dtype, in the same pass. gx_x overlaps no other operand.
+template <class T>
+Status add_backward_x(MatrixView<const float> h, detail::nondeduced<VectorView<const T>> weight,
+                      detail::nondeduced<MatrixView<const T>> gy, VectorView<const float> rstd,
+                      MatrixView<const float> g_h, MatrixView<float> gx, MatrixView<T> gx_x,
+                      detail::nondeduced<GradWeight<T>> gw, Workspace workspace, const Options& opt,
+                      const Backend& backend) noexcept {
+  static_assert(!std::is_same<T, float>::value, "x of the fp32 residual stream is 16-bit");
+  detail::clear_cpp_error();
+  Status s = detail::check_same_shape("gy", gy, h);
+  if (s == Status::kSuccess) s = detail::check_same_shape("g_h", g_h, h);
+  if (s == Status::kSuccess) s = detail::check_same_shape("gx", gx, h);
+  if (s == Status::kSuccess) s = detail::check_same_shape("gx_x", gx_x, h);
+  if (s == Status::kSuccess) s = detail::check_optional("weight", weight, h.cols, "cols");
+  if (s == Status::kSuccess) s = detail::check_optional("rstd", rstd, h.rows, "rows");
+  if (s == Status::kSuccess && gw.mode() != GwMode::kNone && gw.data() != nullptr)
+    s = detail::check_size("gw", gw.size(), "cols", h.cols);
+  if (s != Status::kSuccess) return s;
+  rmsnorm_problem_t p = detail::make_problem<T>(h.rows, h.cols, opt);
+  p.flags |= RMSNORM_FLAG_RESIDUAL_F32;
+  return static_cast<Status>(rmsnorm_add_backward_x(&p, h.data, h.row_stride, weight.data, gy.data, gy.row_stride,
+                                                    rstd.data, g_h.data, g_h.row_stride, gx.data, gx.row_stride,
+                                                    gx_x.data, gx_x.row_stride, gw.data(),
+                                                    static_cast<int32_t>(gw.mode()), workspace.data, workspace.bytes,
+                                                    &backend.c()));
+}
+
 // y in another dtype Y than x's T (RMSNORM_FLAG_Y_DTYPE): y = Y(x_hat * w'),
 // rounded once (bf16 y from fp32 x, say); the backward reads gy in Y and
 // writes gx in T, gw in the weight's T. The weight has x's dtype. Its

@@ -564,6 +564,22 @@ rmsnorm_status_t backward(const BackwardArgs& a, int num_threads) {
           backward_rows<dt, gdt>(a, wp.data(), nullptr, scratch.get(t, 0), scratch.get(t, 1), i0, i1);
         });
       });
+      // rmsnorm_add_backward_x: x's gradient, gx rounded to gy's dtype (a pass over gx once it is complete).
+      if (a.gx_x != nullptr) {
+        dispatch_dtype(y_dtype_of(a), [&](auto gtag) {
+          constexpr DType gdt = decltype(gtag)::value;
+          using T = typename Elem<dt>::T;
+          using G = typename Elem<gdt>::T;
+          const int threads = threads_for(num_threads, a.rows, a.rows * a.cols);
+          Scratch scratch(threads, 1, widen_len(dt, a.cols));
+          parallel_for(a.rows, threads, [&](int t, int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; ++i) {
+              const float* g = widen<dt>(static_cast<const T*>(a.gx) + i * a.gx_stride, a.cols, scratch.get(t, 0));
+              Elem<gdt>::store_n(g, a.cols, static_cast<G*>(a.gx_x) + i * a.gx_x_stride);
+            }
+          });
+        });
+      }
     });
   } catch (const std::bad_alloc&) {
     return out_of_memory();

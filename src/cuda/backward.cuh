@@ -53,6 +53,10 @@ struct BackwardParams {
   int paired_offset = 0;
   // backward_looped_shares_kernel: every row of the 16-bit gy 8-byte aligned (a chunk's 4 columns in one load).
   bool gy_vector = false;
+  // backward_looped_shares_kernel: x's gradient in gy's dtype, gx rounded (rmsnorm_add_backward_x); null: none.
+  void* gx_x = nullptr;
+  int64_t gx_x_stride = 0;
+  bool gx_x_vector = false;  // every row of gx_x 8-byte aligned
 };
 
 // gx chunk c of a row plus the residual stream's gradient (ghr: that row of
@@ -1149,6 +1153,11 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
     if (one_pass && c < p.chunks) weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, wh[k]);
   }
   auto gy_of = [&](const G* gyr, int c) { return load_quad(gyr, c * kN, p.cols, p.gy_vector); };
+  // gx's chunk c, and with gx_x its rounding to G there.
+  auto store_gx = [&](int64_t row, int c, const Chunk<T>& g) {
+    store_chunk(p.gx + row * p.gx_stride, c, p.cols, p.vector_io, g);
+    if (p.gx_x != nullptr) store_quad(static_cast<G*>(p.gx_x) + row * p.gx_x_stride, c * kN, p.cols, p.gx_x_vector, g);
+  };
   int parity = 0;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
     const T* xr = p.x + row * p.x_stride;
@@ -1222,7 +1231,6 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
       }
       s.c = (s.r / tsc) * (rare(v) / static_cast<float>(p.cols));
     }
-    T* gxr = p.gx + row * p.gx_stride;
     if (one_pass) {
 #pragma unroll
       for (int k = 0; k < kShares; ++k) {
@@ -1233,7 +1241,7 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
           for (int j = 0; j < kN; ++j) a[j] = 0.0f;
           Chunk<T> g = grad_chunk(xk[k], gk[k], wh[k], s, a);
           if (ghr != nullptr) g = add_g_h(g, hk[k]);
-          store_chunk(gxr, c, p.cols, p.vector_io, g);
+          store_gx(row, c, g);
 #pragma unroll
           for (int j = 0; j < kN; ++j) acc[k][j] += a[j];
         }
@@ -1272,7 +1280,7 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
           weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
           Chunk<T> g = grad_chunk(xk[k], gk[k], w, s, a);
           if (ghr != nullptr) g = add_g_h(g, hk[k]);
-          store_chunk(gxr, c, p.cols, p.vector_io, g);
+          store_gx(row, c, g);
           if (part != nullptr)
 #pragma unroll
             for (int j = 0; j < kN; ++j)
@@ -1452,8 +1460,15 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
   const plan::Launch l =
       !mixed && a.rstd != nullptr && a.gx != a.gy ? plan::split_backward_launch(planned, a.rows, dev) : planned;
   BackwardParams<T> p = backward_params<T>(a, l);
-  p.gy_vector = reinterpret_cast<uintptr_t>(a.gy) % 8 == 0 &&
-                (a.gy_stride * static_cast<int64_t>(dtype_size(gdt))) % 8 == 0;
+  auto rows8 = [&](const void* q, int64_t stride) {
+    return reinterpret_cast<uintptr_t>(q) % 8 == 0 && (stride * static_cast<int64_t>(dtype_size(gdt))) % 8 == 0;
+  };
+  p.gy_vector = rows8(a.gy, a.gy_stride);
+  p.gx_x = a.gx_x;
+  p.gx_x_stride = a.gx_x_stride;
+  p.gx_x_vector = rows8(a.gx_x, a.gx_x_stride);
+  if (a.gx_x != nullptr && l.row.cta_threads != plan::kLoopedShareThreads)
+    return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "x's gradient in its dtype from a kernel that does not write it");
   const bool pdl = a.pdl && dev.sm90_code;
   // gw's own dtype (the finalize's stores in the non-F32 modes): the weight's.
   auto finalize = [&](const float* partials, bool finalize_pdl) {

@@ -209,6 +209,23 @@ __device__ __forceinline__ Chunk<T> load_quad(const T* __restrict__ row, int fir
   return q;
 }
 
+// Columns [first, first + 4) of a 16-bit row (not past cols) from an fp32 chunk, each rounded to T: one 8-byte
+// store where vec (the row 8-byte aligned) and the 4 columns lie in the row.
+template <typename T>
+__device__ __forceinline__ void store_quad(T* __restrict__ row, int first, int cols, bool vec, const Chunk<float>& v) {
+  static_assert(sizeof(T) == 2, "4 columns of a 16-bit row");
+  if (vec && first + 4 <= cols) {
+    Chunk<T> q;
+    q.set2(0, v.get(0), v.get(1));
+    q.set2(2, v.get(2), v.get(3));
+    *reinterpret_cast<uint2*>(row + first) = make_uint2(q.w[0], q.w[1]);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (first + j < cols) row[first + j] = from_float<T>(v.get(j));
+}
+
 // kN elements of a row of G widened to fp32, with a Chunk's get(j): a gy of
 // another dtype than x's in the looped backward (elements past `cols` read
 // as 0). Element loads: G's rows need only G's alignment.
