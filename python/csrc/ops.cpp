@@ -292,15 +292,21 @@ Tensor forward_inference(Tensor x, std::optional<Tensor> weight, double eps, int
 }
 
 // The backward, and with g_h the residual-add backward (gx = T(T(gx_norm) + g_h)).
+// gx_x (add_backward_x): also x's gradient of the fp32 residual stream, gx rounded to gy's dtype, in the same pass.
 std::tuple<Tensor, std::optional<Tensor>> backward_impl(const Tensor& gy, const Tensor& x,
                                                         const std::optional<Tensor>& weight, const Tensor& rstd,
                                                         int64_t flags, std::optional<ScalarType> gw_dtype,
-                                                        const std::optional<Tensor>& g_h, const char* op) {
+                                                        const std::optional<Tensor>& g_h, const char* op,
+                                                        std::optional<Tensor>* gx_x = nullptr) {
   check_floating_input(x, op);
   // The fp32 residual stream's backward (RMSNORM_FLAG_RESIDUAL_F32): h (x here), g_h and gx are float32, gy and the
   // weight 16-bit; the problem's dtype is gy's.
   const bool residual_f32 = g_h.has_value() && x.scalar_type() == ScalarType::Float &&
                             (gy.scalar_type() == ScalarType::Half || gy.scalar_type() == ScalarType::BFloat16);
+  if (gx_x != nullptr && !residual_f32) {
+    fail(op, ": x's gradient in its own dtype is the fp32 residual stream's (float32 h and g_h, 16-bit gy); got h ",
+         dtype_name(x.scalar_type()), " and gy ", dtype_name(gy.scalar_type()));
+  }
   const Tensor& t_ref = residual_f32 ? gy : x;  // the tensor of the problem's dtype
   const int32_t dtype = library_dtype(t_ref.scalar_type(), op, residual_f32 ? "gy" : "x");
   check_flags(flags, op);
@@ -346,6 +352,7 @@ std::tuple<Tensor, std::optional<Tensor>> backward_impl(const Tensor& gy, const 
   }
 
   Tensor gx = new_tensor(full_shape(x), x.scalar_type(), x);
+  if (gx_x != nullptr) *gx_x = new_tensor(full_shape(x), gy.scalar_type(), x);
   std::optional<Tensor> gw;
   if (gw_mode != RMSNORM_GW_NONE) gw = new_tensor({xr.cols}, *gw_dtype, x);
   if (xr.rows == 0) {
@@ -368,7 +375,14 @@ std::tuple<Tensor, std::optional<Tensor>> backward_impl(const Tensor& gy, const 
   if (ws_bytes > 0) {
     ws = new_tensor({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, x);
   }
-  if (ghr) {
+  if (gx_x != nullptr) {
+    check_status(rmsnorm_add_backward_x(&p, xr.t.data_ptr(), xr.stride, w ? w->data_ptr() : nullptr, gyr.t.data_ptr(),
+                                        gyr.stride, static_cast<const float*>(r.data_ptr()), ghr->t.data_ptr(),
+                                        ghr->stride, gx.data_ptr(), xr.cols, (*gx_x)->data_ptr(), xr.cols,
+                                        gw ? gw->data_ptr() : nullptr, gw_mode, ws ? ws->data_ptr() : nullptr,
+                                        ws_bytes, &be),
+                 op);
+  } else if (ghr) {
     check_status(rmsnorm_add_backward(&p, xr.t.data_ptr(), xr.stride, w ? w->data_ptr() : nullptr, gyr.t.data_ptr(),
                                       gyr.stride, static_cast<const float*>(r.data_ptr()), ghr->t.data_ptr(),
                                       ghr->stride, gx.data_ptr(), xr.cols, gw ? gw->data_ptr() : nullptr, gw_mode,
@@ -393,6 +407,15 @@ std::tuple<Tensor, std::optional<Tensor>> backward(Tensor gy, Tensor x, std::opt
 std::tuple<Tensor, std::optional<Tensor>> add_backward(Tensor gy, Tensor g_h, Tensor h, std::optional<Tensor> weight,
                                                        Tensor rstd, int64_t flags, std::optional<ScalarType> gw_dtype) {
   return backward_impl(gy, h, weight, rstd, flags, gw_dtype, g_h, "rmsnorm.add_backward");
+}
+
+// The fp32 residual stream's add_backward with x's gradient as well: (gx, gx rounded to gy's dtype, gw), one pass.
+std::tuple<Tensor, Tensor, std::optional<Tensor>> add_backward_x(Tensor gy, Tensor g_h, Tensor h,
+                                                                 std::optional<Tensor> weight, Tensor rstd,
+                                                                 int64_t flags, std::optional<ScalarType> gw_dtype) {
+  std::optional<Tensor> gx_x;
+  auto [gx, gw] = backward_impl(gy, h, weight, rstd, flags, gw_dtype, g_h, "rmsnorm.add_backward_x", &gx_x);
+  return {gx, *gx_x, gw};
 }
 
 // q = quant(y) (fp8 e4m3fn or int8, rmsnorm_forward_quant): with `scale` (a one-element fp32 tensor) the static
@@ -629,6 +652,9 @@ STABLE_TORCH_LIBRARY(rmsnorm, m) {
       "add_backward(Tensor gy, Tensor g_h, Tensor h, Tensor? weight, Tensor rstd, int flags, ScalarType? gw_dtype) -> "
       "(Tensor gx, Tensor? gw)");
   m.def(
+      "add_backward_x(Tensor gy, Tensor g_h, Tensor h, Tensor? weight, Tensor rstd, int flags, "
+      "ScalarType? gw_dtype) -> (Tensor gx, Tensor gx_x, Tensor? gw)");
+  m.def(
       "backward(Tensor gy, Tensor x, Tensor? weight, Tensor rstd, int flags, ScalarType? gw_dtype) -> "
       "(Tensor gx, Tensor? gw)");
 }
@@ -641,6 +667,7 @@ STABLE_TORCH_LIBRARY_IMPL(rmsnorm, CPU, m) {
   m.impl("backward", TORCH_BOX(&backward));
   m.impl("add_forward", TORCH_BOX(&add_forward));
   m.impl("add_backward", TORCH_BOX(&add_backward));
+  m.impl("add_backward_x", TORCH_BOX(&add_backward_x));
   m.impl("forward_quant", TORCH_BOX(&forward_quant));
   m.impl("add_forward_quant", TORCH_BOX(&add_forward_quant));
   m.impl("forward_block_quant", TORCH_BOX(&forward_block_quant));
@@ -653,6 +680,7 @@ STABLE_TORCH_LIBRARY_IMPL(rmsnorm, CUDA, m) {
   m.impl("backward", TORCH_BOX(&backward));
   m.impl("add_forward", TORCH_BOX(&add_forward));
   m.impl("add_backward", TORCH_BOX(&add_backward));
+  m.impl("add_backward_x", TORCH_BOX(&add_backward_x));
   m.impl("forward_quant", TORCH_BOX(&forward_quant));
   m.impl("add_forward_quant", TORCH_BOX(&add_forward_quant));
   m.impl("forward_block_quant", TORCH_BOX(&forward_block_quant));

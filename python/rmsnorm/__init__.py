@@ -436,6 +436,13 @@ def _add_backward_fake(gy, g_h, h, weight, rstd, flags, gw_dtype):
     return h.new_empty(h.shape), gw
 
 
+@torch.library.register_fake("rmsnorm::add_backward_x")
+def _add_backward_x_fake(gy, g_h, h, weight, rstd, flags, gw_dtype):
+    _check_devices("rmsnorm.add_backward_x", h, gy=gy, g_h=g_h, weight=weight, rstd=rstd)
+    gw = None if gw_dtype is None else h.new_empty(h.shape[-1:], dtype=gw_dtype)
+    return h.new_empty(h.shape), h.new_empty(h.shape, dtype=gy.dtype), gw
+
+
 def _add_setup_context(ctx, inputs, output):
     x, _residual, weight, eps, flags = inputs
     _y, h, rstd = output
@@ -461,6 +468,10 @@ def _add_backward(ctx, gy, g_h, _grstd):
     else:
         if g_h is None:
             g_h = torch.full_like(h, -0.0)  # the add form carries the mixed dtypes; + (-0.0) changes no bit
+        if wide and ctx.needs_input_grad[0]:
+            # x's gradient, gx rounded to x's dtype, written by the same pass.
+            gx, gx_x, gw = torch.ops.rmsnorm.add_backward_x.default(gy, g_h, h, weight, rstd, ctx.flags, gw_dtype)
+            return gx_x, (gx if ctx.needs_input_grad[1] else None), gw, None, None
         gx, gw = torch.ops.rmsnorm.add_backward.default(gy, g_h, h, weight, rstd, ctx.flags, gw_dtype)
     # h = x + residual: both get gx (x's rounded to its dtype, as autograd of x.float() + residual gives).
     gx_x = (gx.to(ctx.x_dtype) if wide else gx) if ctx.needs_input_grad[0] else None

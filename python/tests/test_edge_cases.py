@@ -40,6 +40,7 @@ def test_a_meta_argument_is_refused(device):
                                                     one, None),
         lambda: torch.ops.rmsnorm.backward(x, x, w, torch.ones(6, device="meta"), 0, None),
         lambda: torch.ops.rmsnorm.add_backward(x, x, x, w, torch.ones(6, device="meta"), 0, None),
+        lambda: torch.ops.rmsnorm.add_backward_x(x, x.float(), x.float(), w, torch.ones(6, device="meta"), 0, None),
     ]
     for i, fn in enumerate(cases):
         with pytest.raises(RuntimeError, match="meta"):

@@ -226,6 +226,15 @@ def test_fp32_residual_stream_is_the_eager_composition(dtype):
     torch.library.opcheck(torch.ops.rmsnorm.add_forward.default, (x, r, w, 1e-5, 0))
     _, h, rstd = torch.ops.rmsnorm.add_forward(x, r, w, 1e-5, 0)
     torch.library.opcheck(torch.ops.rmsnorm.add_backward.default, (x, torch.randn(3, 32), h, w, rstd, 0, dtype))
+    # add_backward_x: add_backward's gx and gw, and x's gradient, gx rounded to x's dtype, from the same call.
+    gh = torch.randn(3, 32)
+    torch.library.opcheck(torch.ops.rmsnorm.add_backward_x.default, (x, gh, h, w, rstd, 0, dtype))
+    gx, gw = torch.ops.rmsnorm.add_backward(x, gh, h, w, rstd, 0, dtype)
+    gx2, gx_x, gw2 = torch.ops.rmsnorm.add_backward_x(x, gh, h, w, rstd, 0, dtype)
+    assert torch.equal(gx2, gx) and torch.equal(gw2, gw)
+    assert gx_x.dtype == dtype and torch.equal(gx_x, gx.to(dtype))
+    with pytest.raises(RuntimeError, match="fp32 residual stream"):
+        torch.ops.rmsnorm.add_backward_x(x, x, x, w, rstd, 0, dtype)
     with pytest.raises(RuntimeError, match="RMSNORM_FLAG_RESIDUAL_F32"):
         torch.ops.rmsnorm.add_forward(x, r, w, 1e-5, 1024)
     with pytest.raises(TypeError, match="float32 with a float16 or bfloat16"):
