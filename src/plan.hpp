@@ -497,6 +497,12 @@ Launch add_launch(int64_t rows, const Device& dev);
 // band's row plan on the fp32 h or x (chunks of 4 columns; sum_tpr = kLoopedThreads, the summing threads) on CTAs
 // of kLoopedShareThreads, one row per CTA up to kMaxGrid (forward_looped_add_f32_kernel).
 Launch looped_f32_shares_launch(int64_t rows, int64_t cols, Io io, const Device& dev);
+// fp32 x with a 16-bit y takes it up to kYDtypeSharesMaxChunks chunks (D <= 8192); longer rows take the 1024-thread
+// looped kernel (looped_forward_launch: two rows per SM, each read back from L1), which took 0.72x the shares' time at
+// 4096 x 16384 and 0.81x at 2048 x 32768, where four rows per SM read back from L2 (H100; at 16384 x 7168 the
+// shares took 0.69x its time).
+inline constexpr int64_t kYDtypeSharesMaxChunks = 2 * int64_t{kLoopedThreads};
+inline bool y_dtype_forward_in_shares(int64_t cols) { return (cols + 3) / 4 <= kYDtypeSharesMaxChunks; }
 // Quantized output (rmsnorm_forward_quant). Where the forward is the rows
 // band's 16-byte kernel and q's rows are aligned to a chunk's q bytes
 // (q_rows_aligned: 8 bytes at 16-bit, 4 at fp32), that kernel

@@ -553,6 +553,13 @@ TEST(Plan, Fp32MixedBackwardIsTheLoopedRowInShares) {
   }
 }
 
+// fp32 x with a 16-bit y: the looped row in shares up to 2048 chunks of 4 columns (D <= 8192), the 1024-thread looped
+// kernel above.
+TEST(Plan, Fp32YDtypeForwardInSharesUpTo8192) {
+  for (int64_t d = 1; d <= kMaxD; d += d < 16384 ? 1 : 61)
+    ASSERT_EQ(y_dtype_forward_in_shares(d), d <= 8192) << d;
+}
+
 // RMSNORM_FLAG_RESIDUAL_F32's forward, for every D: the looped band's row on the fp32 h (its chunks of 4 columns,
 // its 1024 summing threads, so rstd is summed as rms_norm(h, out_dtype) and the backward's recompute sum it), run by
 // CTAs of kLoopedShareThreads threads holding whole shares of them, one row per CTA as the looped forward's grid.

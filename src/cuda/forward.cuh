@@ -1212,19 +1212,20 @@ rmsnorm_status_t launch_looped_as(const ForwardArgs& a, const plan::Device& dev,
   const plan::Io io = std::is_same_v<W, X> ? plan::io_of({{a.x, a.x_stride}, {a.weight, 0}}, kEs)
                                            : plan::io_of({{a.x, a.x_stride}}, kEs);
   if constexpr (std::is_same_v<X, float> && sizeof(Y) == 2) {
-    // The looped row in shares (forward_looped_add_f32_kernel without the add): the same rstd and y.
-    const plan::Launch l = plan::looped_f32_shares_launch(a.rows, a.cols, io, dev);
-    AddF32ForwardParams<Y> p;
-    static_cast<ForwardParams<float>&>(p) = forward_params<float>(a, l);
-    p.y_vector = reinterpret_cast<uintptr_t>(a.y) % 8 == 0 && (a.y_stride * static_cast<int64_t>(sizeof(Y))) % 8 == 0;
-    return launch_planned(forward_looped_add_f32_kernel<Y, W, false>, plan::kLoopedShareThreads, l,
-                          a.pdl && dev.sm90_code, stream, p);
-  } else {
-    const plan::Launch l = plan::looped_forward_launch(a.rows, a.cols, kEs, io, dev);
-    const ForwardParams<X> p = forward_params<X>(a, l);
-    return launch_planned(forward_looped_kernel<X, QuantKind::kNone, W, Y>, plan::kLoopedThreads, l,
-                          a.pdl && dev.sm90_code, stream, p);
+    if (plan::y_dtype_forward_in_shares(a.cols)) {
+      // The looped row in shares (forward_looped_add_f32_kernel without the add): the same rstd and y.
+      const plan::Launch l = plan::looped_f32_shares_launch(a.rows, a.cols, io, dev);
+      AddF32ForwardParams<Y> p;
+      static_cast<ForwardParams<float>&>(p) = forward_params<float>(a, l);
+      p.y_vector = reinterpret_cast<uintptr_t>(a.y) % 8 == 0 && (a.y_stride * static_cast<int64_t>(sizeof(Y))) % 8 == 0;
+      return launch_planned(forward_looped_add_f32_kernel<Y, W, false>, plan::kLoopedShareThreads, l,
+                            a.pdl && dev.sm90_code, stream, p);
+    }
   }
+  const plan::Launch l = plan::looped_forward_launch(a.rows, a.cols, kEs, io, dev);
+  const ForwardParams<X> p = forward_params<X>(a, l);
+  return launch_planned(forward_looped_kernel<X, QuantKind::kNone, W, Y>, plan::kLoopedThreads, l,
+                        a.pdl && dev.sm90_code, stream, p);
 }
 
 // The fp32 residual stream's forward (forward_looped_add_f32_kernel): the looped band's plan for fp32 rows of h
