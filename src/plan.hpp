@@ -167,10 +167,11 @@ inline constexpr int kClusterTpr = 512;  // kCluster: threads per CTA (one row s
 inline constexpr int kMaxPortableCluster = 8;
 inline constexpr int kMaxCluster = 16;  // non-portable; used where the device can co-schedule it
 inline constexpr int kLoopedThreads = 1024;
-// The fp32 residual stream's forward (forward_looped_add_f32_kernel): the looped band's row of kLoopedThreads
+// The kernels of fp32 x in the looped band's geometry (the fp32 residual stream's forward and backward, and fp32 x
+// with a 16-bit y: forward_looped_add_f32_kernel, backward_looped_shares_kernel): the row of kLoopedThreads
 // summing threads, run by CTAs of kLoopedShareThreads threads that each hold kLoopedThreads / kLoopedShareThreads
 // of them (row_sum_shares: the same sum, bit for bit), so that several rows share an SM where the 1024-thread CTA
-// fitted two (docs/fusions.md, "The residual stream in fp32").
+// fitted two (forward) or one (backward) (docs/fusions.md, "The residual stream in fp32").
 inline constexpr int kLoopedShareThreads = 256;
 inline constexpr int kLoopedShareCtasPerSm = 4;  // <= 64 registers (60): x and the residual of 4 chunks in flight; 5 or 6 spilled
 inline constexpr int kLoopedCtasPerSm = 2;  // backward: two partial rows per SM

@@ -556,6 +556,23 @@ Status backward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<Ve
                                               &backend.c()));
 }
 
+namespace detail {
+// The shapes of add_backward's and add_backward_x's views against h (gw's size where it has one).
+template <class R, class T>
+Status check_add_backward_views(const MatrixView<const R>& h, const VectorView<const T>& weight,
+                                const MatrixView<const T>& gy, const VectorView<const float>& rstd,
+                                const MatrixView<const R>& g_h, const MatrixView<R>& gx, const GradWeight<T>& gw) noexcept {
+  Status s = check_same_shape("gy", gy, h);
+  if (s == Status::kSuccess) s = check_same_shape("g_h", g_h, h);
+  if (s == Status::kSuccess) s = check_same_shape("gx", gx, h);
+  if (s == Status::kSuccess) s = check_optional("weight", weight, h.cols, "cols");
+  if (s == Status::kSuccess) s = check_optional("rstd", rstd, h.rows, "rows");
+  if (s == Status::kSuccess && gw.mode() != GwMode::kNone && gw.data() != nullptr)
+    s = check_size("gw", gw.size(), "cols", h.cols);
+  return s;
+}
+}  // namespace detail
+
 // The backward of add_forward (rmsnorm_add_backward): gx = T(T(gx_norm) + g_h)
 // for both x and residual, given h, gy and g_h (h's gradient from its other
 // consumer). gx may alias gy or g_h exactly. The residual stream's R (h, g_h,
@@ -572,13 +589,7 @@ Status add_backward(detail::nondeduced<MatrixView<const R>> h, detail::nondeduce
   static_assert(!std::is_const<R>::value, "gx must be writable");
   static_assert(std::is_same<R, T>::value || std::is_same<R, float>::value, "the residual stream is T or float");
   detail::clear_cpp_error();
-  Status s = detail::check_same_shape("gy", gy, h);
-  if (s == Status::kSuccess) s = detail::check_same_shape("g_h", g_h, h);
-  if (s == Status::kSuccess) s = detail::check_same_shape("gx", gx, h);
-  if (s == Status::kSuccess) s = detail::check_optional("weight", weight, h.cols, "cols");
-  if (s == Status::kSuccess) s = detail::check_optional("rstd", rstd, h.rows, "rows");
-  if (s == Status::kSuccess && gw.mode() != GwMode::kNone && gw.data() != nullptr)
-    s = detail::check_size("gw", gw.size(), "cols", h.cols);
+  const Status s = detail::check_add_backward_views<R, T>(h, weight, gy, rstd, g_h, gx, gw);
   if (s != Status::kSuccess) return s;
   rmsnorm_problem_t p = detail::make_problem<T>(h.rows, h.cols, opt);
   if (!std::is_same<R, T>::value) p.flags |= RMSNORM_FLAG_RESIDUAL_F32;
@@ -598,14 +609,8 @@ Status add_backward_x(MatrixView<const float> h, detail::nondeduced<VectorView<c
                       const Backend& backend) noexcept {
   static_assert(!std::is_same<T, float>::value, "x of the fp32 residual stream is 16-bit");
   detail::clear_cpp_error();
-  Status s = detail::check_same_shape("gy", gy, h);
-  if (s == Status::kSuccess) s = detail::check_same_shape("g_h", g_h, h);
-  if (s == Status::kSuccess) s = detail::check_same_shape("gx", gx, h);
+  Status s = detail::check_add_backward_views<float, T>(h, weight, gy, rstd, g_h, gx, gw);
   if (s == Status::kSuccess) s = detail::check_same_shape("gx_x", gx_x, h);
-  if (s == Status::kSuccess) s = detail::check_optional("weight", weight, h.cols, "cols");
-  if (s == Status::kSuccess) s = detail::check_optional("rstd", rstd, h.rows, "rows");
-  if (s == Status::kSuccess && gw.mode() != GwMode::kNone && gw.data() != nullptr)
-    s = detail::check_size("gw", gw.size(), "cols", h.cols);
   if (s != Status::kSuccess) return s;
   rmsnorm_problem_t p = detail::make_problem<T>(h.rows, h.cols, opt);
   p.flags |= RMSNORM_FLAG_RESIDUAL_F32;

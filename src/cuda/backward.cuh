@@ -1169,9 +1169,8 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
     float2 sums[kShares];
     Chunk<T> xk[kShares], hk[kShares];
     Chunk<G> gk[kShares];
-#pragma unroll
-    for (int k = 0; k < kShares; ++k) sums[k] = make_float2(0.0f, 0.0f);
-    for (int c0 = 0; c0 < p.chunks; c0 += kSum) {
+    // The pass from chunk c0: the shares' chunks of x, gy and (with_gh) g_h into xk, gk and hk, 0 past the row.
+    auto load_pass = [&](int c0, bool with_gh) {
 #pragma unroll
       for (int k = 0; k < kShares; ++k) {
         const int c = c0 + t + k * kCta;
@@ -1181,9 +1180,14 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
         if (c < p.chunks) {
           xk[k] = load_chunk(xr, c, p.cols, p.vector_io);
           gk[k] = gy_of(gyr, c);
-          if (one_pass && ghr != nullptr) hk[k] = load_chunk(ghr, c, p.cols, p.vector_io);
+          if (with_gh && ghr != nullptr) hk[k] = load_chunk(ghr, c, p.cols, p.vector_io);
         }
       }
+    };
+#pragma unroll
+    for (int k = 0; k < kShares; ++k) sums[k] = make_float2(0.0f, 0.0f);
+    for (int c0 = 0; c0 < p.chunks; c0 += kSum) {
+      load_pass(c0, one_pass);
 #pragma unroll
       for (int k = 0; k < kShares; ++k) {
         const int c = c0 + t + k * kCta;
@@ -1248,24 +1252,13 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
       // a thread waits for L1 / L2 once per pass, not once per chunk (gx and the partial could alias the loads
       // for the compiler, which then kept them in order).
       for (int c0 = 0; c0 < p.chunks; c0 += kSum) {
+        load_pass(c0, true);
         float pa[kShares][kN];
 #pragma unroll
         for (int k = 0; k < kShares; ++k) {
           const int c = c0 + t + k * kCta;
-          xk[k] = zero_chunk<T>();
-          gk[k] = zero_chunk<G>();
-          hk[k] = zero_chunk<T>();
 #pragma unroll
-          for (int j = 0; j < kN; ++j) pa[k][j] = 0.0f;
-          if (c < p.chunks) {
-            xk[k] = load_chunk(xr, c, p.cols, p.vector_io);
-            gk[k] = gy_of(gyr, c);
-            if (ghr != nullptr) hk[k] = load_chunk(ghr, c, p.cols, p.vector_io);
-            if (part != nullptr)
-#pragma unroll
-              for (int j = 0; j < kN; ++j)
-                if (c * kN + j < p.cols) pa[k][j] = part[c * kN + j];
-          }
+          for (int j = 0; j < kN; ++j) pa[k][j] = part != nullptr && c * kN + j < p.cols ? part[c * kN + j] : 0.0f;
         }
 #pragma unroll
         for (int k = 0; k < kShares; ++k) {
