@@ -1122,7 +1122,7 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
 // one CTA per SM (41 registers with g_h), so its second wave of CTAs waited for the first.
 // One pass (D <= 4096): x, gy, g_h and w' of the row are held in registers across the reduction (g_h loaded with x
 // and gy, not after it) and the CTA's gw partial too, written once at the end. More passes: x and gy are read again
-// after the reduction (L1), with g_h and the partial kept in the workspace row, a pass's chunks at a time. (g_h
+// after the reduction (L1), with g_h and the CTA's workspace partial, a pass's chunks at a time. (g_h
 // prefetched into L1 before the reduction cost 4-8% there: H100, 16384 x 7168 and 4096 x 16384, forward and
 // backward 1390 -> 1337 and 1133 -> 1048 us without it.)
 template <typename T, bool kGh, typename W, typename G>
