@@ -1450,13 +1450,10 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
   const plan::Launch l =
       !mixed && a.rstd != nullptr && a.gx != a.gy ? plan::split_backward_launch(planned, a.rows, dev) : planned;
   BackwardParams<T> p = backward_params<T>(a, l);
-  auto rows8 = [&](const void* q, int64_t stride) {
-    return reinterpret_cast<uintptr_t>(q) % 8 == 0 && (stride * static_cast<int64_t>(dtype_size(gdt))) % 8 == 0;
-  };
-  p.gy_vector = rows8(a.gy, a.gy_stride);
+  p.gy_vector = quad_rows(a.gy, a.gy_stride);  // read only where gy is 16-bit (backward_looped_shares_kernel)
   p.gx_x = a.gx_x;
   p.gx_x_stride = a.gx_x_stride;
-  p.gx_x_vector = rows8(a.gx_x, a.gx_x_stride);
+  p.gx_x_vector = quad_rows(a.gx_x, a.gx_x_stride);
   if (a.gx_x != nullptr && l.row.cta_threads != plan::kLoopedShareThreads)
     return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "x's gradient in its dtype from a kernel that does not write it");
   const bool pdl = a.pdl && dev.sm90_code;

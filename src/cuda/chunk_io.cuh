@@ -192,6 +192,12 @@ __device__ __forceinline__ void store_row_chunk(T* __restrict__ row, int chunk, 
 // The line holding *p into L1 (no register, no wait).
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
+// Every row of a 16-bit operand (base p, row stride in elements) 8-byte aligned: load_quad's and store_quad's
+// `vec`, 4 columns in one 8-byte access (the launchers decide it once per call).
+inline bool quad_rows(const void* p, int64_t stride) {
+  return reinterpret_cast<uintptr_t>(p) % 8 == 0 && (stride * 2) % 8 == 0;
+}
+
 // Columns [first, first + 4) of a 16-bit row (0 past cols), in the low two words of a Chunk<T>.
 template <typename T>
 __device__ __forceinline__ Chunk<T> load_quad(const T* __restrict__ row, int first, int cols, bool vec) {

@@ -1217,7 +1217,7 @@ rmsnorm_status_t launch_looped_as(const ForwardArgs& a, const plan::Device& dev,
       const plan::Launch l = plan::looped_f32_shares_launch(a.rows, a.cols, io, dev);
       AddF32ForwardParams<Y> p;
       static_cast<ForwardParams<float>&>(p) = forward_params<float>(a, l);
-      p.y_vector = reinterpret_cast<uintptr_t>(a.y) % 8 == 0 && (a.y_stride * static_cast<int64_t>(sizeof(Y))) % 8 == 0;
+      p.y_vector = quad_rows(a.y, a.y_stride);
       return launch_planned(forward_looped_add_f32_kernel<Y, W, false>, plan::kLoopedShareThreads, l,
                             a.pdl && dev.sm90_code, stream, p);
     }
@@ -1242,13 +1242,10 @@ rmsnorm_status_t launch_looped_add_f32(const ForwardArgs& a, const plan::Device&
   b.x_stride = a.h_stride;
   AddF32ForwardParams<T> p;
   static_cast<ForwardParams<float>&>(p) = forward_params<float>(b, l);
-  auto rows8 = [](const void* q, int64_t stride) {
-    return reinterpret_cast<uintptr_t>(q) % 8 == 0 && (stride * static_cast<int64_t>(sizeof(T))) % 8 == 0;
-  };
   p.x16 = static_cast<const T*>(a.x);
   p.x16_stride = a.x_stride;
-  p.x16_vector = rows8(a.x, a.x_stride);
-  p.y_vector = rows8(a.y, a.y_stride);
+  p.x16_vector = quad_rows(a.x, a.x_stride);
+  p.y_vector = quad_rows(a.y, a.y_stride);
   return launch_planned(forward_looped_add_f32_kernel<T, W>, plan::kLoopedShareThreads, l, a.pdl && dev.sm90_code, stream, p);
 }
 
