@@ -498,6 +498,21 @@ Launch add_launch(int64_t rows, const Device& dev);
 // band's row plan on the fp32 h or x (chunks of 4 columns; sum_tpr = kLoopedThreads, the summing threads) on CTAs
 // of kLoopedShareThreads, one row per CTA up to kMaxGrid (forward_looped_add_f32_kernel).
 Launch looped_f32_shares_launch(int64_t rows, int64_t cols, Io io, const Device& dev);
+// forward_looped_add_f32_kernel<..., kHeld> and backward_looped_shares_kernel<..., kVec>: a one-pass row (chunks <=
+// kLoopedThreads, D % 4 == 0) whose every access is a whole vector (io kVector: h, the residual, x and gx of fp32
+// and an fp32 weight 16-byte aligned rows; `quads`: the 16-bit x, y, gy, gx_x and weight 8-byte aligned). The
+// backward then runs without its element paths at every row count. The forward also holds x (or h) and w' in
+// registers from their load to y (no read-back after the reduction), at two CTAs per SM: taken for at most one wave
+// of them (f32_shares_held_rows), where the rows are latency-bound; with more rows the read-back kernel's four or
+// five CTAs per SM were faster (H200, 8192 x 4096 fp32 x with a bf16 y: 69.7 us against 107.3; docs/fusions.md).
+inline constexpr int kLoopedShareHeldCtasPerSm = 2;
+inline bool f32_shares_vec(int64_t cols, Io io, bool quads) {
+  return io == Io::kVector && quads && cols % 4 == 0 && cols / 4 <= kLoopedThreads;
+}
+inline int64_t f32_shares_held_rows(const Device& dev) { return int64_t{dev.sm_count} * kLoopedShareHeldCtasPerSm; }
+inline bool f32_shares_held(int64_t rows, int64_t cols, Io io, bool quads, const Device& dev) {
+  return f32_shares_vec(cols, io, quads) && rows <= f32_shares_held_rows(dev);
+}
 // fp32 x with a 16-bit y takes it up to kYDtypeSharesMaxChunks chunks (D <= 8192); longer rows take the 1024-thread
 // looped kernel (looped_forward_launch: two rows per SM, each read back from L1), which took 0.72x the shares' time at
 // 4096 x 16384 and 0.81x at 2048 x 32768, where four rows per SM read back from L2 (H100; at 16384 x 7168 the

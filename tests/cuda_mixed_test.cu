@@ -317,6 +317,104 @@ TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
       }
 }
 
+// Batch invariance across the plan's kernels for fp32 x (fp32 x with a bf16 y, and the fp32 residual stream): a row's
+// y, h and rstd are the same bits from the held forward (plan::f32_shares_held: a one-pass row whose every access is
+// a whole vector, at most one wave of rows) and from the read-back one (more rows than that wave, or a weight aligned
+// to its dtype only), and its gx and gw the same from the backward with and without its element paths (the same
+// weight aligned or not).
+TEST_F(CudaMixed, Fp32FormsHeldAndGenericKernelsAgree) {
+  std::mt19937_64 rng(107);
+  int sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int64_t many = 4 * int64_t{sms} + 1, few = 5;
+  const rmsnorm_backend_t b = rmsnorm_backend_cuda(-1, nullptr);
+  for (bool residual : {false, true})
+    for (int64_t d : {1000, 4096}) {
+      SCOPED_TRACE(std::string(residual ? "fp32 residual stream" : "fp32 x, bf16 y") + ", D " + std::to_string(d));
+      MixedCase c;
+      c.x_dtype = residual ? RMSNORM_DTYPE_BF16 : RMSNORM_DTYPE_F32;
+      c.y_dtype = RMSNORM_DTYPE_BF16;
+      c.residual_f32 = residual;
+      c.rows = many;
+      c.cols = d;
+      const int32_t wd = weight_dtype(c), nd = norm_dtype(c);
+      HostMatrix x = matrix(c, c.x_dtype), res = matrix(c, RMSNORM_DTYPE_F32), w(wd, 1, d, d, 0),
+                 wm(wd, 1, d, d, 1), gy = matrix(c, RMSNORM_DTYPE_BF16);
+      fill_random(x, rng, harness::hetero_row_scale);
+      fill_random(res, rng, harness::hetero_row_scale);
+      fill_random(w, rng);
+      for (int64_t k = 0; k < d; ++k) wm.set(0, k, w.get(0, k));
+      fill_random(gy, rng);
+      DeviceCopy dx(x), dres(res), dw(w), dwm(wm), dgy(gy);
+      rmsnorm_problem_t p = problem_of(c);
+      // Forward of `rows` rows with the weight w_ptr: y, h (residual) and rstd on the host.
+      struct Out {
+        HostMatrix y, h;
+        std::vector<float> rstd;
+      };
+      auto forward = [&](int64_t rows, const void* w_ptr) {
+        MixedCase r = c;
+        r.rows = rows;
+        Out o{matrix(r, RMSNORM_DTYPE_BF16), matrix(r, RMSNORM_DTYPE_F32), std::vector<float>(size_t(rows), NAN)};
+        DeviceCopy dy(o.y), dh(o.h);
+        DeviceBuffer drs(size_t(rows) * 4);
+        p.rows = rows;
+        poison_shared_memory();
+        const rmsnorm_status_t st =
+            residual ? rmsnorm_add_forward(&p, dx.data(), d, dres.data(), d, w_ptr, dh.data(), d, dy.data(), d,
+                                           drs.as<float>(), &b)
+                     : rmsnorm_forward(&p, dx.data(), d, w_ptr, dy.data(), d, drs.as<float>(), &b);
+        EXPECT_EQ(RMSNORM_STATUS_SUCCESS, st) << rmsnorm_last_error();
+        EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+        dy.download(&o.y);
+        dh.download(&o.h);
+        EXPECT_EQ(cudaSuccess, cudaMemcpy(o.rstd.data(), drs.get(), size_t(rows) * 4, cudaMemcpyDeviceToHost));
+        return o;
+      };
+      const Out all = forward(many, dw.data()), held = forward(few, dw.data()), generic = forward(few, dwm.data());
+      ASSERT_FALSE(HasFailure());
+      for (const Out* o : {&held, &generic})
+        for (int64_t r = 0; r < few; ++r) {
+          ASSERT_EQ(0, std::memcmp(&o->rstd[r], &all.rstd[r], 4)) << "rstd of row " << r;
+          for (int64_t k = 0; k < d; ++k) {
+            ASSERT_EQ(0, std::memcmp(static_cast<const char*>(o->y.data()) + o->y.index(r, k) * 2,
+                                     static_cast<const char*>(all.y.data()) + all.y.index(r, k) * 2, 2))
+                << "y at row " << r << " col " << k << (o == &held ? " (held)" : " (weight misaligned)");
+            if (residual) ASSERT_EQ(o->h.get(r, k), all.h.get(r, k)) << "h at row " << r << " col " << k;
+          }
+        }
+      // Backward of the first rows, rstd given (the forward's), with the weight aligned and at base + 1 element.
+      HostMatrix in = residual ? all.h : x;
+      DeviceCopy din(in), drstd_in(HostMatrix(RMSNORM_DTYPE_F32, 1, many, many, 0));
+      ASSERT_EQ(cudaSuccess, cudaMemcpy(drstd_in.data(), all.rstd.data(), size_t(many) * 4, cudaMemcpyHostToDevice));
+      auto backward = [&](const void* w_ptr, HostMatrix* gx, HostMatrix* gw) {
+        p.rows = few;
+        size_t ws_bytes = 0;
+        ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, RMSNORM_GW_STORE_F32, &b, &ws_bytes));
+        DeviceBuffer ws(ws_bytes);
+        DeviceCopy dgx(*gx), dgw(*gw);
+        poison_shared_memory();
+        const rmsnorm_status_t st =
+            residual ? rmsnorm_add_backward(&p, din.data(), d, w_ptr, dgy.data(), d, static_cast<const float*>(drstd_in.data()), nullptr,
+                                            0, dgx.data(), d, dgw.data(), RMSNORM_GW_STORE_F32, ws.get(), ws_bytes, &b)
+                     : rmsnorm_backward(&p, din.data(), d, w_ptr, dgy.data(), d, static_cast<const float*>(drstd_in.data()), dgx.data(),
+                                        d, dgw.data(), RMSNORM_GW_STORE_F32, ws.get(), ws_bytes, &b);
+        ASSERT_EQ(RMSNORM_STATUS_SUCCESS, st) << rmsnorm_last_error();
+        ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+        dgx.download(gx);
+        dgw.download(gw);
+      };
+      MixedCase r = c;
+      r.rows = few;
+      HostMatrix gx_v = matrix(r, nd), gx_e = matrix(r, nd), gw_v(RMSNORM_DTYPE_F32, 1, d), gw_e(RMSNORM_DTYPE_F32, 1, d);
+      backward(dw.data(), &gx_v, &gw_v);
+      backward(dwm.data(), &gx_e, &gw_e);
+      ASSERT_FALSE(HasFailure());
+      EXPECT_EQ(0, std::memcmp(gx_v.data(), gx_e.data(), gx_v.data_bytes())) << "gx, weight aligned or not";
+      EXPECT_EQ(0, std::memcmp(gw_v.data(), gw_e.data(), gw_v.data_bytes())) << "gw, weight aligned or not";
+    }
+}
+
 // A weight aligned to its dtype only, with every other operand's rows 16-byte aligned: the 16-byte paths must not
 // read it by vectors (every mixed form, forward and backward; the fp32 weight alone in the rows band too).
 TEST_F(CudaMixed, MisalignedWeight) {

@@ -560,6 +560,28 @@ TEST(Plan, Fp32YDtypeForwardInSharesUpTo8192) {
     ASSERT_EQ(y_dtype_forward_in_shares(d), d <= 8192) << d;
 }
 
+// The fp32 forms' kernels without element paths (f32_shares_vec; the forward's held rows, f32_shares_held): a
+// one-pass row of whole chunks (D % 4 == 0, D <= 4 kLoopedThreads) whose every access is a whole vector; the held
+// forward for one wave of its CTAs at most (two per SM), where one CTA per row fits every SM.
+TEST(Plan, Fp32SharesHeldRows) {
+  static_assert(kLoopedShareHeldCtasPerSm * kLoopedShareThreads <= kMaxThreadsPerSm, "a wave of held CTAs fits");
+  for (const Device& dev : {hopper(), ampere()}) {
+    const int64_t wave = int64_t{dev.sm_count} * kLoopedShareHeldCtasPerSm;
+    ASSERT_EQ(f32_shares_held_rows(dev), wave);
+    for (int64_t d = 1; d <= 3 * 4096; ++d)
+      for (Io io : {Io::kVector, Io::kElement, Io::kPaired})
+        for (bool quads : {false, true}) {
+          const bool vec = io == Io::kVector && quads && d % 4 == 0 && d <= 4 * kLoopedThreads;
+          ASSERT_EQ(f32_shares_vec(d, io, quads), vec) << d;
+          if (vec) {
+            ASSERT_EQ(looped_f32_shares_launch(1, d, io, dev).row.chunks, d / 4) << d;  // one pass
+          }
+          for (int64_t rows : {int64_t{1}, wave, wave + 1, int64_t{1} << 30})
+            ASSERT_EQ(f32_shares_held(rows, d, io, quads, dev), vec && rows <= wave) << d << " " << rows;
+        }
+  }
+}
+
 // RMSNORM_FLAG_RESIDUAL_F32's forward, for every D: the looped band's row on the fp32 h (its chunks of 4 columns,
 // its 1024 summing threads, so rstd is summed as rms_norm(h, out_dtype) and the backward's recompute sum it), run by
 // CTAs of kLoopedShareThreads threads holding whole shares of them, one row per CTA as the looped forward's grid.

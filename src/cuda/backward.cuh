@@ -1125,7 +1125,9 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
 // after the reduction (L1), with g_h and the CTA's workspace partial, a pass's chunks at a time. (g_h
 // prefetched into L1 before the reduction cost 4-8% there: H100, 16384 x 7168 and 4096 x 16384, forward and
 // backward 1390 -> 1337 and 1133 -> 1048 us without it.)
-template <typename T, bool kGh, typename W, typename G>
+// kVec (plan::f32_shares_held's rows: one pass, every access a whole vector): the same with the element paths
+// compiled out.
+template <typename T, bool kGh, typename W, typename G, bool kVec = false>
 __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPerSm)
     backward_looped_shares_kernel(const BackwardParams<T> p) {
   constexpr int kCta = plan::kLoopedShareThreads;
@@ -1140,7 +1142,7 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
   __shared__ RowScratch<float2, kSum, 1> scratch;
   pdl_enter();
   const int t = static_cast<int>(threadIdx.x);
-  const bool one_pass = p.chunks <= kSum;
+  const bool one_pass = kVec || p.chunks <= kSum;
   float* part = p.with_gw && !p.gw.direct ? p.gw.partials + blockIdx.x * static_cast<int64_t>(p.cols) : nullptr;
   if (part != nullptr && !one_pass)
     for (int c = t; c < p.chunks; c += kCta)
@@ -1152,13 +1154,30 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
     const int c = t + k * kCta;
 #pragma unroll
     for (int j = 0; j < kN; ++j) acc[k][j] = 0.0f;
-    if (one_pass && c < p.chunks) weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, wh[k]);
+    if (one_pass && c < p.chunks) {
+      if constexpr (kVec && !std::is_same_v<W, T>) {
+        if (p.w != nullptr) {
+          const Chunk<W> q = load_quad(reinterpret_cast<const W*>(p.w), c * kN, p.cols, true);
+#pragma unroll
+          for (int j = 0; j < kN; ++j) wh[k][j] = q.get(j) + p.w_offset;
+        } else {
+#pragma unroll
+          for (int j = 0; j < kN; ++j) wh[k][j] = 1.0f;
+        }
+      } else {
+        weights_any<W>(p.w, c, p.cols, kVec || p.vector_io, p.w_offset, wh[k]);
+      }
+    }
   }
-  auto gy_of = [&](const G* gyr, int c) { return load_quad(gyr, c * kN, p.cols, p.gy_vector); };
+  auto gy_of = [&](const G* gyr, int c) { return load_quad(gyr, c * kN, p.cols, kVec || p.gy_vector); };
   // gx's chunk c, and with gx_x its rounding to G there.
   auto store_gx = [&](int64_t row, int c, const Chunk<T>& g) {
-    store_chunk(p.gx + row * p.gx_stride, c, p.cols, p.vector_io, g);
-    if (p.gx_x != nullptr) store_quad(static_cast<G*>(p.gx_x) + row * p.gx_x_stride, c * kN, p.cols, p.gx_x_vector, g);
+    if constexpr (kVec)
+      store16(p.gx + row * p.gx_stride + c * kN, g);
+    else
+      store_chunk(p.gx + row * p.gx_stride, c, p.cols, p.vector_io, g);
+    if (p.gx_x != nullptr)
+      store_quad(static_cast<G*>(p.gx_x) + row * p.gx_x_stride, c * kN, p.cols, kVec || p.gx_x_vector, g);
   };
   int parity = 0;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
@@ -1178,9 +1197,14 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
         gk[k] = zero_chunk<G>();
         hk[k] = zero_chunk<T>();
         if (c < p.chunks) {
-          xk[k] = load_chunk(xr, c, p.cols, p.vector_io);
+          if constexpr (kVec) {
+            xk[k] = as_chunk<T>(reinterpret_cast<const uint4*>(xr)[c]);
+            if (with_gh && ghr != nullptr) hk[k] = as_chunk<T>(reinterpret_cast<const uint4*>(ghr)[c]);
+          } else {
+            xk[k] = load_chunk(xr, c, p.cols, p.vector_io);
+            if (with_gh && ghr != nullptr) hk[k] = load_chunk(ghr, c, p.cols, p.vector_io);
+          }
           gk[k] = gy_of(gyr, c);
-          if (with_gh && ghr != nullptr) hk[k] = load_chunk(ghr, c, p.cols, p.vector_io);
         }
       }
     };
@@ -1405,12 +1429,15 @@ rmsnorm_status_t launch_looped_mixed(DType wdt, DType gdt, bool gh, Launch&& lau
 // backward_looped_shares_kernel (plan::mixed_backward_launch's CTA of kLoopedShareThreads): fp32 x with gy of a
 // 16-bit dtype G and the weight in G or fp32, with or without g_h.
 template <typename T, typename Launch>
-rmsnorm_status_t launch_looped_shares(DType wdt, DType gdt, bool gh, Launch&& launch) {
+rmsnorm_status_t launch_looped_shares(DType wdt, DType gdt, bool gh, bool vec, Launch&& launch) {
   return dispatch_dtype(wdt, [&](auto wtag) -> rmsnorm_status_t {
     return dispatch_dtype(gdt, [&](auto gtag) -> rmsnorm_status_t {
       using W = decltype(wtag);
       using G = decltype(gtag);
       if constexpr (std::is_same_v<T, float> && sizeof(G) == 2 && (std::is_same_v<W, float> || std::is_same_v<W, G>)) {
+        if (vec)
+          return gh ? launch(backward_looped_shares_kernel<T, true, W, G, true>, plan::kLoopedShareThreads)
+                    : launch(backward_looped_shares_kernel<T, false, W, G, true>, plan::kLoopedShareThreads);
         return gh ? launch(backward_looped_shares_kernel<T, true, W, G>, plan::kLoopedShareThreads)
                   : launch(backward_looped_shares_kernel<T, false, W, G>, plan::kLoopedShareThreads);
       }
@@ -1534,8 +1561,12 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
       break;
     }
     case Kernel::kBackwardLooped:
-      if (l.row.cta_threads == plan::kLoopedShareThreads)
-        st = launch_looped_shares<T>(wdt, gdt, gh, launch);
+      if (l.row.cta_threads == plan::kLoopedShareThreads) {
+        // Every access a whole vector in a one-pass row: the kernel without its element paths.
+        const bool quads = p.gy_vector && (a.gx_x == nullptr || p.gx_x_vector) &&
+                           (wdt == a.dtype || a.weight == nullptr || quad_rows(a.weight, 0));
+        st = launch_looped_shares<T>(wdt, gdt, gh, plan::f32_shares_vec(a.cols, io, quads), launch);
+      }
       else if (form != BackwardForm::kPlain)
         st = launch_looped_mixed<T>(wdt, gdt, gh, launch);
       else

@@ -1019,8 +1019,12 @@ __device__ __forceinline__ Chunk<float> load_h_chunk(const float* row, int chunk
 // kAdd false: the same row without the add, fp32 x (p.x) with y of the 16-bit T (RMSNORM_FLAG_Y_DTYPE:
 // forward_looped_kernel<float, kNone, W, T>'s rstd and y, bit for bit, at four rows per SM where it ran two); x is
 // read back through L1.
-template <typename T, typename W, bool kAdd = true>
-__global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareCtasPerSm) forward_looped_add_f32_kernel(const AddF32ForwardParams<T> p) {
+// kHeld (plan::f32_shares_held: a one-pass row whose every access is a whole vector): x (or h) and w' stay in
+// registers from their load to y, so no read-back and no element path; the same arithmetic in the same order.
+template <typename T, typename W, bool kAdd = true, bool kHeld = false>
+__global__ void __launch_bounds__(plan::kLoopedShareThreads,
+                                  kHeld ? plan::kLoopedShareHeldCtasPerSm : plan::kLoopedShareCtasPerSm)
+    forward_looped_add_f32_kernel(const AddF32ForwardParams<T> p) {
   constexpr int kCta = plan::kLoopedShareThreads;
   constexpr int kSumThreads = plan::kLoopedThreads;
   constexpr int kShares = kSumThreads / kCta;
@@ -1034,105 +1038,175 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedShareC
   pdl_enter();
   const int t = static_cast<int>(threadIdx.x);
   int parity = 0;
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
-    const T* xr = kAdd ? p.x16 + row * p.x16_stride : nullptr;
-    const float* hr = p.x + row * p.x_stride;  // the same row of h, read back (kAdd false: x)
-    const float* rr = kAdd ? p.res + row * p.res_stride : hr;
-    float* hw = kAdd ? p.h + row * p.h_stride : nullptr;
-    auto read_back = [&](int c) {
-      if constexpr (kAdd)
-        return load_h_chunk(hr, c, p.cols, p.vector_io);
-      else
-        return load_chunk(hr, c, p.cols, p.vector_io);
-    };
-    float ss[kShares];
-#pragma unroll
-    for (int k = 0; k < kShares; ++k) ss[k] = 0.0f;
-    // D <= 4096: the row is one pass of the summing threads, and a thread's chunks for y (t, t + kCta, ..) are its
-    // shares' chunks: their w' is prefetched into L1 with x and the residual, so that y does not wait on DRAM for it
-    // after the reduction (h or w' held in registers for y spilled at 64 registers).
-    const bool one_pass = p.chunks <= kSumThreads;
-    // Share k: summing thread t + k kCta, whose chunks are c0 + t + k kCta for c0 = 0, 1024, ..
-    for (int c0 = 0; c0 < p.chunks; c0 += kSumThreads) {
-      Chunk<T> xq[kShares];
-      Chunk<float> res[kShares];
+  if constexpr (kHeld) {
+    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
+      const float* rr = (kAdd ? p.res + row * p.res_stride : p.x + row * p.x_stride);
+      Chunk<float> h[kShares];
+      float w[kShares][kN], ss[kShares];
 #pragma unroll
       for (int k = 0; k < kShares; ++k) {
-        const int c = c0 + t + k * kCta;
-        xq[k] = zero_chunk<T>();
-        res[k] = zero_chunk<float>();
+        const int c = t + k * kCta;
+        Chunk<T> xq = zero_chunk<T>();
+        h[k] = zero_chunk<float>();
         if (c < p.chunks) {
-          if constexpr (kAdd) xq[k] = load_quad(xr, c * kN, p.cols, p.x16_vector);
-          res[k] = load_chunk(rr, c, p.cols, p.vector_io);
-          if (one_pass && p.w != nullptr) prefetch_l1(reinterpret_cast<const W*>(p.w) + c * kN);
+          if constexpr (kAdd) xq = load_quad(p.x16 + row * p.x16_stride, c * kN, p.cols, true);
+          h[k] = as_chunk<float>(reinterpret_cast<const uint4*>(rr)[c]);
+          if constexpr (std::is_same_v<W, float>) {
+            weights_of(p.w, c, p.cols, true, p.w_offset, w[k]);
+          } else if (p.w != nullptr) {
+            const Chunk<W> q = load_quad(reinterpret_cast<const W*>(p.w), c * kN, p.cols, true);
+#pragma unroll
+            for (int j = 0; j < kN; ++j) w[k][j] = q.get(j) + p.w_offset;
+          } else {
+#pragma unroll
+            for (int j = 0; j < kN; ++j) w[k][j] = 1.0f;
+          }
+        }
+        if constexpr (kAdd) {
+          // add_kernel's h = float(x) + residual.
+#pragma unroll
+          for (int j = 0; j < kN; j += 2)
+            h[k].set2(j, xq.get(j) + h[k].get(j), xq.get(j + 1) + h[k].get(j + 1));
         }
       }
 #pragma unroll
       for (int k = 0; k < kShares; ++k) {
-        const int c = c0 + t + k * kCta;
+        ss[k] = 0.0f;
+        const int c = t + k * kCta;
         if (c < p.chunks) {
-          Chunk<float> h = res[k];
-          if constexpr (kAdd) {
-            // add_kernel's h = float(x) + residual; past cols both read as 0, so h is +0 there and adds nothing.
-#pragma unroll
-            for (int j = 0; j < kN; j += 2)
-              h.set2(j, xq[k].get(j) + res[k].get(j), xq[k].get(j + 1) + res[k].get(j + 1));
-            store_chunk(hw, c, p.cols, p.vector_io, h);
-          }
-          ss[k] = add_squares(ss[k], h);
+          if constexpr (kAdd) store16(p.h + row * p.h_stride + c * kN, h[k]);
+          ss[k] = add_squares(ss[k], h[k]);
         }
+      }
+      const float r = row_rstd(
+          row_sum_shares<kSumThreads, kCta, kShares>(ss, scratch, parity), p.cols, p.eps,
+          [&](const Shares& v) { return cta_sum_rare_shares<kSumThreads, kCta, kShares>(v.v, scratch); },
+          [&](float s) {
+            Shares v;
+#pragma unroll
+            for (int k = 0; k < kShares; ++k)
+              v.v[k] = t + k * kCta < p.chunks ? add_scaled_squares(0.0f, h[k], s) : 0.0f;
+            return v;
+          });
+      if (p.rstd != nullptr && t == 0) p.rstd[row] = r;
+      T* yr = reinterpret_cast<T*>(p.y) + row * p.y_stride;
+#pragma unroll
+      for (int k = 0; k < kShares; ++k) {
+        const int c = t + k * kCta;
+        if (c >= p.chunks) continue;
+        float o[kN];
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+          const float xh = h[k].get(j) * r;
+          o[j] = (p.round_xhat ? to_float(from_float<float>(xh)) : xh) * w[k][j];
+        }
+        Chunk<float> v;
+        v.set2(0, o[0], o[1]);
+        v.set2(2, o[2], o[3]);
+        store_quad(yr, c * kN, p.cols, true, v);
       }
     }
-    const float r = row_rstd(
-        row_sum_shares<kSumThreads, kCta, kShares>(ss, scratch, parity), p.cols, p.eps,
-        [&](const Shares& v) { return cta_sum_rare_shares<kSumThreads, kCta, kShares>(v.v, scratch); },
-        [&](float s) {
-          Shares v;
+  } else {
+    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
+      const T* xr = kAdd ? p.x16 + row * p.x16_stride : nullptr;
+      const float* hr = p.x + row * p.x_stride;  // the same row of h, read back (kAdd false: x)
+      const float* rr = kAdd ? p.res + row * p.res_stride : hr;
+      float* hw = kAdd ? p.h + row * p.h_stride : nullptr;
+      auto read_back = [&](int c) {
+        if constexpr (kAdd)
+          return load_h_chunk(hr, c, p.cols, p.vector_io);
+        else
+          return load_chunk(hr, c, p.cols, p.vector_io);
+      };
+      float ss[kShares];
 #pragma unroll
-          for (int k = 0; k < kShares; ++k) {
-            v.v[k] = 0.0f;
-            for (int c = t + k * kCta; c < p.chunks; c += kSumThreads)
-              v.v[k] = add_scaled_squares(v.v[k], read_back(c), s);
+      for (int k = 0; k < kShares; ++k) ss[k] = 0.0f;
+      // D <= 4096: the row is one pass of the summing threads, and a thread's chunks for y (t, t + kCta, ..) are its
+      // shares' chunks: their w' is prefetched into L1 with x and the residual, so that y does not wait on DRAM for it
+      // after the reduction (h or w' held in registers for y spilled at 64 registers).
+      const bool one_pass = p.chunks <= kSumThreads;
+      // Share k: summing thread t + k kCta, whose chunks are c0 + t + k kCta for c0 = 0, 1024, ..
+      for (int c0 = 0; c0 < p.chunks; c0 += kSumThreads) {
+        Chunk<T> xq[kShares];
+        Chunk<float> res[kShares];
+#pragma unroll
+        for (int k = 0; k < kShares; ++k) {
+          const int c = c0 + t + k * kCta;
+          xq[k] = zero_chunk<T>();
+          res[k] = zero_chunk<float>();
+          if (c < p.chunks) {
+            if constexpr (kAdd) xq[k] = load_quad(xr, c * kN, p.cols, p.x16_vector);
+            res[k] = load_chunk(rr, c, p.cols, p.vector_io);
+            if (one_pass && p.w != nullptr) prefetch_l1(reinterpret_cast<const W*>(p.w) + c * kN);
           }
-          return v;
-        });
-    if (p.rstd != nullptr && t == 0) p.rstd[row] = r;
-    T* yr = reinterpret_cast<T*>(p.y) + row * p.y_stride;
-    auto emit_y = [&](int c, const Chunk<float>& h) {
-      float w[kN];
-      weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
-      float o[kN];
-      // forward_looped_kernel<float, kNone, W, T>'s y: x_hat rounded to the norm's input dtype (fp32 here) with
-      // round_xhat, then one rounding to T.
+        }
 #pragma unroll
-      for (int j = 0; j < kN; ++j) {
-        const float xh = h.get(j) * r;
-        o[j] = (p.round_xhat ? to_float(from_float<float>(xh)) : xh) * w[j];
+        for (int k = 0; k < kShares; ++k) {
+          const int c = c0 + t + k * kCta;
+          if (c < p.chunks) {
+            Chunk<float> h = res[k];
+            if constexpr (kAdd) {
+              // add_kernel's h = float(x) + residual; past cols both read as 0, so h is +0 there and adds nothing.
+#pragma unroll
+              for (int j = 0; j < kN; j += 2)
+                h.set2(j, xq[k].get(j) + res[k].get(j), xq[k].get(j + 1) + res[k].get(j + 1));
+              store_chunk(hw, c, p.cols, p.vector_io, h);
+            }
+            ss[k] = add_squares(ss[k], h);
+          }
+        }
       }
-      const int first = c * kN;
-      if (p.y_vector && first + kN <= p.cols) {
-        Chunk<T> y;
-        y.set2(0, o[0], o[1]);
-        y.set2(2, o[2], o[3]);
-        *reinterpret_cast<uint2*>(yr + first) = make_uint2(y.w[0], y.w[1]);
-      } else {
+      const float r = row_rstd(
+          row_sum_shares<kSumThreads, kCta, kShares>(ss, scratch, parity), p.cols, p.eps,
+          [&](const Shares& v) { return cta_sum_rare_shares<kSumThreads, kCta, kShares>(v.v, scratch); },
+          [&](float s) {
+            Shares v;
 #pragma unroll
-        for (int j = 0; j < kN; ++j)
-          if (first + j < p.cols) yr[first + j] = from_float<T>(o[j]);
+            for (int k = 0; k < kShares; ++k) {
+              v.v[k] = 0.0f;
+              for (int c = t + k * kCta; c < p.chunks; c += kSumThreads)
+                v.v[k] = add_scaled_squares(v.v[k], read_back(c), s);
+            }
+            return v;
+          });
+      if (p.rstd != nullptr && t == 0) p.rstd[row] = r;
+      T* yr = reinterpret_cast<T*>(p.y) + row * p.y_stride;
+      auto emit_y = [&](int c, const Chunk<float>& h) {
+        float w[kN];
+        weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+        float o[kN];
+        // forward_looped_kernel<float, kNone, W, T>'s y: x_hat rounded to the norm's input dtype (fp32 here) with
+        // round_xhat, then one rounding to T.
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+          const float xh = h.get(j) * r;
+          o[j] = (p.round_xhat ? to_float(from_float<float>(xh)) : xh) * w[j];
+        }
+        const int first = c * kN;
+        if (p.y_vector && first + kN <= p.cols) {
+          Chunk<T> y;
+          y.set2(0, o[0], o[1]);
+          y.set2(2, o[2], o[3]);
+          *reinterpret_cast<uint2*>(yr + first) = make_uint2(y.w[0], y.w[1]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kN; ++j)
+            if (first + j < p.cols) yr[first + j] = from_float<T>(o[j]);
+        }
+      };
+      // A pass's kShares chunks of h read back at once: a thread waits for L1 / L2 once per pass, not once per chunk
+      // (y's stores could alias the loads for the compiler, which then kept them in order).
+      for (int c0 = 0; c0 < p.chunks; c0 += kSumThreads) {
+        Chunk<float> hs[kShares];
+#pragma unroll
+        for (int k = 0; k < kShares; ++k) {
+          const int c = c0 + t + k * kCta;
+          hs[k] = c < p.chunks ? read_back(c) : zero_chunk<float>();
+        }
+#pragma unroll
+        for (int k = 0; k < kShares; ++k)
+          if (c0 + t + k * kCta < p.chunks) emit_y(c0 + t + k * kCta, hs[k]);
       }
-    };
-    // A pass's kShares chunks of h read back at once: a thread waits for L1 / L2 once per pass, not once per chunk
-    // (y's stores could alias the loads for the compiler, which then kept them in order).
-    for (int c0 = 0; c0 < p.chunks; c0 += kSumThreads) {
-      Chunk<float> hs[kShares];
-#pragma unroll
-      for (int k = 0; k < kShares; ++k) {
-        const int c = c0 + t + k * kCta;
-        hs[k] = c < p.chunks ? read_back(c) : zero_chunk<float>();
-      }
-#pragma unroll
-      for (int k = 0; k < kShares; ++k)
-        if (c0 + t + k * kCta < p.chunks) emit_y(c0 + t + k * kCta, hs[k]);
     }
   }
 }
@@ -1218,8 +1292,11 @@ rmsnorm_status_t launch_looped_as(const ForwardArgs& a, const plan::Device& dev,
       AddF32ForwardParams<Y> p;
       static_cast<ForwardParams<float>&>(p) = forward_params<float>(a, l);
       p.y_vector = quad_rows(a.y, a.y_stride);
-      return launch_planned(forward_looped_add_f32_kernel<Y, W, false>, plan::kLoopedShareThreads, l,
-                            a.pdl && dev.sm90_code, stream, p);
+      const bool pdl = a.pdl && dev.sm90_code;
+      if (plan::f32_shares_held(a.rows, a.cols, io, p.y_vector && std::is_same_v<W, float>, dev))
+        return launch_planned(forward_looped_add_f32_kernel<Y, W, false, true>, plan::kLoopedShareThreads, l, pdl,
+                              stream, p);
+      return launch_planned(forward_looped_add_f32_kernel<Y, W, false>, plan::kLoopedShareThreads, l, pdl, stream, p);
     }
   }
   const plan::Launch l = plan::looped_forward_launch(a.rows, a.cols, kEs, io, dev);
@@ -1246,7 +1323,12 @@ rmsnorm_status_t launch_looped_add_f32(const ForwardArgs& a, const plan::Device&
   p.x16_stride = a.x_stride;
   p.x16_vector = quad_rows(a.x, a.x_stride);
   p.y_vector = quad_rows(a.y, a.y_stride);
-  return launch_planned(forward_looped_add_f32_kernel<T, W>, plan::kLoopedShareThreads, l, a.pdl && dev.sm90_code, stream, p);
+  const bool pdl = a.pdl && dev.sm90_code;
+  const bool quads = p.x16_vector && p.y_vector && (std::is_same_v<W, float> || quad_rows(a.weight, 0));
+  if (plan::f32_shares_held(a.rows, a.cols, io, quads, dev))
+    return launch_planned(forward_looped_add_f32_kernel<T, W, true, true>, plan::kLoopedShareThreads, l, pdl, stream,
+                          p);
+  return launch_planned(forward_looped_add_f32_kernel<T, W>, plan::kLoopedShareThreads, l, pdl, stream, p);
 }
 
 // y in another dtype than x's (RMSNORM_FLAG_Y_DTYPE), or the fp32 residual
