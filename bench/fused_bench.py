@@ -16,7 +16,7 @@ Operations and implementations (bf16 x, residual and w, eps 1e-5, the same tenso
   quant fp8/static, int8/row: the same with a static scale, and int8 per row.
   add f32res fwd the add forward with an fp32 residual stream (bf16 x, fp32 residual and h, bf16 y and w)
     fused          rmsnorm.add_rms_norm(x, residual_f32, ...)
-    2 passes       torch's add (x.float() + residual), then rmsnorm.rms_norm(h, w.float(), out_dtype=bfloat16)
+    2 passes       torch's add (x.float() + residual), then rmsnorm.rms_norm(h, w, out_dtype=bfloat16)
     eager          torch's add, then F.rms_norm(h, w.float()) rounded to bf16
     compile        torch.compile of the add and the fp32 formula (y rounded once to bf16)
   add f32res fwd+bwd  the same with autograd: gradients for x, the fp32 residual and w (g_h in fp32)
@@ -26,7 +26,7 @@ Operations and implementations (bf16 x, residual and w, eps 1e-5, the same tenso
     eager          F.rms_norm(x.float(), w_f32) rounded to bf16
     compile        torch.compile of the fp32 formula
   f32 to bf16 fwd  the forward of fp32 x (an fp32 stream's h) with y in bf16 (rms_norm's out_dtype); w bf16
-    fused          rmsnorm.rms_norm(x, D, w.float(), out_dtype=bfloat16)
+    fused          rmsnorm.rms_norm(x, D, w, out_dtype=bfloat16) (the bf16 weight as it is)
     2 passes       rmsnorm.rms_norm in fp32, then .to(bfloat16)
     eager          F.rms_norm in fp32, then .to(bfloat16)
     compile        torch.compile of the fp32 formula rounded once to bf16
@@ -97,8 +97,7 @@ def make(torch, rmsnorm, op, impl, cols):
         if impl == "fused":
             return lambda x, r, w: rmsnorm.add_rms_norm(x, r, cols, w, EPS)
         if impl == "2 passes":
-            return lambda x, r, w: (lambda h: (rmsnorm.rms_norm(h, cols, w.float(), EPS, out_dtype=x.dtype), h))(
-                x.float() + r)
+            return lambda x, r, w: (lambda h: (rmsnorm.rms_norm(h, cols, w, EPS, out_dtype=x.dtype), h))(x.float() + r)
         if impl == "eager":
             return lambda x, r, w: (lambda h: (F.rms_norm(h, (cols,), w.float(), EPS).to(x.dtype), h))(x.float() + r)
 
@@ -109,7 +108,7 @@ def make(torch, rmsnorm, op, impl, cols):
         return torch.compile(f32res_formula, fullgraph=True, dynamic=False)
     if op == "f32 to bf16 fwd":  # x fp32 (an fp32 residual stream's h), w bf16, y bf16: out_dtype
         if impl == "fused":
-            return lambda x, r, w: rmsnorm.rms_norm(x, cols, w.float(), EPS, out_dtype=torch.bfloat16)
+            return lambda x, r, w: rmsnorm.rms_norm(x, cols, w, EPS, out_dtype=torch.bfloat16)
         if impl == "2 passes":
             return lambda x, r, w: rmsnorm.rms_norm(x, cols, w.float(), EPS).to(torch.bfloat16)
         if impl == "eager":

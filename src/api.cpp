@@ -67,7 +67,7 @@ namespace {
 
 constexpr uint32_t kKnownFlags =
     RMSNORM_FLAG_WEIGHT_OFFSET | RMSNORM_FLAG_ROUND_XHAT | RMSNORM_FLAG_NO_PDL | RMSNORM_FLAG_TRUSTED_MEMORY |
-    RMSNORM_FLAG_WEIGHT_F32 | RMSNORM_FLAG_Y_DTYPE_MASK | RMSNORM_FLAG_RESIDUAL_F32;
+    RMSNORM_FLAG_WEIGHT_F32 | RMSNORM_FLAG_Y_DTYPE_MASK | RMSNORM_FLAG_RESIDUAL_F32 | RMSNORM_FLAG_WEIGHT_Y_DTYPE;
 
 std::string num(int64_t v) { return std::to_string(v); }
 
@@ -159,8 +159,10 @@ bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % 
 struct Common {
   DType dtype = DType::kF32;
   size_t esize = 4;  // dtype_size(dtype)
-  size_t wsize = 4;  // the weight's element size (RMSNORM_FLAG_WEIGHT_F32: 4)
+  size_t wsize = 4;  // the weight's element size: dtype_size(weight_dtype)
   bool weight_f32 = false;  // RMSNORM_FLAG_WEIGHT_F32 with 16-bit x
+  bool weight_y = false;    // RMSNORM_FLAG_WEIGHT_Y_DTYPE (fp32 x, a 16-bit y)
+  DType weight_dtype = DType::kF32;  // the weight's (and gw's in the non-F32 modes)
   DType y_dtype = DType::kF32;  // y's (and gy's) dtype: dtype unless RMSNORM_FLAG_Y_DTYPE says otherwise
   size_t ysize = 4;             // dtype_size(y_dtype)
   bool residual_f32 = false;    // RMSNORM_FLAG_RESIDUAL_F32 with 16-bit x
@@ -198,10 +200,16 @@ rmsnorm_status_t check_problem_and_backend(const rmsnorm_problem_t* p, const rms
   c->dtype = static_cast<DType>(p->dtype);
   c->esize = dtype_size(c->dtype);
   c->weight_f32 = (p->flags & RMSNORM_FLAG_WEIGHT_F32) != 0 && c->dtype != DType::kF32;
-  c->wsize = c->weight_f32 ? sizeof(float) : c->esize;
   const uint32_t y_bits = (p->flags & RMSNORM_FLAG_Y_DTYPE_MASK) >> 8;
   c->y_dtype = y_bits == 0 ? c->dtype : static_cast<DType>(y_bits - 1);
   c->ysize = dtype_size(c->y_dtype);
+  c->weight_y = (p->flags & RMSNORM_FLAG_WEIGHT_Y_DTYPE) != 0;
+  if (c->weight_y && (c->dtype != DType::kF32 || c->y_dtype == DType::kF32 || (p->flags & RMSNORM_FLAG_WEIGHT_F32) != 0))
+    return fail(RMSNORM_STATUS_INVALID_OPTION, "flags",
+                "RMSNORM_FLAG_WEIGHT_Y_DTYPE needs fp32 x and RMSNORM_FLAG_Y_DTYPE of f16 or bf16, without "
+                "RMSNORM_FLAG_WEIGHT_F32");
+  c->weight_dtype = c->weight_f32 ? DType::kF32 : c->weight_y ? c->y_dtype : c->dtype;
+  c->wsize = dtype_size(c->weight_dtype);
   c->residual_f32 = (p->flags & RMSNORM_FLAG_RESIDUAL_F32) != 0 && c->dtype != DType::kF32;
   c->rsize = c->residual_f32 ? sizeof(float) : c->esize;
   if (b->kind == RMSNORM_BACKEND_CPU) {
@@ -290,6 +298,7 @@ void set_problem_fields(const rmsnorm_problem_t& p, const Common& c, Args* a) {
   a->eps = p.eps;
   a->weight_offset = (p.flags & RMSNORM_FLAG_WEIGHT_OFFSET) != 0;
   a->weight_f32 = c.weight_f32;
+  a->weight_dtype = static_cast<int32_t>(c.weight_dtype);
   a->pdl = (p.flags & RMSNORM_FLAG_NO_PDL) == 0;
   a->y_dtype = static_cast<int32_t>(c.y_dtype);
 }
@@ -450,7 +459,7 @@ static rmsnorm_status_t workspace_size_impl(const rmsnorm_problem_t* problem, in
   // mixed one, the looped band's launch, whose workspace does not depend on the element size).
   const cuda::BackwardForm form =
       c.residual_f32 ? cuda::BackwardForm::kMixed
-                     : cuda::backward_form(c.dtype, c.weight_f32 ? DType::kF32 : c.dtype, c.y_dtype);
+                     : cuda::backward_form(c.dtype, c.weight_dtype, c.y_dtype);
   return cuda::backward_workspace_bytes(problem->rows, problem->cols, c.dtype, mode, form, c.device, bytes);
 #else
   return fail(RMSNORM_STATUS_INTERNAL_ERROR, "backend", "unreachable");
@@ -780,7 +789,7 @@ static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const v
                 "rmsnorm_add_backward_x needs RMSNORM_FLAG_RESIDUAL_F32 (without it x's gradient is gx itself)");
   // The fp32 residual stream's backward: h, g_h and gx are float, gy and the weight stay in x's dtype T. It runs
   // as the fp32 problem with gy in T (y_dtype) and the weight in T (weight_dtype).
-  const DType weight_dtype = c.weight_f32 ? DType::kF32 : c.dtype;
+  const DType weight_dtype = c.weight_dtype;
   if (c.residual_f32) {
     c.y_dtype = c.dtype;
     c.ysize = c.esize;

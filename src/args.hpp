@@ -35,6 +35,9 @@ struct ForwardArgs {
   float eps = 1e-5f;
   bool weight_offset = false;  // w' = 1 + w
   bool weight_f32 = false;     // the weight is float (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x)
+  // The weight's dtype, a DType; -1: float with weight_f32, else dtype (weight_dtype_of). RMSNORM_FLAG_WEIGHT_Y_DTYPE
+  // sets y's; the fp32 residual stream's forward runs with dtype x's (16-bit), the weight's.
+  int32_t weight_dtype = -1;
   bool round_xhat = false;     // y = T(T(x_hat) * w')
   bool pdl = true;             // CUDA: programmatic dependent launch (rmsnorm.h)
   int32_t y_dtype = -1;  // y's dtype (RMSNORM_FLAG_Y_DTYPE), a DType; -1: dtype (y_dtype_of)
@@ -101,7 +104,8 @@ struct BackwardArgs {
   size_t workspace_bytes = 0;
 };
 
-inline DType weight_dtype_of(const BackwardArgs& a) {
+template <typename Args>
+DType weight_dtype_of(const Args& a) {
   return a.weight_dtype >= 0 ? static_cast<DType>(a.weight_dtype) : a.weight_f32 ? DType::kF32 : a.dtype;
 }
 

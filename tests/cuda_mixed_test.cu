@@ -56,6 +56,7 @@ struct MixedCase {
   int32_t y_dtype = RMSNORM_DTYPE_BF16;  // gy's too
   bool residual_f32 = false;             // then y_dtype is x's and h, g_h, gx are fp32
   bool weight_f32 = false;
+  bool weight_y = false;  // fp32 x: the weight in y's 16-bit dtype (RMSNORM_FLAG_WEIGHT_Y_DTYPE)
   bool weight = true;
   bool weight_offset = false;
   bool round_xhat = false;
@@ -69,7 +70,7 @@ struct MixedCase {
 
 std::string describe(const MixedCase& c) {
   return std::string(dtype_name(c.x_dtype)) + " x, " + dtype_name(c.y_dtype) + " y" +
-         (c.residual_f32 ? ", fp32 residual stream" : "") + (c.weight_f32 ? ", fp32 weight" : "") +
+         (c.residual_f32 ? ", fp32 residual stream" : "") + (c.weight_f32 ? ", fp32 weight" : "") + (c.weight_y ? ", weight in y's dtype" : "") +
          (c.weight ? "" : ", no weight") + (c.weight_offset ? ", offset" : "") + (c.round_xhat ? ", round_xhat" : "") +
          (c.padded ? ", base + 1, padded" : "") + (c.weight_misaligned ? ", weight at base + 1" : "") +
          (c.h_in_place ? ", h over the residual" : "") + (c.gx_x ? ", gx_x" : "") + ", " + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
@@ -79,7 +80,7 @@ std::string describe(const MixedCase& c) {
 int64_t stride_of(const MixedCase& c) { return c.padded ? c.cols + 3 : c.cols; }
 int64_t offset_of(const MixedCase& c) { return c.padded ? 1 : 0; }
 HostMatrix matrix(const MixedCase& c, int32_t dt) { return HostMatrix(dt, c.rows, c.cols, stride_of(c), offset_of(c)); }
-int32_t weight_dtype(const MixedCase& c) { return c.weight_f32 ? RMSNORM_DTYPE_F32 : c.x_dtype; }
+int32_t weight_dtype(const MixedCase& c) { return c.weight_f32 ? RMSNORM_DTYPE_F32 : c.weight_y ? c.y_dtype : c.x_dtype; }
 // The dtype the norm reads (x's, or the fp32 residual stream's h).
 int32_t norm_dtype(const MixedCase& c) { return c.residual_f32 ? RMSNORM_DTYPE_F32 : c.x_dtype; }
 
@@ -90,6 +91,7 @@ rmsnorm_problem_t problem_of(const MixedCase& c) {
   p.dtype = c.x_dtype;
   p.flags = (c.weight_offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u) | (c.round_xhat ? RMSNORM_FLAG_ROUND_XHAT : 0u) |
             (c.weight_f32 ? RMSNORM_FLAG_WEIGHT_F32 : 0u) | (c.residual_f32 ? RMSNORM_FLAG_RESIDUAL_F32 : 0u) |
+            (c.weight_y ? RMSNORM_FLAG_WEIGHT_Y_DTYPE : 0u) |
             (c.y_dtype != c.x_dtype ? RMSNORM_FLAG_Y_DTYPE(c.y_dtype) : 0u);
   return p;
 }
@@ -248,6 +250,7 @@ MixedCase sweep_case(int32_t xd, int32_t yd, bool residual_f32, int64_t d, bool 
   c.weight_offset = i % 3 == 1;
   c.round_xhat = i % 4 == 2;
   c.weight_f32 = xd != RMSNORM_DTYPE_F32 && i % 3 == 2;
+  c.weight_y = xd == RMSNORM_DTYPE_F32 && yd != RMSNORM_DTYPE_F32 && i % 3 != 0;
   c.gw_mode = i % 2 == 0 ? RMSNORM_GW_STORE : RMSNORM_GW_STORE_F32;
   c.gx_x = residual_f32 && i % 4 < 2;  // with both gw modes
   return c;
@@ -328,13 +331,16 @@ TEST_F(CudaMixed, Fp32FormsHeldAndGenericKernelsAgree) {
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int64_t many = 4 * int64_t{sms} + 1, few = 5;
   const rmsnorm_backend_t b = rmsnorm_backend_cuda(-1, nullptr);
-  for (bool residual : {false, true})
+  for (int form : {0, 1, 2})  // fp32 x with a bf16 y and an fp32 weight, the same with a bf16 weight, the stream
     for (int64_t d : {1000, 4096}) {
-      SCOPED_TRACE(std::string(residual ? "fp32 residual stream" : "fp32 x, bf16 y") + ", D " + std::to_string(d));
+      const bool residual = form == 2;
+      SCOPED_TRACE(std::string(residual ? "fp32 residual stream" : form == 1 ? "fp32 x, bf16 y and weight" : "fp32 x, bf16 y") +
+                   ", D " + std::to_string(d));
       MixedCase c;
       c.x_dtype = residual ? RMSNORM_DTYPE_BF16 : RMSNORM_DTYPE_F32;
       c.y_dtype = RMSNORM_DTYPE_BF16;
       c.residual_f32 = residual;
+      c.weight_y = form == 1;
       c.rows = many;
       c.cols = d;
       const int32_t wd = weight_dtype(c), nd = norm_dtype(c);
@@ -420,12 +426,13 @@ TEST_F(CudaMixed, Fp32FormsHeldAndGenericKernelsAgree) {
 TEST_F(CudaMixed, MisalignedWeight) {
   std::mt19937_64 rng(104);
   for (int64_t d : {1000, 4096, 40000})
-    for (int form = 0; form < 4; ++form) {
+    for (int form = 0; form < 5; ++form) {
       MixedCase c;
-      c.x_dtype = form == 1 ? RMSNORM_DTYPE_F32 : RMSNORM_DTYPE_BF16;
-      c.y_dtype = form == 0 ? RMSNORM_DTYPE_F32 : form == 1 ? RMSNORM_DTYPE_BF16 : c.x_dtype;
+      c.x_dtype = form == 1 || form == 4 ? RMSNORM_DTYPE_F32 : RMSNORM_DTYPE_BF16;
+      c.y_dtype = form == 0 ? RMSNORM_DTYPE_F32 : form == 1 || form == 4 ? RMSNORM_DTYPE_BF16 : c.x_dtype;
       c.residual_f32 = form == 2;
-      c.weight_f32 = form >= 2;
+      c.weight_f32 = form == 2 || form == 3;
+      c.weight_y = form == 4;  // a bf16 weight at 2-byte alignment with fp32 x
       c.cols = d;
       c.rows = 5;
       c.weight_misaligned = true;
@@ -483,6 +490,7 @@ TEST_F(CudaMixedSanitizer, YDtypeAndResidualF32Kernels) {
         c.y_dtype = form == 0 ? RMSNORM_DTYPE_F32 : RMSNORM_DTYPE_BF16;
         c.residual_f32 = form == 2;
         c.weight_f32 = form == 2 && padded;
+        c.weight_y = form == 1 && d != 33;
         c.gx_x = form == 2 && d != 1000;
         c.cols = d;
         c.rows = 3;

@@ -459,6 +459,137 @@ TEST(YDtype, CppForwardToAndBackwardFromAreTheCAbi) {
   EXPECT_EQ(0, std::memcmp(gw.data(), gw_c.data(), gw.size() * 4));
 }
 
+// RMSNORM_FLAG_WEIGHT_Y_DTYPE: fp32 x with the weight in y's 16-bit dtype. Everything is the same call with the fp32
+// weight float(w) (every f16 / bf16 value is exact in fp32), bit for bit: rstd, y, gx, and gw, which in
+// RMSNORM_GW_STORE / RMSNORM_GW_ACCUMULATE is in the weight's dtype (the fp32 sum rounded once).
+TEST(WeightYDtype, IsTheFp32WeightsCallBitForBit) {
+  std::mt19937_64 rng(67);
+  for (int32_t ydt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F16})
+    for (int64_t cols : {1, 33, 1000})
+      for (uint32_t extra : {0u, static_cast<uint32_t>(RMSNORM_FLAG_ROUND_XHAT), static_cast<uint32_t>(RMSNORM_FLAG_WEIGHT_OFFSET)})
+        for (int32_t mode : {RMSNORM_GW_NONE, RMSNORM_GW_STORE, RMSNORM_GW_STORE_F32, RMSNORM_GW_ACCUMULATE}) {
+          SCOPED_TRACE("y " + std::to_string(ydt) + " cols " + std::to_string(cols) + " flags " +
+                       std::to_string(extra) + " gw_mode " + std::to_string(mode));
+          const int64_t rows = 9;
+          HostMatrix x(RMSNORM_DTYPE_F32, rows, cols, cols + 3, 1), w(ydt, 1, cols, cols, 1), gy(ydt, rows, cols);
+          harness::fill_normal(x, rng(), harness::hetero_row_scale);
+          harness::fill_normal(w, rng(), {}, 1.0);
+          harness::fill_normal(gy, rng());
+          const HostMatrix w32 = widened(w);
+          const uint32_t yflag = RMSNORM_FLAG_Y_DTYPE(ydt) | extra;
+          const rmsnorm_problem_t p = problem(RMSNORM_DTYPE_F32, rows, cols, yflag | RMSNORM_FLAG_WEIGHT_Y_DTYPE);
+          const rmsnorm_problem_t p32 = problem(RMSNORM_DTYPE_F32, rows, cols, yflag);
+          HostMatrix y(ydt, rows, cols), y32(ydt, rows, cols);
+          std::vector<float> rstd(static_cast<size_t>(rows), NAN), rstd32(static_cast<size_t>(rows), NAN);
+          ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                    rmsnorm_forward(&p, x.data(), x.stride, w.data(), y.data(), cols, rstd.data(), &kCpu))
+              << rmsnorm_last_error();
+          ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                    rmsnorm_forward(&p32, x.data(), x.stride, w32.data(), y32.data(), cols, rstd32.data(), &kCpu));
+          ASSERT_EQ(0, std::memcmp(rstd.data(), rstd32.data(), rstd.size() * 4)) << "rstd";
+          ASSERT_EQ(0, std::memcmp(y.data(), y32.data(), y.data_bytes())) << "y";
+          // Backward: gw in the weight's dtype against the fp32 weight's fp32 gw, rounded once.
+          const int32_t gw32_mode = mode == RMSNORM_GW_NONE ? RMSNORM_GW_NONE : RMSNORM_GW_STORE_F32;
+          HostMatrix gx(RMSNORM_DTYPE_F32, rows, cols), gxf(RMSNORM_DTYPE_F32, rows, cols),
+              gw(mode == RMSNORM_GW_STORE_F32 ? RMSNORM_DTYPE_F32 : ydt, 1, cols), gwf(RMSNORM_DTYPE_F32, 1, cols);
+          if (mode == RMSNORM_GW_ACCUMULATE) {
+            for (int64_t k = 0; k < cols; ++k) gw.set(0, k, 0.0);  // 0 + sum: the store's rounding
+          }
+          cpu_backward(p, x, w, gy, nullptr, &gx, &gw, mode);
+          cpu_backward(p32, x, w32, gy, nullptr, &gxf, &gwf, gw32_mode);
+          ASSERT_FALSE(HasFatalFailure());
+          ASSERT_EQ(0, std::memcmp(gx.data(), gxf.data(), gx.data_bytes())) << "gx";
+          expect_gw_of(gw, gwf, mode == RMSNORM_GW_ACCUMULATE ? RMSNORM_GW_STORE : mode, ydt);
+        }
+}
+
+TEST(WeightYDtype, ArgumentRules) {
+  const int64_t rows = 3, cols = 16;
+  HostMatrix x(RMSNORM_DTYPE_F32, rows, cols), y(RMSNORM_DTYPE_BF16, rows, cols), w(RMSNORM_DTYPE_BF16, 1, cols);
+  harness::fill_normal(x, 12);
+  harness::fill_normal(w, 13);
+  const HostMatrix y0 = y;
+  auto refused = [&](int32_t dtype, uint32_t flags, const char* why) {
+    SCOPED_TRACE(why);
+    const rmsnorm_problem_t p = problem(dtype, rows, cols, flags | RMSNORM_FLAG_WEIGHT_Y_DTYPE);
+    EXPECT_EQ(RMSNORM_STATUS_INVALID_OPTION,
+              rmsnorm_forward(&p, x.data(), cols, w.data(), y.data(), cols, nullptr, &kCpu));
+    EXPECT_NE(std::string(rmsnorm_last_error()).find("RMSNORM_FLAG_WEIGHT_Y_DTYPE"), std::string::npos)
+        << rmsnorm_last_error();
+    EXPECT_EQ(0, std::memcmp(y.storage.data(), y0.storage.data(), y.storage.size())) << "written although refused";
+    size_t bytes = 0;
+    EXPECT_EQ(RMSNORM_STATUS_INVALID_OPTION, rmsnorm_backward_workspace_size(&p, RMSNORM_GW_STORE, &kCpu, &bytes));
+  };
+  refused(RMSNORM_DTYPE_F32, 0, "no RMSNORM_FLAG_Y_DTYPE");
+  refused(RMSNORM_DTYPE_F32, RMSNORM_FLAG_Y_DTYPE(RMSNORM_DTYPE_F32), "fp32 y");
+  refused(RMSNORM_DTYPE_BF16, RMSNORM_FLAG_Y_DTYPE(RMSNORM_DTYPE_F16), "16-bit x");
+  refused(RMSNORM_DTYPE_F32, RMSNORM_FLAG_Y_DTYPE(RMSNORM_DTYPE_BF16) | RMSNORM_FLAG_WEIGHT_F32, "with WEIGHT_F32");
+  // The weight needs its own dtype's alignment (2 bytes), not x's.
+  const rmsnorm_problem_t p =
+      problem(RMSNORM_DTYPE_F32, rows, cols, RMSNORM_FLAG_Y_DTYPE(RMSNORM_DTYPE_BF16) | RMSNORM_FLAG_WEIGHT_Y_DTYPE);
+  std::vector<uint16_t> wbuf(static_cast<size_t>(cols) + 1);
+  std::memcpy(wbuf.data() + 1, w.data(), static_cast<size_t>(cols) * 2);
+  EXPECT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_forward(&p, x.data(), cols, wbuf.data() + 1, y.data(), cols, nullptr, &kCpu))
+      << rmsnorm_last_error();
+  // gw in the weight's dtype: cols elements of 2 bytes, so gy may start right after it (a gw of fp32 elements would
+  // overlap gy), and not one element earlier.
+  std::vector<uint16_t> buf(static_cast<size_t>(cols + rows * cols));
+  HostMatrix gy(RMSNORM_DTYPE_BF16, rows, cols), gx(RMSNORM_DTYPE_F32, rows, cols);
+  harness::fill_normal(gy, 14);
+  std::memcpy(buf.data() + cols, gy.data(), gy.data_bytes());
+  size_t wsb = 0;
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, RMSNORM_GW_STORE, &kCpu, &wsb));
+  std::vector<unsigned char> ws(wsb + 16);
+  void* const wsp = wsb > 0 ? ws.data() : nullptr;
+  EXPECT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward(&p, x.data(), cols, w.data(), buf.data() + cols, cols, nullptr,
+                                                     gx.data(), cols, buf.data(), RMSNORM_GW_STORE, wsp, wsb, &kCpu))
+      << rmsnorm_last_error();
+  EXPECT_EQ(RMSNORM_STATUS_OVERLAP, rmsnorm_backward(&p, x.data(), cols, w.data(), buf.data() + cols, cols, nullptr,
+                                                     gx.data(), cols, buf.data() + 1, RMSNORM_GW_STORE, wsp, wsb, &kCpu));
+}
+
+// The C++ API's forward_f32_to / backward_f32_from are the C ABI with the flags.
+TEST(WeightYDtype, CppForwardAndBackwardAreTheCAbi) {
+  const int64_t rows = 5, cols = 72;
+  using B = rmsnorm::bfloat16;
+  HostMatrix x(RMSNORM_DTYPE_F32, rows, cols), gy(RMSNORM_DTYPE_BF16, rows, cols), w(RMSNORM_DTYPE_BF16, 1, cols);
+  harness::fill_normal(x, 94, harness::hetero_row_scale);
+  harness::fill_normal(gy, 95);
+  harness::fill_normal(w, 96, {}, 1.0);
+  const rmsnorm_problem_t p = problem(RMSNORM_DTYPE_F32, rows, cols,
+                                      RMSNORM_FLAG_Y_DTYPE(RMSNORM_DTYPE_BF16) | RMSNORM_FLAG_WEIGHT_Y_DTYPE);
+  HostMatrix y_c(RMSNORM_DTYPE_BF16, rows, cols), y(RMSNORM_DTYPE_BF16, rows, cols);
+  std::vector<float> rstd_c(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+            rmsnorm_forward(&p, x.data(), cols, w.data(), y_c.data(), cols, rstd_c.data(), &kCpu));
+  const auto xv = rmsnorm::make_matrix(static_cast<const float*>(x.data()), rows, cols);
+  const auto wv = rmsnorm::make_vector(static_cast<const B*>(w.data()), cols);
+  const rmsnorm::Backend be = rmsnorm::Backend::cpu(2);
+  ASSERT_EQ(rmsnorm::Status::kSuccess,
+            rmsnorm::forward_f32_to<B>(xv, wv, rmsnorm::make_matrix(static_cast<B*>(y.data()), rows, cols),
+                                       rmsnorm::make_vector(rstd.data(), rows), rmsnorm::Options{}, be))
+      << rmsnorm::last_error();
+  EXPECT_EQ(0, std::memcmp(y.data(), y_c.data(), y.data_bytes()));
+  EXPECT_EQ(0, std::memcmp(rstd.data(), rstd_c.data(), rstd.size() * 4));
+  HostMatrix gx(RMSNORM_DTYPE_F32, rows, cols), gx_c(RMSNORM_DTYPE_F32, rows, cols);
+  std::vector<B> gw(static_cast<size_t>(cols)), gw_c(static_cast<size_t>(cols));
+  const size_t wsb = rmsnorm::backward_workspace_size_or_throw<float, B, B>(rows, cols, rmsnorm::GwMode::kStore, be);
+  std::vector<double> ws(wsb / sizeof(double) + 2);
+  ASSERT_EQ(rmsnorm::Status::kSuccess,
+            rmsnorm::backward_f32_from<B>(xv, wv, rmsnorm::make_matrix(static_cast<const B*>(gy.data()), rows, cols),
+                                          rmsnorm::make_vector(static_cast<const float*>(rstd.data()), rows),
+                                          rmsnorm::make_matrix(static_cast<float*>(gx.data()), rows, cols),
+                                          rmsnorm::GradWeight<B>::store(rmsnorm::make_vector(gw.data(), cols)),
+                                          rmsnorm::Workspace{ws.data(), ws.size() * sizeof(double)},
+                                          rmsnorm::Options{}, be))
+      << rmsnorm::last_error();
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+            rmsnorm_backward(&p, x.data(), cols, w.data(), gy.data(), cols, rstd.data(), gx_c.data(), cols, gw_c.data(),
+                             RMSNORM_GW_STORE, ws.data(), ws.size() * sizeof(double), &kCpu));
+  EXPECT_EQ(0, std::memcmp(gx.data(), gx_c.data(), gx.data_bytes()));
+  EXPECT_EQ(0, std::memcmp(gw.data(), gw_c.data(), gw.size() * sizeof(B)));
+}
+
 // RMSNORM_FLAG_RESIDUAL_F32: an fp32 residual stream with bf16 / f16 x. Forward: h is float(x) + residual exactly,
 // and y and rstd are rmsnorm_forward's of that fp32 h with y in x's dtype. Backward: gx is float(gx_norm + g_h),
 // gx_norm and gw being rmsnorm_backward's of the fp32 h with gy in x's dtype.

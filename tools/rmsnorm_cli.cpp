@@ -145,7 +145,7 @@ struct Config {
   std::string op = "norm";  // norm | add | quant-fp8 | quant-int8
   int group = 0;            // quant: 0 per-row scales, else 64 or 128 (block scales, rmsnorm_forward_block_quant)
   // Mixed dtypes (-1 until parsed: --dtype's): y's and gy's (RMSNORM_FLAG_Y_DTYPE, --op norm), the weight's (f32
-  // with 16-bit x: RMSNORM_FLAG_WEIGHT_F32), the residual stream's (f32 with 16-bit x: RMSNORM_FLAG_RESIDUAL_F32,
+  // with 16-bit x: RMSNORM_FLAG_WEIGHT_F32; y's 16-bit with f32 x: RMSNORM_FLAG_WEIGHT_Y_DTYPE), the residual stream's (f32 with 16-bit x: RMSNORM_FLAG_RESIDUAL_F32,
   // --op add).
   int32_t y_dtype = -1, weight_dtype = -1, residual_dtype = -1;
   bool mixed() const { return y_dtype != dtype || weight_dtype != dtype || residual_dtype != dtype; }
@@ -171,7 +171,8 @@ const char* kUsage =
     "  --group G           64 | 128: the quant ops with one scale per G columns of a row instead of per row\n"
     "                      (rmsnorm_forward_block_quant, row-major scales)\n"
     "  --y-dtype T         y's and gy's dtype, --op norm (default --dtype's; RMSNORM_FLAG_Y_DTYPE)\n"
-    "  --weight-dtype T    the weight's: --dtype's, or f32 with f16 / bf16 x (RMSNORM_FLAG_WEIGHT_F32)\n"
+    "  --weight-dtype T    the weight's: --dtype's, f32 with f16 / bf16 x (RMSNORM_FLAG_WEIGHT_F32), or\n"
+    "                      --y-dtype's f16 / bf16 with f32 x (RMSNORM_FLAG_WEIGHT_Y_DTYPE)\n"
     "  --residual-dtype T  the residual stream's (residual and h), --op add: --dtype's, or f32 with f16 / bf16 x\n"
     "                      (RMSNORM_FLAG_RESIDUAL_F32)\n"
     "  --help              this text\n"
@@ -273,8 +274,9 @@ Config parse_args(int argc, char** argv) {
   if (c.y_dtype != c.dtype && c.op != "norm") usage_error("--y-dtype: only with --op norm");
   if (c.group != 0 && c.op != "quant-fp8" && c.op != "quant-int8")
     usage_error("--group: only with --op quant-fp8 or --op quant-int8, not --op " + c.op);
-  if (c.weight_dtype != c.dtype && c.weight_dtype != RMSNORM_DTYPE_F32)
-    usage_error("--weight-dtype: expected --dtype's or f32");
+  const bool weight_y = c.dtype == RMSNORM_DTYPE_F32 && c.y_dtype != RMSNORM_DTYPE_F32 && c.weight_dtype == c.y_dtype;
+  if (c.weight_dtype != c.dtype && !(c.weight_dtype == RMSNORM_DTYPE_F32 || weight_y))
+    usage_error("--weight-dtype: expected --dtype's, f32 with f16 / bf16 --dtype, or --y-dtype's with f32 --dtype");
   if (c.residual_dtype != c.dtype && (c.residual_dtype != RMSNORM_DTYPE_F32 || c.op != "add"))
     usage_error("--residual-dtype: expected --dtype's, or f32 with --op add");
   const bool any_f32 = c.dtype == RMSNORM_DTYPE_F32 || c.y_dtype == RMSNORM_DTYPE_F32 || c.residual_dtype == RMSNORM_DTYPE_F32;
@@ -447,7 +449,8 @@ Problem make_problem(const Config& cfg) {
   pr.p.dtype = cfg.dtype;
   pr.p.eps = cfg.eps;
   if (cfg.y_dtype != cfg.dtype) pr.p.flags |= RMSNORM_FLAG_Y_DTYPE(cfg.y_dtype);
-  if (cfg.weight_dtype != cfg.dtype) pr.p.flags |= RMSNORM_FLAG_WEIGHT_F32;
+  if (cfg.weight_dtype != cfg.dtype)
+    pr.p.flags |= cfg.weight_dtype == RMSNORM_DTYPE_F32 ? RMSNORM_FLAG_WEIGHT_F32 : RMSNORM_FLAG_WEIGHT_Y_DTYPE;
   if (cfg.residual_dtype != cfg.dtype) pr.p.flags |= RMSNORM_FLAG_RESIDUAL_F32;
   pr.esize = rmsnorm_dtype_size(cfg.dtype);
   pr.elems = static_cast<size_t>(cfg.rows) * static_cast<size_t>(cfg.cols);

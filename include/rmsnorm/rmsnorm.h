@@ -124,6 +124,7 @@ typedef enum rmsnorm_dtype {
 #define RMSNORM_FLAG_Y_DTYPE(dt) (((uint32_t)(dt) + 1u) << 8)
 #define RMSNORM_FLAG_Y_DTYPE_MASK (3u << 8)
 #define RMSNORM_FLAG_RESIDUAL_F32 1024u /* the residual stream (residual, h, g_h, gx) in fp32 (below) */
+#define RMSNORM_FLAG_WEIGHT_Y_DTYPE 2048u /* fp32 x: the weight (and gw) in y's 16-bit dtype (below) */
 /* RMSNORM_FLAG_Y_DTYPE(dt): the output dtype chosen apart from x's (bf16 y
  * from an fp32 residual stream, say). rmsnorm_forward writes y = Y(x_hat * w')
  * (or Y(T(x_hat) * w') with RMSNORM_FLAG_ROUND_XHAT), rounded once to dt = Y;
@@ -138,6 +139,16 @@ typedef enum rmsnorm_dtype {
  * (y and gy by element; slower than the plain path below the looped band),
  * so rstd is summed in that kernel's order and may differ from the plain
  * call's in the last bits. */
+/* RMSNORM_FLAG_WEIGHT_Y_DTYPE: with RMSNORM_DTYPE_F32 x and
+ * RMSNORM_FLAG_Y_DTYPE(dt) of f16 or bf16, the weight is in dt (an fp32
+ * residual stream's h normalized with the model's 16-bit weight, as
+ * rmsnorm_add_forward takes it with RMSNORM_FLAG_RESIDUAL_F32): w' =
+ * float(w) (+ 1), and gw in dt (RMSNORM_GW_STORE, RMSNORM_GW_ACCUMULATE) or
+ * fp32 (the _F32 modes). rmsnorm_forward, rmsnorm_backward and the
+ * workspace query take it; with 16-bit x, without a 16-bit Y, or with
+ * RMSNORM_FLAG_WEIGHT_F32 it is RMSNORM_STATUS_INVALID_OPTION (as it is for
+ * the operations that refuse RMSNORM_FLAG_Y_DTYPE). rstd, y and gx are
+ * those of the fp32 weight float(w), bit for bit. */
 /* RMSNORM_FLAG_WEIGHT_F32: mixed precision, as AMP and FSDP keep master
  * weights: x, y, gy and gx in problem->dtype, the weight in fp32, w' =
  * float(w) (+ 1), and gw in fp32 in every gw mode (RMSNORM_GW_STORE and

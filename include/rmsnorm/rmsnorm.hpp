@@ -515,17 +515,20 @@ Status add_forward_quant(MatrixView<X> x, detail::nondeduced<MatrixView<const T>
 // Bytes of workspace backward needs for rows x cols of T with this gw mode.
 // The mixed-dtype backwards name their other dtypes here too, since on CUDA
 // they run other kernels with another workspace: Y, gy's dtype (backward_from<Y,
-// T>); W = float, an fp32 weight (backward_mixed<T>); R = float, the fp32
-// residual stream (add_backward<float, T>).
+// T>); W = float, an fp32 weight (backward_mixed<T>), or W = Y with fp32 T
+// (backward_f32_from<Y>); R = float, the fp32 residual stream
+// (add_backward<float, T>).
 template <class T, class Y = T, class W = T, class R = T>
 Status backward_workspace_size(int64_t rows, int64_t cols, GwMode mode, const Backend& backend,
                                size_t* bytes) noexcept {
-  static_assert(std::is_same<W, T>::value || std::is_same<W, float>::value, "the weight is T or float");
+  static_assert(std::is_same<W, T>::value || std::is_same<W, float>::value ||
+                    (std::is_same<T, float>::value && std::is_same<W, Y>::value),
+                "the weight is T or float, or y's dtype with fp32 x");
   static_assert(std::is_same<R, T>::value || std::is_same<R, float>::value, "the residual stream is T or float");
   detail::clear_cpp_error();
   rmsnorm_problem_t p = detail::make_problem<T>(rows, cols, Options{});
   if (!std::is_same<Y, T>::value) p.flags |= RMSNORM_FLAG_Y_DTYPE(dtype_of_v<Y>);
-  if (!std::is_same<W, T>::value) p.flags |= RMSNORM_FLAG_WEIGHT_F32;
+  if (!std::is_same<W, T>::value) p.flags |= std::is_same<W, float>::value ? RMSNORM_FLAG_WEIGHT_F32 : RMSNORM_FLAG_WEIGHT_Y_DTYPE;
   if (!std::is_same<R, T>::value) p.flags |= RMSNORM_FLAG_RESIDUAL_F32;
   return static_cast<Status>(
       rmsnorm_backward_workspace_size(&p, static_cast<int32_t>(mode), &backend.c(), bytes));
@@ -648,6 +651,37 @@ Status backward_from(detail::nondeduced<MatrixView<const T>> x, detail::nondeduc
   if (s != Status::kSuccess) return s;
   rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
   p.flags |= RMSNORM_FLAG_Y_DTYPE(dtype_of_v<Y>);
+  return static_cast<Status>(rmsnorm_backward(&p, x.data, x.row_stride, weight.data, gy.data, gy.row_stride,
+                                              rstd.data, gx.data, gx.row_stride, gw.data(),
+                                              static_cast<int32_t>(gw.mode()), workspace.data, workspace.bytes,
+                                              &backend.c()));
+}
+
+// fp32 x with y, gy and the weight in a 16-bit Y (RMSNORM_FLAG_Y_DTYPE and
+// RMSNORM_FLAG_WEIGHT_Y_DTYPE): an fp32 residual stream's h normalized with the
+// model's 16-bit weight. gx is fp32, gw in Y (store / accumulate) or fp32
+// (store_f32 / accumulate_f32). Its workspace: backward_workspace_size<float, Y, Y>.
+template <class Y>
+Status forward_f32_to(MatrixView<const float> x, VectorView<const Y> weight, MatrixView<Y> y, VectorView<float> rstd,
+                      const Options& opt, const Backend& backend) noexcept {
+  static_assert(!std::is_const<Y>::value && !std::is_same<Y, float>::value, "y of a 16-bit dtype");
+  const Status s = detail::check_forward_views(x, weight, y, rstd);
+  if (s != Status::kSuccess) return s;
+  rmsnorm_problem_t p = detail::make_problem<float>(x.rows, x.cols, opt);
+  p.flags |= RMSNORM_FLAG_Y_DTYPE(dtype_of_v<Y>) | RMSNORM_FLAG_WEIGHT_Y_DTYPE;
+  return static_cast<Status>(rmsnorm_forward(&p, x.data, x.row_stride, weight.data, y.data, y.row_stride, rstd.data,
+                                             &backend.c()));
+}
+
+template <class Y>
+Status backward_f32_from(MatrixView<const float> x, VectorView<const Y> weight, MatrixView<const Y> gy,
+                         VectorView<const float> rstd, MatrixView<float> gx, GradWeight<Y> gw, Workspace workspace,
+                         const Options& opt, const Backend& backend) noexcept {
+  static_assert(!std::is_same<Y, float>::value, "gy of a 16-bit dtype");
+  const Status s = detail::check_backward_views(x, weight, gy, rstd, gx, gw);
+  if (s != Status::kSuccess) return s;
+  rmsnorm_problem_t p = detail::make_problem<float>(x.rows, x.cols, opt);
+  p.flags |= RMSNORM_FLAG_Y_DTYPE(dtype_of_v<Y>) | RMSNORM_FLAG_WEIGHT_Y_DTYPE;
   return static_cast<Status>(rmsnorm_backward(&p, x.data, x.row_stride, weight.data, gy.data, gy.row_stride,
                                               rstd.data, gx.data, gx.row_stride, gw.data(),
                                               static_cast<int32_t>(gw.mode()), workspace.data, workspace.bytes,

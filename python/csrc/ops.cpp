@@ -180,16 +180,22 @@ Rows as_rows(const Tensor& t) {
   return r;
 }
 
-// A weight as a contiguous vector of cols elements of x's dtype on x's device.
-Tensor checked_weight(const Tensor& w, const Tensor& x, int64_t cols, const char* op) {
+bool is_16bit(ScalarType t) { return t == ScalarType::Half || t == ScalarType::BFloat16; }
+
+// A weight as a contiguous vector of cols elements on x's device, of x's dtype, float32 with a 16-bit x
+// (RMSNORM_FLAG_WEIGHT_F32), or of y's 16-bit dtype y_type with a float32 x (RMSNORM_FLAG_WEIGHT_Y_DTYPE; y_type is
+// x's where the op has no other y).
+Tensor checked_weight(const Tensor& w, const Tensor& x, int64_t cols, const char* op, ScalarType y_type) {
   if (w.dim() != 1 || w.size(0) != cols) {
     fail(op, ": weight has shape ", shape_string(w), ", expected [", cols, "] (the last dim of x)");
   }
-  const bool f32_weight = w.scalar_type() == ScalarType::Float &&
-                          (x.scalar_type() == ScalarType::Half || x.scalar_type() == ScalarType::BFloat16);
-  if (w.scalar_type() != x.scalar_type() && !f32_weight) {
+  const bool f32_weight = w.scalar_type() == ScalarType::Float && is_16bit(x.scalar_type());
+  const bool y_weight =
+      x.scalar_type() == ScalarType::Float && is_16bit(y_type) && w.scalar_type() == y_type;
+  if (w.scalar_type() != x.scalar_type() && !f32_weight && !y_weight) {
     fail(op, ": weight has dtype ", dtype_name(w.scalar_type()), " but x has ", dtype_name(x.scalar_type()),
-         "; the weight must have x's dtype, or be float32 with a float16 or bfloat16 x");
+         "; the weight must have x's dtype, be float32 with a float16 or bfloat16 x, or have y's float16 or "
+         "bfloat16 dtype with a float32 x");
   }
   if (w.is_cuda() != x.is_cuda() || w.get_device_index() != x.get_device_index()) {
     fail(op, ": weight is on another device than x");
@@ -206,12 +212,15 @@ void check_flags(int64_t flags, const char* op) {
     fail(op, ": flags must not include RMSNORM_FLAG_WEIGHT_F32 (16); it follows from the weight's dtype");
   if ((flags & RMSNORM_FLAG_RESIDUAL_F32) != 0)
     fail(op, ": flags must not include RMSNORM_FLAG_RESIDUAL_F32 (1024); it follows from the residual's dtype");
+  if ((flags & RMSNORM_FLAG_WEIGHT_Y_DTYPE) != 0)
+    fail(op, ": flags must not include RMSNORM_FLAG_WEIGHT_Y_DTYPE (2048); it follows from the weight's dtype");
 }
 
-// RMSNORM_FLAG_WEIGHT_F32 where a checked weight is fp32 and x is not.
-uint32_t weight_f32_flag(const std::optional<Tensor>& w, const Tensor& x) {
-  return w && w->scalar_type() == ScalarType::Float && x.scalar_type() != ScalarType::Float ? RMSNORM_FLAG_WEIGHT_F32
-                                                                                           : 0u;
+// The flag a checked weight of another dtype than x's needs: RMSNORM_FLAG_WEIGHT_F32 (fp32, x 16-bit) or
+// RMSNORM_FLAG_WEIGHT_Y_DTYPE (16-bit, x fp32).
+uint32_t weight_flags(const std::optional<Tensor>& w, const Tensor& x) {
+  if (!w || w->scalar_type() == x.scalar_type()) return 0u;
+  return w->scalar_type() == ScalarType::Float ? RMSNORM_FLAG_WEIGHT_F32 : RMSNORM_FLAG_WEIGHT_Y_DTYPE;
 }
 
 // y's (and gy's) dtype: x's, or the one RMSNORM_FLAG_Y_DTYPE in the op's flags names.
@@ -258,7 +267,7 @@ std::tuple<Tensor, std::optional<Tensor>> forward_impl(const Tensor& x, const st
   check_flags(flags, op);
   const Rows xr = as_rows(x);
   std::optional<Tensor> w;
-  if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op);
+  if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op, y_scalar_type(flags, x));
 
   // No device guard: new_tensor allocates on x's device, and the library makes x's device current for its own call.
   Tensor y = new_tensor(full_shape(x), y_scalar_type(flags, x), x);
@@ -272,7 +281,7 @@ std::tuple<Tensor, std::optional<Tensor>> forward_impl(const Tensor& x, const st
   p.dtype = dtype;
   // Every operand is a tensor on x's device (checked above, or allocated here), so the library's per-operand
   // memory-space queries are skipped (rmsnorm.h, RMSNORM_FLAG_TRUSTED_MEMORY).
-  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_f32_flag(w, x);
+  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_flags(w, x);
   p.eps = static_cast<float>(eps);
   const rmsnorm_backend_t be = backend_for(x, op);
   check_status(rmsnorm_forward(&p, xr.t.data_ptr(), xr.stride, w ? w->data_ptr() : nullptr, y.data_ptr(), xr.cols,
@@ -337,14 +346,14 @@ std::tuple<Tensor, std::optional<Tensor>> backward_impl(const Tensor& gy, const 
   if (g_h.has_value()) ghr = as_rows(*g_h);
   const Tensor r = rstd.is_contiguous() ? rstd : torch::stable::contiguous(rstd);
   std::optional<Tensor> w;
-  if (weight.has_value()) w = checked_weight(*weight, t_ref, xr.cols, op);
+  if (weight.has_value()) w = checked_weight(*weight, t_ref, xr.cols, op, gy_type);
 
   int32_t gw_mode = RMSNORM_GW_NONE;
   if (gw_dtype.has_value()) {
     if (!w) fail(op, ": gw_dtype is given but there is no weight");
     if (*gw_dtype == ScalarType::Float) {
       gw_mode = RMSNORM_GW_STORE_F32;
-    } else if (*gw_dtype == t_ref.scalar_type() && w->scalar_type() == t_ref.scalar_type()) {
+    } else if (*gw_dtype == w->scalar_type()) {
       gw_mode = RMSNORM_GW_STORE;
     } else {
       fail(op, ": gw_dtype must be the weight's dtype or float32, got ", dtype_name(*gw_dtype));
@@ -364,7 +373,7 @@ std::tuple<Tensor, std::optional<Tensor>> backward_impl(const Tensor& gy, const 
   p.rows = xr.rows;
   p.cols = xr.cols;
   p.dtype = dtype;
-  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_f32_flag(w, t_ref) |  // as in forward
+  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_flags(w, t_ref) |  // as in forward
             (residual_f32 ? RMSNORM_FLAG_RESIDUAL_F32 : 0u);
   const rmsnorm_backend_t be = backend_for(x, op);
   size_t ws_bytes = 0;
@@ -477,13 +486,13 @@ std::tuple<Tensor, Tensor, std::optional<Tensor>> quant_impl(const Tensor& x, co
     h = new_tensor(full_shape(x), x.scalar_type(), x);
   }
   std::optional<Tensor> w;
-  if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op);
+  if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op, x.scalar_type());
   Tensor q = new_tensor(full_shape(x), out_dtype, x);
   rmsnorm_problem_t p = rmsnorm_problem_default();
   p.rows = xr.rows;
   p.cols = xr.cols;
   p.dtype = dtype;
-  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_f32_flag(w, x);  // as in forward
+  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_flags(w, x);  // as in forward
   p.eps = static_cast<float>(eps);
   if (blocks) {
     const int64_t nb = (xr.cols + group_size - 1) / group_size;
@@ -609,7 +618,7 @@ std::tuple<Tensor, Tensor, Tensor> add_forward(Tensor x, Tensor residual, std::o
   const Rows xr = as_rows(x);
   const Rows rr = as_rows(residual);
   std::optional<Tensor> w;
-  if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op);
+  if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op, x.scalar_type());
   Tensor h = new_tensor(full_shape(x), residual.scalar_type(), x);
   Tensor y = new_tensor(full_shape(x), x.scalar_type(), x);
   Tensor rstd = new_tensor(leading_shape(x), ScalarType::Float, x);
@@ -618,7 +627,7 @@ std::tuple<Tensor, Tensor, Tensor> add_forward(Tensor x, Tensor residual, std::o
   p.rows = xr.rows;
   p.cols = xr.cols;
   p.dtype = dtype;
-  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_f32_flag(w, x) |  // as in forward
+  p.flags = static_cast<uint32_t>(flags) | RMSNORM_FLAG_TRUSTED_MEMORY | weight_flags(w, x) |  // as in forward
             (residual_f32 ? RMSNORM_FLAG_RESIDUAL_F32 : 0u);
   p.eps = static_cast<float>(eps);
   const rmsnorm_backend_t be = backend_for(x, op);

@@ -99,7 +99,13 @@ def _check_devices(op, x, **tensors):
             raise RuntimeError(f"{op}: {name} is on {t.device}, the other operands on {x.device}")
 
 
-def _check_fake_args(op, x, weight):
+def _weight_dtype_ok(weight_dtype, x_dtype, y_dtype):
+    """The weight's dtype rule of the kernels: x's, float32 with a 16-bit x, or y's 16-bit dtype with a float32 x."""
+    return (weight_dtype == x_dtype or (weight_dtype == torch.float32 and x_dtype in _HALF_DTYPES)
+            or (x_dtype == torch.float32 and weight_dtype == y_dtype and y_dtype in _HALF_DTYPES))
+
+
+def _check_fake_args(op, x, weight, y_dtype=None):
     # The real kernels' argument rules (python/csrc/ops.cpp), for meta and fake tensors: rms_norm relies on the
     # operator to refuse bad arguments, and a meta tensor (or one among real ones) reaches these kernels.
     if x.dtype not in _DTYPES:
@@ -109,7 +115,7 @@ def _check_fake_args(op, x, weight):
     if weight is not None:
         if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
             raise RuntimeError(f"{op}: weight has shape {list(weight.shape)}, expected [{x.shape[-1]}]")
-        if weight.dtype != x.dtype and not (weight.dtype == torch.float32 and x.dtype in _HALF_DTYPES):
+        if not _weight_dtype_ok(weight.dtype, x.dtype, y_dtype):
             raise RuntimeError(f"{op}: weight has dtype {weight.dtype} but x has {x.dtype}")
         if weight.device != x.device:
             raise RuntimeError(f"{op}: weight is on another device than x")
@@ -117,13 +123,13 @@ def _check_fake_args(op, x, weight):
 
 @torch.library.register_fake("rmsnorm::forward")
 def _forward_fake(x, weight, eps, flags):
-    _check_fake_args("rmsnorm.forward", x, weight)
+    _check_fake_args("rmsnorm.forward", x, weight, _y_dtype(x, flags))
     return x.new_empty(x.shape, dtype=_y_dtype(x, flags)), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.register_fake("rmsnorm::forward_inference")
 def _forward_inference_fake(x, weight, eps, flags):
-    _check_fake_args("rmsnorm.forward_inference", x, weight)
+    _check_fake_args("rmsnorm.forward_inference", x, weight, _y_dtype(x, flags))
     return x.new_empty(x.shape, dtype=_y_dtype(x, flags))
 
 
@@ -249,7 +255,7 @@ def _forward_formula(x, weight, eps, flags, y_dtype, check=True):
     so y matches the kernels' to the last bit or so, not bit for bit. check: the operator's argument rules (the
     add form has checked its own, which differ for an fp32 h)."""
     if check:
-        _check_fake_args("rmsnorm.rms_norm", x, weight)
+        _check_fake_args("rmsnorm.rms_norm", x, weight, y_dtype)
     _check_eps("rmsnorm.rms_norm", eps, RuntimeError)
     xf = x.float()
     xh = xf * _formula_rstd(xf, eps)
@@ -325,8 +331,9 @@ def rms_norm(
     gradient has input's. On CUDA another ``out_dtype`` runs the looped kernel at every size (slower than the plain
     forward; its rstd may differ from the plain call's in the last bits: another summation order).
 
-    Supports float32, float16 and bfloat16; the weight must have the input's dtype and device, or be float32 with a
-    float16 or bfloat16 input.
+    Supports float32, float16 and bfloat16; the weight must have the input's dtype and device, be float32 with a
+    float16 or bfloat16 input, or, with a float32 input and a float16 or bfloat16 ``out_dtype``, have that dtype (an
+    fp32 residual stream normalized with the model's 16-bit weight; its gradient then has that dtype too).
     """
     # The common call (normalized_shape an int or a 1-tuple, the last dim's size: the module's) goes to the operator with no Python checks:
     # the operator checks x's dtype, the weight's shape, dtype and device, and eps, and raises before it writes
@@ -345,12 +352,12 @@ def rms_norm(
         try:
             return _forward_eager(input, weight, eps, flags)
         except RuntimeError:
-            _check_rms_norm_args(input, (n,), weight)
+            _check_rms_norm_args(input, (n,), weight, out_dtype)
             _check_eps("rmsnorm.rms_norm", eps, RuntimeError)
             if n == 0:
                 return _forward(input, weight, eps, flags)
             raise
-    normalized_shape = _check_rms_norm_args(input, normalized_shape, weight)
+    normalized_shape = _check_rms_norm_args(input, normalized_shape, weight, out_dtype)
     _check_eps("rmsnorm.rms_norm", eps, RuntimeError)
     k = len(normalized_shape)
     if k > 1:
@@ -394,9 +401,9 @@ def _normalized_dims(op, input, normalized_shape):
     return normalized_shape
 
 
-def _check_weight(op, input, normalized_shape, weight):
+def _check_weight(op, input, normalized_shape, weight, out_dtype=None):
     """The weight's rules for every function here: normalized_shape's shape, input's dtype (or float32 with a 16-bit
-    input) and device."""
+    input, or out_dtype's 16-bit dtype with a float32 input) and device."""
     if weight is None:
         return
     dtype = input.dtype
@@ -404,20 +411,21 @@ def _check_weight(op, input, normalized_shape, weight):
         raise RuntimeError(
             f"{op}: weight has shape {list(weight.shape)}, expected normalized_shape={list(normalized_shape)}"
         )
-    if weight.dtype != dtype and not (weight.dtype == torch.float32 and dtype in _HALF_DTYPES):
+    if not _weight_dtype_ok(weight.dtype, dtype, out_dtype):
         raise TypeError(
             f"{op}: weight has dtype {weight.dtype} but input has {dtype}; the weight must have the input's dtype, "
-            "or be float32 with a float16 or bfloat16 input"
+            "be float32 with a float16 or bfloat16 input, or have out_dtype's float16 or bfloat16 dtype with a "
+            "float32 input"
         )
     if weight.device != input.device:
         raise RuntimeError(f"{op}: weight is on {weight.device} but input is on {input.device}")
 
 
-def _check_rms_norm_args(input, normalized_shape, weight):
+def _check_rms_norm_args(input, normalized_shape, weight, out_dtype=None):
     """rms_norm's argument rules, raising with the argument's name in rms_norm's terms; normalized_shape as a
     tuple."""
     normalized_shape = _normalized_dims("rmsnorm.rms_norm", input, normalized_shape)
-    _check_weight("rmsnorm.rms_norm", input, normalized_shape, weight)
+    _check_weight("rmsnorm.rms_norm", input, normalized_shape, weight, out_dtype)
     return normalized_shape
 
 

@@ -150,6 +150,84 @@ def test_out_dtype_rules():
     torch.library.opcheck(torch.ops.rmsnorm.backward.default, (y.float().to(torch.bfloat16), x, None, rstd, flags, None))
 
 
+def weight_y_case(y_dtype, device, gen, shape=(2, 3, 1000)):
+    d = shape[-1]
+    x = row_scaled(randn(*shape, gen=gen), gen).to(device)
+    w = (1.0 + 0.3 * randn(d, gen=gen)).to(y_dtype).to(device)
+    gy = randn(*shape, dtype=y_dtype, gen=gen).to(device)
+    return x, w, gy
+
+
+def weight_y_and_fp32_weight(x, w, gy):
+    """y and the gradients of rms_norm(x, w, out_dtype=w.dtype) with the 16-bit w, and with w.float()."""
+    out = []
+    for wt in (w, w.float()):
+        xl, wl = x.clone().requires_grad_(True), wt.clone().requires_grad_(True)
+        y = rmsnorm.rms_norm(xl, x.shape[-1], wl, 1e-5, out_dtype=w.dtype)
+        out.append((y.detach(), *torch.autograd.grad(y, (xl, wl), gy)))
+    return out
+
+
+@pytest.mark.parametrize("y_dtype", [torch.bfloat16, torch.float16])
+def test_weight_in_out_dtype_with_fp32_input(y_dtype):
+    # RMSNORM_FLAG_WEIGHT_Y_DTYPE: a float32 input (an fp32 residual stream's h) with the model's 16-bit weight and
+    # y in that dtype is the call with the weight widened to fp32, bit for bit (every 16-bit value is exact in fp32);
+    # the weight's gradient has the weight's dtype, the fp32 one rounded once.
+    gen = torch.Generator().manual_seed(75)
+    for shape in [(6, 48), (2, 3, 1000)]:
+        x, w, gy = weight_y_case(y_dtype, "cpu", gen, shape)
+        (y, gx, gw), (yf, gxf, gwf) = weight_y_and_fp32_weight(x, w, gy)
+        assert y.dtype == y_dtype and gw.dtype == y_dtype and gx.dtype == torch.float32
+        assert torch.equal(y, yf) and torch.equal(gx, gxf), "y / gx differ from the fp32 weight's"
+        assert torch.equal(gw, gwf.to(y_dtype)), "gw is not the fp32 weight's rounded once"
+        with torch.no_grad():
+            assert torch.equal(rmsnorm.rms_norm(x, shape[-1], w, 1e-5, out_dtype=y_dtype), y), "the inference path"
+    flags = ((RMSNORM_DTYPE[y_dtype] + 1) << 8)  # the operators take the weight's dtype as the flag
+    torch.library.opcheck(torch.ops.rmsnorm.forward.default, (x, w, 1e-5, flags))
+    _, rstd = torch.ops.rmsnorm.forward(x, w, 1e-5, flags)
+    torch.library.opcheck(torch.ops.rmsnorm.backward.default, (gy, x, w, rstd, flags, y_dtype))
+    torch.library.opcheck(torch.ops.rmsnorm.backward.default, (gy, x, w, rstd, flags, torch.float32))
+
+
+def test_weight_in_out_dtype_rules():
+    x = randn(3, 16)
+    w = randn(16, dtype=torch.bfloat16)
+    # A 16-bit weight with a float32 input needs out_dtype of the weight's dtype.
+    with pytest.raises(TypeError, match="weight has dtype torch.bfloat16 but input has torch.float32"):
+        rmsnorm.rms_norm(x, 16, w)
+    with pytest.raises(TypeError, match="weight has dtype torch.bfloat16 but input has torch.float32"):
+        rmsnorm.rms_norm(x, 16, w, out_dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="weight has dtype bfloat16 but x has float32"):
+        torch.ops.rmsnorm.forward(x, w, 1e-5, 0)
+    # The flag follows from the weight's dtype; the operators refuse it given.
+    with pytest.raises(RuntimeError, match="RMSNORM_FLAG_WEIGHT_Y_DTYPE"):
+        torch.ops.rmsnorm.forward(x, w, 1e-5, (3 << 8) | 2048)
+    # The fused operations take no other y dtype, so no such weight either.
+    with pytest.raises(RuntimeError, match="weight has dtype bfloat16 but x has float32"):
+        torch.ops.rmsnorm.add_forward(x, x, w, 1e-5, 0)
+    with pytest.raises((TypeError, RuntimeError), match="weight has dtype"):
+        rmsnorm.rms_norm(x.to("meta"), 16, w.to("meta"))
+    assert rmsnorm.rms_norm(x.to("meta"), 16, w.to("meta"), out_dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+@requires_cuda
+@pytest.mark.parametrize("y_dtype", [torch.bfloat16, torch.float16])
+def test_cuda_weight_in_out_dtype_with_fp32_input(y_dtype):
+    # On CUDA too the call with the 16-bit weight is the one with the weight widened, bit for bit, at D <= 4096 (the
+    # held forward and the backward without element paths, at a few rows), above it and at many rows.
+    gen = torch.Generator().manual_seed(76)
+    for shape in [(5, 4096), (600, 1000), (3, 20000), (2, 70000)]:
+        x, w, gy = weight_y_case(y_dtype, "cuda", gen, shape)
+        (y, gx, gw), (yf, gxf, gwf) = weight_y_and_fp32_weight(x, w, gy)
+        assert y.dtype == y_dtype and gw.dtype == y_dtype
+        assert torch.equal(y, yf) and torch.equal(gx, gxf), f"{shape}: y / gx differ from the fp32 weight's"
+        assert torch.equal(gw, gwf.to(y_dtype)), f"{shape}: gw is not the fp32 weight's rounded once"
+        # And the C ABI's float64-checked path: y exactly Y(x * rstd * w) of the rstd it returns.
+        flags = (RMSNORM_DTYPE[y_dtype] + 1) << 8
+        y2, rstd = torch.ops.rmsnorm.forward(x, w, 1e-5, flags)
+        assert torch.equal(y2, (x * rstd.unsqueeze(-1) * w.float()).to(y_dtype))
+
+
 @requires_cuda
 @pytest.mark.parametrize("x_dtype,y_dtype", [(torch.float32, torch.bfloat16), (torch.float32, torch.float16),
                                              (torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16)])

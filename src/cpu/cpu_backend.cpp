@@ -457,7 +457,7 @@ size_t backward_workspace_bytes(int64_t rows, int64_t cols, GwMode mode) {
 rmsnorm_status_t forward(const ForwardArgs& a, int num_threads) {
   if (a.rows <= 0) return RMSNORM_STATUS_SUCCESS;
   try {
-    const std::vector<float> wp = weight_prime(a.weight, a.weight_f32 ? DType::kF32 : a.dtype, a.cols, a.weight_offset);
+    const std::vector<float> wp = weight_prime(a.weight, weight_dtype_of(a), a.cols, a.weight_offset);
     const int threads = threads_for(num_threads, a.rows, a.rows * a.cols);
     // The residual add widens h into scratch at every dtype.
     Scratch scratch(threads, 1, a.residual != nullptr ? a.cols : widen_len(a.dtype, a.cols));
@@ -479,7 +479,7 @@ rmsnorm_status_t forward(const ForwardArgs& a, int num_threads) {
 rmsnorm_status_t forward_quant(const ForwardArgs& a, const QuantArgs& qa, int num_threads) {
   if (a.rows <= 0) return RMSNORM_STATUS_SUCCESS;
   try {
-    const std::vector<float> wp = weight_prime(a.weight, a.weight_f32 ? DType::kF32 : a.dtype, a.cols, a.weight_offset);
+    const std::vector<float> wp = weight_prime(a.weight, weight_dtype_of(a), a.cols, a.weight_offset);
     const int threads = threads_for(num_threads, a.rows, a.rows * a.cols);
     // The widened row, y of the row as forward stores it, and (16-bit) y widened.
     Scratch scratch(threads, a.dtype == DType::kF32 ? 2 : 3, a.cols);

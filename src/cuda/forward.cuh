@@ -1293,7 +1293,8 @@ rmsnorm_status_t launch_looped_as(const ForwardArgs& a, const plan::Device& dev,
       static_cast<ForwardParams<float>&>(p) = forward_params<float>(a, l);
       p.y_vector = quad_rows(a.y, a.y_stride);
       const bool pdl = a.pdl && dev.sm90_code;
-      if (plan::f32_shares_held(a.rows, a.cols, io, p.y_vector && std::is_same_v<W, float>, dev))
+      const bool quads = p.y_vector && (std::is_same_v<W, float> || quad_rows(a.weight, 0));
+      if (plan::f32_shares_held(a.rows, a.cols, io, quads, dev))
         return launch_planned(forward_looped_add_f32_kernel<Y, W, false, true>, plan::kLoopedShareThreads, l, pdl,
                               stream, p);
       return launch_planned(forward_looped_add_f32_kernel<Y, W, false>, plan::kLoopedShareThreads, l, pdl, stream, p);
@@ -1349,7 +1350,11 @@ rmsnorm_status_t launch_forward_mixed(const ForwardArgs& a, const plan::Device& 
     if constexpr (std::is_same_v<Y, T>) {
       return fail(RMSNORM_STATUS_INTERNAL_ERROR, "dtype", "no mixed forward for equal dtypes");  // launch_forward's
     } else {
-      return a.weight_f32 ? launch_looped_as<T, float, Y>(a, dev, stream) : launch_looped_as<T, T, Y>(a, dev, stream);
+      if (a.weight_f32) return launch_looped_as<T, float, Y>(a, dev, stream);
+      // RMSNORM_FLAG_WEIGHT_Y_DTYPE: fp32 x with the weight in the 16-bit Y.
+      if constexpr (std::is_same_v<T, float>)
+        if (weight_dtype_of(a) == y_dtype_of(a)) return launch_looped_as<T, Y, Y>(a, dev, stream);
+      return launch_looped_as<T, T, Y>(a, dev, stream);
     }
   });
 }
