@@ -1155,18 +1155,10 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
 #pragma unroll
     for (int j = 0; j < kN; ++j) acc[k][j] = 0.0f;
     if (one_pass && c < p.chunks) {
-      if constexpr (kVec && !std::is_same_v<W, T>) {
-        if (p.w != nullptr) {
-          const Chunk<W> q = load_quad(reinterpret_cast<const W*>(p.w), c * kN, p.cols, true);
-#pragma unroll
-          for (int j = 0; j < kN; ++j) wh[k][j] = q.get(j) + p.w_offset;
-        } else {
-#pragma unroll
-          for (int j = 0; j < kN; ++j) wh[k][j] = 1.0f;
-        }
-      } else {
-        weights_any<W>(p.w, c, p.cols, kVec || p.vector_io, p.w_offset, wh[k]);
-      }
+      if constexpr (kVec)
+        weights_vec<W>(p.w, c, p.cols, p.w_offset, wh[k]);
+      else
+        weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, wh[k]);
     }
   }
   auto gy_of = [&](const G* gyr, int c) { return load_quad(gyr, c * kN, p.cols, kVec || p.gy_vector); };

@@ -1051,16 +1051,7 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads,
         if (c < p.chunks) {
           if constexpr (kAdd) xq = load_quad(p.x16 + row * p.x16_stride, c * kN, p.cols, true);
           h[k] = as_chunk<float>(reinterpret_cast<const uint4*>(rr)[c]);
-          if constexpr (std::is_same_v<W, float>) {
-            weights_of(p.w, c, p.cols, true, p.w_offset, w[k]);
-          } else if (p.w != nullptr) {
-            const Chunk<W> q = load_quad(reinterpret_cast<const W*>(p.w), c * kN, p.cols, true);
-#pragma unroll
-            for (int j = 0; j < kN; ++j) w[k][j] = q.get(j) + p.w_offset;
-          } else {
-#pragma unroll
-            for (int j = 0; j < kN; ++j) w[k][j] = 1.0f;
-          }
+          weights_vec<W>(p.w, c, p.cols, p.w_offset, w[k]);
         }
         if constexpr (kAdd) {
           // add_kernel's h = float(x) + residual.

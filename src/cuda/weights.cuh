@@ -61,6 +61,24 @@ __device__ __forceinline__ void weights_any(const T* __restrict__ w, int chunk, 
     weights_elems(reinterpret_cast<const W*>(w), chunk * Chunk<T>::kN, cols, offset, out);
 }
 
+// weights_any of a chunk that is a whole vector of the weight (the fp32 forms' kernels without element paths): a
+// weight of T by one 16-byte load, a 16-bit W by one 8-byte load.
+template <typename W, typename T>
+__device__ __forceinline__ void weights_vec(const T* __restrict__ w, int chunk, int cols, float offset,
+                                            float (&out)[Chunk<T>::kN]) {
+  constexpr int kN = Chunk<T>::kN;
+  if constexpr (std::is_same_v<W, T>) {
+    weights_of(w, chunk, cols, true, offset, out);
+  } else if (w == nullptr) {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) out[j] = 1.0f;
+  } else {
+    const Chunk<W> q = load_quad(reinterpret_cast<const W*>(w), chunk * kN, cols, true);
+#pragma unroll
+    for (int j = 0; j < kN; ++j) out[j] = q.get(j) + offset;
+  }
+}
+
 // weights_at for a weight of T or of W passed in the same pointer (the rows
 // band's element path with RMSNORM_FLAG_WEIGHT_F32): W's by element.
 template <typename W, typename T>
