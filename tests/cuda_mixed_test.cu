@@ -351,7 +351,9 @@ TEST_F(CudaMixed, Fp32FormsHeldAndGenericKernelsAgree) {
       fill_random(w, rng);
       for (int64_t k = 0; k < d; ++k) wm.set(0, k, w.get(0, k));
       fill_random(gy, rng);
-      DeviceCopy dx(x), dres(res), dw(w), dwm(wm), dgy(gy);
+      HostMatrix gh = matrix(c, RMSNORM_DTYPE_F32);  // the residual stream's backward: the gradient along it
+      fill_random(gh, rng);
+      DeviceCopy dx(x), dres(res), dw(w), dwm(wm), dgy(gy), dgh(gh);
       rmsnorm_problem_t p = problem_of(c);
       // Forward of `rows` rows with the weight w_ptr: y, h (residual) and rstd on the host.
       struct Out {
@@ -401,8 +403,9 @@ TEST_F(CudaMixed, Fp32FormsHeldAndGenericKernelsAgree) {
         DeviceCopy dgx(*gx), dgw(*gw);
         poison_shared_memory();
         const rmsnorm_status_t st =
-            residual ? rmsnorm_add_backward(&p, din.data(), d, w_ptr, dgy.data(), d, static_cast<const float*>(drstd_in.data()), nullptr,
-                                            0, dgx.data(), d, dgw.data(), RMSNORM_GW_STORE_F32, ws.get(), ws_bytes, &b)
+            residual ? rmsnorm_add_backward(&p, din.data(), d, w_ptr, dgy.data(), d, static_cast<const float*>(drstd_in.data()),
+                                            dgh.data(), d, dgx.data(), d, dgw.data(), RMSNORM_GW_STORE_F32, ws.get(),
+                                            ws_bytes, &b)
                      : rmsnorm_backward(&p, din.data(), d, w_ptr, dgy.data(), d, static_cast<const float*>(drstd_in.data()), dgx.data(),
                                         d, dgw.data(), RMSNORM_GW_STORE_F32, ws.get(), ws_bytes, &b);
         ASSERT_EQ(RMSNORM_STATUS_SUCCESS, st) << rmsnorm_last_error();
