@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "harness/host_matrix.hpp"
@@ -418,45 +419,60 @@ TEST(YDtype, ArgumentRules) {
   EXPECT_EQ(0, std::memcmp(ya.data(), yb.data(), ya.data_bytes()));
 }
 
-// The C++ API's forward_to / backward_from are the C ABI with the flag.
-TEST(YDtype, CppForwardToAndBackwardFromAreTheCAbi) {
+// fp32 x with bf16 y and gy and the weight of W (fp32, or bf16 with RMSNORM_FLAG_WEIGHT_Y_DTYPE): the C++ API's
+// forward and backward (cpp_forward(x, w, y, rstd), cpp_backward(x, w, gy, rstd, gx, gw, workspace)) against the C
+// ABI with `flags`, bit for bit; gw in W.
+template <class W, class Fwd, class Bwd>
+void expect_cpp_is_the_c_abi(uint32_t flags, Fwd&& cpp_forward, Bwd&& cpp_backward) {
+  using B = rmsnorm::bfloat16;
   const int64_t rows = 5, cols = 72;
-  HostMatrix x(RMSNORM_DTYPE_F32, rows, cols), gy(RMSNORM_DTYPE_BF16, rows, cols), w(RMSNORM_DTYPE_F32, 1, cols);
+  const int32_t wdt = std::is_same<W, float>::value ? RMSNORM_DTYPE_F32 : RMSNORM_DTYPE_BF16;
+  HostMatrix x(RMSNORM_DTYPE_F32, rows, cols), gy(RMSNORM_DTYPE_BF16, rows, cols), w(wdt, 1, cols);
   harness::fill_normal(x, 91, harness::hetero_row_scale);
   harness::fill_normal(gy, 92);
   harness::fill_normal(w, 93, {}, 1.0);
-  using B = rmsnorm::bfloat16;
-  const uint32_t flag = RMSNORM_FLAG_Y_DTYPE(RMSNORM_DTYPE_BF16);
-  const rmsnorm_problem_t p = problem(RMSNORM_DTYPE_F32, rows, cols, flag);
+  const rmsnorm_problem_t p = problem(RMSNORM_DTYPE_F32, rows, cols, flags);
   HostMatrix y_c(RMSNORM_DTYPE_BF16, rows, cols), y(RMSNORM_DTYPE_BF16, rows, cols);
   std::vector<float> rstd_c(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
   ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
             rmsnorm_forward(&p, x.data(), cols, w.data(), y_c.data(), cols, rstd_c.data(), &kCpu));
   const auto xv = rmsnorm::make_matrix(static_cast<const float*>(x.data()), rows, cols);
-  const auto wv = rmsnorm::make_vector(static_cast<const float*>(w.data()), cols);
-  const rmsnorm::Backend be = rmsnorm::Backend::cpu(2);
+  const auto wv = rmsnorm::make_vector(static_cast<const W*>(w.data()), cols);
   ASSERT_EQ(rmsnorm::Status::kSuccess,
-            rmsnorm::forward_to<B>(xv, wv, rmsnorm::make_matrix(static_cast<B*>(y.data()), rows, cols),
-                                   rmsnorm::make_vector(rstd.data(), rows), rmsnorm::Options{}, be))
+            (cpp_forward(xv, wv, rmsnorm::make_matrix(static_cast<B*>(y.data()), rows, cols),
+                                           rmsnorm::make_vector(rstd.data(), rows))))
       << rmsnorm::last_error();
   EXPECT_EQ(0, std::memcmp(y.data(), y_c.data(), y.data_bytes()));
   EXPECT_EQ(0, std::memcmp(rstd.data(), rstd_c.data(), rstd.size() * 4));
   HostMatrix gx(RMSNORM_DTYPE_F32, rows, cols), gx_c(RMSNORM_DTYPE_F32, rows, cols);
-  std::vector<float> gw(static_cast<size_t>(cols)), gw_c(static_cast<size_t>(cols));
-  std::vector<double> ws(1 << 16);
+  std::vector<W> gw(static_cast<size_t>(cols)), gw_c(static_cast<size_t>(cols));
+  size_t wsb = 0;
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, RMSNORM_GW_STORE, &kCpu, &wsb));
+  std::vector<double> ws(wsb / sizeof(double) + 2);
   ASSERT_EQ(rmsnorm::Status::kSuccess,
-            (rmsnorm::backward_from<B, float>(xv, wv, rmsnorm::make_matrix(static_cast<const B*>(gy.data()), rows, cols),
-                                             rmsnorm::make_vector(static_cast<const float*>(rstd.data()), rows),
-                                             rmsnorm::make_matrix(static_cast<float*>(gx.data()), rows, cols),
-                                             rmsnorm::GradWeight<float>::store(rmsnorm::make_vector(gw.data(), cols)),
-                                             rmsnorm::Workspace{ws.data(), ws.size() * sizeof(double)},
-                                             rmsnorm::Options{}, be)))
+            cpp_backward(xv, wv, rmsnorm::make_matrix(static_cast<const B*>(gy.data()), rows, cols),
+                         rmsnorm::make_vector(static_cast<const float*>(rstd.data()), rows),
+                         rmsnorm::make_matrix(static_cast<float*>(gx.data()), rows, cols),
+                         rmsnorm::GradWeight<W>::store(rmsnorm::make_vector(gw.data(), cols)),
+                         rmsnorm::Workspace{ws.data(), ws.size() * sizeof(double)}))
       << rmsnorm::last_error();
   ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
             rmsnorm_backward(&p, x.data(), cols, w.data(), gy.data(), cols, rstd.data(), gx_c.data(), cols, gw_c.data(),
                              RMSNORM_GW_STORE, ws.data(), ws.size() * sizeof(double), &kCpu));
   EXPECT_EQ(0, std::memcmp(gx.data(), gx_c.data(), gx.data_bytes()));
-  EXPECT_EQ(0, std::memcmp(gw.data(), gw_c.data(), gw.size() * 4));
+  EXPECT_EQ(0, std::memcmp(gw.data(), gw_c.data(), gw.size() * sizeof(W)));
+}
+
+// The C++ API's forward_to / backward_from are the C ABI with the flag.
+TEST(YDtype, CppForwardToAndBackwardFromAreTheCAbi) {
+  using B = rmsnorm::bfloat16;
+  const rmsnorm::Backend be = rmsnorm::Backend::cpu(2);
+  expect_cpp_is_the_c_abi<float>(
+      RMSNORM_FLAG_Y_DTYPE(RMSNORM_DTYPE_BF16),
+      [&](auto x, auto w, auto y, auto rstd) { return rmsnorm::forward_to<B>(x, w, y, rstd, rmsnorm::Options{}, be); },
+      [&](auto x, auto w, auto gy, auto rstd, auto gx, auto gw, auto ws) {
+        return rmsnorm::backward_from<B, float>(x, w, gy, rstd, gx, gw, ws, rmsnorm::Options{}, be);
+      });
 }
 
 // RMSNORM_FLAG_WEIGHT_Y_DTYPE: fp32 x with the weight in y's 16-bit dtype. Everything is the same call with the fp32
@@ -548,46 +564,21 @@ TEST(WeightYDtype, ArgumentRules) {
                                                      gx.data(), cols, buf.data() + 1, RMSNORM_GW_STORE, wsp, wsb, &kCpu));
 }
 
-// The C++ API's forward_f32_to / backward_f32_from are the C ABI with the flags.
+// The C++ API's forward_f32_to / backward_f32_from are the C ABI with the flags; its workspace query names the dtypes.
 TEST(WeightYDtype, CppForwardAndBackwardAreTheCAbi) {
-  const int64_t rows = 5, cols = 72;
   using B = rmsnorm::bfloat16;
-  HostMatrix x(RMSNORM_DTYPE_F32, rows, cols), gy(RMSNORM_DTYPE_BF16, rows, cols), w(RMSNORM_DTYPE_BF16, 1, cols);
-  harness::fill_normal(x, 94, harness::hetero_row_scale);
-  harness::fill_normal(gy, 95);
-  harness::fill_normal(w, 96, {}, 1.0);
-  const rmsnorm_problem_t p = problem(RMSNORM_DTYPE_F32, rows, cols,
-                                      RMSNORM_FLAG_Y_DTYPE(RMSNORM_DTYPE_BF16) | RMSNORM_FLAG_WEIGHT_Y_DTYPE);
-  HostMatrix y_c(RMSNORM_DTYPE_BF16, rows, cols), y(RMSNORM_DTYPE_BF16, rows, cols);
-  std::vector<float> rstd_c(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
-  ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
-            rmsnorm_forward(&p, x.data(), cols, w.data(), y_c.data(), cols, rstd_c.data(), &kCpu));
-  const auto xv = rmsnorm::make_matrix(static_cast<const float*>(x.data()), rows, cols);
-  const auto wv = rmsnorm::make_vector(static_cast<const B*>(w.data()), cols);
   const rmsnorm::Backend be = rmsnorm::Backend::cpu(2);
-  ASSERT_EQ(rmsnorm::Status::kSuccess,
-            rmsnorm::forward_f32_to<B>(xv, wv, rmsnorm::make_matrix(static_cast<B*>(y.data()), rows, cols),
-                                       rmsnorm::make_vector(rstd.data(), rows), rmsnorm::Options{}, be))
-      << rmsnorm::last_error();
-  EXPECT_EQ(0, std::memcmp(y.data(), y_c.data(), y.data_bytes()));
-  EXPECT_EQ(0, std::memcmp(rstd.data(), rstd_c.data(), rstd.size() * 4));
-  HostMatrix gx(RMSNORM_DTYPE_F32, rows, cols), gx_c(RMSNORM_DTYPE_F32, rows, cols);
-  std::vector<B> gw(static_cast<size_t>(cols)), gw_c(static_cast<size_t>(cols));
-  const size_t wsb = rmsnorm::backward_workspace_size_or_throw<float, B, B>(rows, cols, rmsnorm::GwMode::kStore, be);
-  std::vector<double> ws(wsb / sizeof(double) + 2);
-  ASSERT_EQ(rmsnorm::Status::kSuccess,
-            rmsnorm::backward_f32_from<B>(xv, wv, rmsnorm::make_matrix(static_cast<const B*>(gy.data()), rows, cols),
-                                          rmsnorm::make_vector(static_cast<const float*>(rstd.data()), rows),
-                                          rmsnorm::make_matrix(static_cast<float*>(gx.data()), rows, cols),
-                                          rmsnorm::GradWeight<B>::store(rmsnorm::make_vector(gw.data(), cols)),
-                                          rmsnorm::Workspace{ws.data(), ws.size() * sizeof(double)},
-                                          rmsnorm::Options{}, be))
-      << rmsnorm::last_error();
-  ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
-            rmsnorm_backward(&p, x.data(), cols, w.data(), gy.data(), cols, rstd.data(), gx_c.data(), cols, gw_c.data(),
-                             RMSNORM_GW_STORE, ws.data(), ws.size() * sizeof(double), &kCpu));
-  EXPECT_EQ(0, std::memcmp(gx.data(), gx_c.data(), gx.data_bytes()));
-  EXPECT_EQ(0, std::memcmp(gw.data(), gw_c.data(), gw.size() * sizeof(B)));
+  const uint32_t flags = RMSNORM_FLAG_Y_DTYPE(RMSNORM_DTYPE_BF16) | RMSNORM_FLAG_WEIGHT_Y_DTYPE;
+  expect_cpp_is_the_c_abi<B>(
+      flags,
+      [&](auto x, auto w, auto y, auto rstd) { return rmsnorm::forward_f32_to<B>(x, w, y, rstd, rmsnorm::Options{}, be); },
+      [&](auto x, auto w, auto gy, auto rstd, auto gx, auto gw, auto ws) {
+        return rmsnorm::backward_f32_from<B>(x, w, gy, rstd, gx, gw, ws, rmsnorm::Options{}, be);
+      });
+  const rmsnorm_problem_t p = problem(RMSNORM_DTYPE_F32, 5, 72, flags);
+  size_t bytes = 0;
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, RMSNORM_GW_STORE, &kCpu, &bytes));
+  EXPECT_EQ(bytes, (rmsnorm::backward_workspace_size_or_throw<float, B, B>(5, 72, rmsnorm::GwMode::kStore, be)));
 }
 
 // RMSNORM_FLAG_RESIDUAL_F32: an fp32 residual stream with bf16 / f16 x. Forward: h is float(x) + residual exactly,
