@@ -1556,10 +1556,9 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
       if (l.row.cta_threads == plan::kLoopedShareThreads) {
         // Every access a whole vector in a one-pass row: the kernel without its element paths.
         const bool quads = p.gy_vector && (a.gx_x == nullptr || p.gx_x_vector) &&
-                           (wdt == a.dtype || a.weight == nullptr || quad_rows(a.weight, 0));
+                           (wdt == a.dtype || quad_rows(a.weight, 0));  // quad_rows(null, ..): true
         st = launch_looped_shares<T>(wdt, gdt, gh, plan::f32_shares_vec(a.cols, io, quads), launch);
-      }
-      else if (form != BackwardForm::kPlain)
+      } else if (form != BackwardForm::kPlain)
         st = launch_looped_mixed<T>(wdt, gdt, gh, launch);
       else
         st = gh ? launch(backward_looped_kernel<T, true>, plan::kLoopedThreads)

@@ -1038,6 +1038,24 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads,
   pdl_enter();
   const int t = static_cast<int>(threadIdx.x);
   int parity = 0;
+  // The row's rstd from the shares' sums of squares ss; scaled(s) gives the shares of the rescaled sum (rare path).
+  auto shares_rstd = [&](const float (&ss)[kShares], auto&& scaled) {
+    return row_rstd(
+        row_sum_shares<kSumThreads, kCta, kShares>(ss, scratch, parity), p.cols, p.eps,
+        [&](const Shares& v) { return cta_sum_rare_shares<kSumThreads, kCta, kShares>(v.v, scratch); }, scaled);
+  };
+  // y's chunk c of the row at yr from h's chunk, r and w': forward_looped_kernel<float, kNone, W, T>'s y, x_hat rounded
+  // to the norm's input dtype (fp32 here) with round_xhat, then one rounding to T; vec: yr's rows 8-byte aligned.
+  auto store_y = [&](T* yr, int c, const Chunk<float>& h, float r, const float (&w)[kN], bool vec) {
+    Chunk<float> o;
+#pragma unroll
+    for (int j = 0; j < kN; j += 2) {
+      const float xa = h.get(j) * r, xb = h.get(j + 1) * r;
+      o.set2(j, (p.round_xhat ? to_float(from_float<float>(xa)) : xa) * w[j],
+             (p.round_xhat ? to_float(from_float<float>(xb)) : xb) * w[j + 1]);
+    }
+    store_quad(yr, c * kN, p.cols, vec, o);
+  };
   if constexpr (kHeld) {
     for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
       const float* rr = (kAdd ? p.res + row * p.res_stride : p.x + row * p.x_stride);
@@ -1069,32 +1087,18 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads,
           ss[k] = add_squares(ss[k], h[k]);
         }
       }
-      const float r = row_rstd(
-          row_sum_shares<kSumThreads, kCta, kShares>(ss, scratch, parity), p.cols, p.eps,
-          [&](const Shares& v) { return cta_sum_rare_shares<kSumThreads, kCta, kShares>(v.v, scratch); },
-          [&](float s) {
-            Shares v;
+      const float r = shares_rstd(ss, [&](float s) {
+        Shares v;
 #pragma unroll
-            for (int k = 0; k < kShares; ++k)
-              v.v[k] = t + k * kCta < p.chunks ? add_scaled_squares(0.0f, h[k], s) : 0.0f;
-            return v;
-          });
+        for (int k = 0; k < kShares; ++k) v.v[k] = t + k * kCta < p.chunks ? add_scaled_squares(0.0f, h[k], s) : 0.0f;
+        return v;
+      });
       if (p.rstd != nullptr && t == 0) p.rstd[row] = r;
       T* yr = reinterpret_cast<T*>(p.y) + row * p.y_stride;
 #pragma unroll
       for (int k = 0; k < kShares; ++k) {
         const int c = t + k * kCta;
-        if (c >= p.chunks) continue;
-        float o[kN];
-#pragma unroll
-        for (int j = 0; j < kN; ++j) {
-          const float xh = h[k].get(j) * r;
-          o[j] = (p.round_xhat ? to_float(from_float<float>(xh)) : xh) * w[k][j];
-        }
-        Chunk<float> v;
-        v.set2(0, o[0], o[1]);
-        v.set2(2, o[2], o[3]);
-        store_quad(yr, c * kN, p.cols, true, v);
+        if (c < p.chunks) store_y(yr, c, h[k], r, w[k], true);
       }
     }
   } else {
@@ -1147,43 +1151,21 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads,
           }
         }
       }
-      const float r = row_rstd(
-          row_sum_shares<kSumThreads, kCta, kShares>(ss, scratch, parity), p.cols, p.eps,
-          [&](const Shares& v) { return cta_sum_rare_shares<kSumThreads, kCta, kShares>(v.v, scratch); },
-          [&](float s) {
-            Shares v;
+      const float r = shares_rstd(ss, [&](float s) {
+        Shares v;
 #pragma unroll
-            for (int k = 0; k < kShares; ++k) {
-              v.v[k] = 0.0f;
-              for (int c = t + k * kCta; c < p.chunks; c += kSumThreads)
-                v.v[k] = add_scaled_squares(v.v[k], read_back(c), s);
-            }
-            return v;
-          });
+        for (int k = 0; k < kShares; ++k) {
+          v.v[k] = 0.0f;
+          for (int c = t + k * kCta; c < p.chunks; c += kSumThreads) v.v[k] = add_scaled_squares(v.v[k], read_back(c), s);
+        }
+        return v;
+      });
       if (p.rstd != nullptr && t == 0) p.rstd[row] = r;
       T* yr = reinterpret_cast<T*>(p.y) + row * p.y_stride;
       auto emit_y = [&](int c, const Chunk<float>& h) {
         float w[kN];
         weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
-        float o[kN];
-        // forward_looped_kernel<float, kNone, W, T>'s y: x_hat rounded to the norm's input dtype (fp32 here) with
-        // round_xhat, then one rounding to T.
-#pragma unroll
-        for (int j = 0; j < kN; ++j) {
-          const float xh = h.get(j) * r;
-          o[j] = (p.round_xhat ? to_float(from_float<float>(xh)) : xh) * w[j];
-        }
-        const int first = c * kN;
-        if (p.y_vector && first + kN <= p.cols) {
-          Chunk<T> y;
-          y.set2(0, o[0], o[1]);
-          y.set2(2, o[2], o[3]);
-          *reinterpret_cast<uint2*>(yr + first) = make_uint2(y.w[0], y.w[1]);
-        } else {
-#pragma unroll
-          for (int j = 0; j < kN; ++j)
-            if (first + j < p.cols) yr[first + j] = from_float<T>(o[j]);
-        }
+        store_y(yr, c, h, r, w, p.y_vector);
       };
       // A pass's kShares chunks of h read back at once: a thread waits for L1 / L2 once per pass, not once per chunk
       // (y's stores could alias the loads for the compiler, which then kept them in order).

@@ -42,15 +42,22 @@ __device__ __forceinline__ void held_weights(const WC& w, bool has_weight, float
 // fp32 weight with 16-bit x; the fp32 residual stream's 16-bit weight with
 // the float h), columns [first, first + kN): element loads (the weight's rows
 // need only W's alignment).
+// w' of the four 16-bit weight columns [first, first + 4), which lie on 8 bytes inside the row: one load.
+template <typename W>
+__device__ __forceinline__ void quad_weights(const W* __restrict__ w, int first, int cols, float offset,
+                                             float (&out)[4]) {
+  const Chunk<W> q = load_quad(w, first, cols, true);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) out[j] = q.get(j) + offset;
+}
+
 template <typename W, int kN>
 __device__ __forceinline__ void weights_elems(const W* __restrict__ w, int first, int cols, float offset,
                                               float (&out)[kN]) {
   if constexpr (sizeof(W) == 2 && kN == 4) {
     // Four 16-bit columns on 8 bytes (the 16-bit weight of fp32 x): one load, the same values.
     if (w != nullptr && first + 4 <= cols && reinterpret_cast<uintptr_t>(w + first) % 8 == 0) {
-      const Chunk<W> q = load_quad(w, first, cols, true);
-#pragma unroll
-      for (int j = 0; j < kN; ++j) out[j] = q.get(j) + offset;
+      quad_weights(w, first, cols, offset, out);
       return;
     }
   }
@@ -82,9 +89,7 @@ __device__ __forceinline__ void weights_vec(const T* __restrict__ w, int chunk, 
 #pragma unroll
     for (int j = 0; j < kN; ++j) out[j] = 1.0f;
   } else {
-    const Chunk<W> q = load_quad(reinterpret_cast<const W*>(w), chunk * kN, cols, true);
-#pragma unroll
-    for (int j = 0; j < kN; ++j) out[j] = q.get(j) + offset;
+    quad_weights(reinterpret_cast<const W*>(w), chunk * kN, cols, offset, out);
   }
 }
 
