@@ -161,7 +161,6 @@ struct Common {
   size_t esize = 4;  // dtype_size(dtype)
   size_t wsize = 4;  // the weight's element size: dtype_size(weight_dtype)
   bool weight_f32 = false;  // RMSNORM_FLAG_WEIGHT_F32 with 16-bit x
-  bool weight_y = false;    // RMSNORM_FLAG_WEIGHT_Y_DTYPE (fp32 x, a 16-bit y)
   DType weight_dtype = DType::kF32;  // the weight's (and gw's in the non-F32 modes)
   DType y_dtype = DType::kF32;  // y's (and gy's) dtype: dtype unless RMSNORM_FLAG_Y_DTYPE says otherwise
   size_t ysize = 4;             // dtype_size(y_dtype)
@@ -203,12 +202,12 @@ rmsnorm_status_t check_problem_and_backend(const rmsnorm_problem_t* p, const rms
   const uint32_t y_bits = (p->flags & RMSNORM_FLAG_Y_DTYPE_MASK) >> 8;
   c->y_dtype = y_bits == 0 ? c->dtype : static_cast<DType>(y_bits - 1);
   c->ysize = dtype_size(c->y_dtype);
-  c->weight_y = (p->flags & RMSNORM_FLAG_WEIGHT_Y_DTYPE) != 0;
-  if (c->weight_y && (c->dtype != DType::kF32 || c->y_dtype == DType::kF32 || (p->flags & RMSNORM_FLAG_WEIGHT_F32) != 0))
+  const bool weight_y = (p->flags & RMSNORM_FLAG_WEIGHT_Y_DTYPE) != 0;
+  if (weight_y && (c->dtype != DType::kF32 || c->y_dtype == DType::kF32 || (p->flags & RMSNORM_FLAG_WEIGHT_F32) != 0))
     return fail(RMSNORM_STATUS_INVALID_OPTION, "flags",
                 "RMSNORM_FLAG_WEIGHT_Y_DTYPE needs fp32 x and RMSNORM_FLAG_Y_DTYPE of f16 or bf16, without "
                 "RMSNORM_FLAG_WEIGHT_F32");
-  c->weight_dtype = c->weight_f32 ? DType::kF32 : c->weight_y ? c->y_dtype : c->dtype;
+  c->weight_dtype = c->weight_f32 ? DType::kF32 : weight_y ? c->y_dtype : c->dtype;
   c->wsize = dtype_size(c->weight_dtype);
   c->residual_f32 = (p->flags & RMSNORM_FLAG_RESIDUAL_F32) != 0 && c->dtype != DType::kF32;
   c->rsize = c->residual_f32 ? sizeof(float) : c->esize;

@@ -310,8 +310,7 @@ std::tuple<Tensor, std::optional<Tensor>> backward_impl(const Tensor& gy, const 
   check_floating_input(x, op);
   // The fp32 residual stream's backward (RMSNORM_FLAG_RESIDUAL_F32): h (x here), g_h and gx are float32, gy and the
   // weight 16-bit; the problem's dtype is gy's.
-  const bool residual_f32 = g_h.has_value() && x.scalar_type() == ScalarType::Float &&
-                            (gy.scalar_type() == ScalarType::Half || gy.scalar_type() == ScalarType::BFloat16);
+  const bool residual_f32 = g_h.has_value() && x.scalar_type() == ScalarType::Float && is_16bit(gy.scalar_type());
   if (gx_x != nullptr && !residual_f32) {
     fail(op, ": x's gradient in its own dtype is the fp32 residual stream's (float32 h and g_h, 16-bit gy); got h ",
          dtype_name(x.scalar_type()), " and gy ", dtype_name(gy.scalar_type()));
