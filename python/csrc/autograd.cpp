@@ -68,7 +68,13 @@ struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
   static variable_list differentiable_backward(const at::Tensor& gy, const at::Tensor& x, const at::Tensor& w,
                                                double eps, int64_t flags, bool need_gx, bool need_gw) {
     const at::Tensor xf = x.to(at::kFloat);
-    const at::Tensor r = (xf.pow(2).mean(-1, /*keepdim=*/true) + eps).rsqrt();
+    // r over the whole fp32 range, as rmsnorm._formula_rstd computes it: each row scaled by the power of two s that
+    // brings its largest |x| into [0.5, 1) (detached), r = s / sqrt(mean((x s)^2) + eps s^2) per row in float64.
+    const at::Tensor m = xf.detach().abs().amax(-1, /*keepdim=*/true);
+    const at::Tensor s = at::ldexp(at::ones_like(m), -std::get<1>(at::frexp(m)).clamp(-126, 126));
+    const at::Tensor ms = (xf * s).pow(2).mean(-1, /*keepdim=*/true).to(at::kDouble);
+    const at::Tensor sd = s.to(at::kDouble);
+    const at::Tensor r = (sd * (ms + eps * sd * sd).rsqrt()).to(at::kFloat);
     const at::Tensor xh = xf * r;
     at::Tensor g = gy.to(at::kFloat);
     at::Tensor gw;

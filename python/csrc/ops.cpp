@@ -29,6 +29,7 @@
 
 #include <rmsnorm/rmsnorm.h>
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <sstream>
@@ -57,6 +58,16 @@ const char* dtype_name(ScalarType t) {
     case ScalarType::Half: return "float16";
     case ScalarType::BFloat16: return "bfloat16";
     case ScalarType::Double: return "float64";
+    case ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
+    case ScalarType::Float8_e5m2: return "float8_e5m2";
+    case ScalarType::Float8_e4m3fnuz: return "float8_e4m3fnuz";
+    case ScalarType::Float8_e5m2fnuz: return "float8_e5m2fnuz";
+    case ScalarType::Char: return "int8";
+    case ScalarType::Byte: return "uint8";
+    case ScalarType::Short: return "int16";
+    case ScalarType::Int: return "int32";
+    case ScalarType::Long: return "int64";
+    case ScalarType::Bool: return "bool";
     default: return "an unsupported dtype";
   }
 }
@@ -259,12 +270,20 @@ void check_floating_input(const Tensor& x, const char* op) {
   if (x.size(x.dim() - 1) < 1) fail(op, ": the last dim of x has size 0");
 }
 
+// The library's eps rule (a finite float32 >= 0), for the calls that return before they reach it (no rows), so that
+// an eps refused with rows is refused without them too.
+void check_eps(double eps, const char* op) {
+  const float e = static_cast<float>(eps);
+  if (!std::isfinite(e) || e < 0.0f) fail(op, ": eps must be finite and >= 0 as a float32 (got ", eps, ")");
+}
+
 // y, and rstd where with_rstd (the inference form skips its allocation and its store).
 std::tuple<Tensor, std::optional<Tensor>> forward_impl(const Tensor& x, const std::optional<Tensor>& weight, double eps,
                                                        int64_t flags, bool with_rstd, const char* op) {
   check_floating_input(x, op);
   const int32_t dtype = library_dtype(x.scalar_type(), op, "x");
   check_flags(flags, op);
+  check_eps(eps, op);
   const Rows xr = as_rows(x);
   std::optional<Tensor> w;
   if (weight.has_value()) w = checked_weight(*weight, x, xr.cols, op, y_scalar_type(flags, x));
@@ -614,6 +633,7 @@ std::tuple<Tensor, Tensor, Tensor> add_forward(Tensor x, Tensor residual, std::o
   }
   check_same_device(residual, x, op, "residual");
   check_flags(flags, op);
+  check_eps(eps, op);
   const Rows xr = as_rows(x);
   const Rows rr = as_rows(residual);
   std::optional<Tensor> w;

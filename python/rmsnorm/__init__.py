@@ -146,8 +146,18 @@ _backward_op = torch.ops.rmsnorm.backward.default
 
 
 def _formula_rstd(xf, eps):
-    """r = 1 / sqrt(mean(x^2) + eps) of float32 x in torch ops (the formula paths below)."""
-    return torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    """r = 1 / sqrt(mean(x^2) + eps) of float32 x in torch ops (the formula paths below), over the whole fp32 range
+    where the kernels rescale (src/common/scaled_rms.hpp): each row is scaled by s, the power of two that brings its
+    largest |x| into [0.5, 1) (detached: s is piecewise constant in x), so that neither its squares nor r's
+    derivatives (r^3, ...) overflow or underflow in fp32, and r = s / sqrt(mean((x s)^2) + eps s^2) is evaluated
+    per row in float64 (eps s^2 reaches 2^252 eps there)."""
+    if xf.shape[-1] == 0:  # F.rms_norm's empty result: nothing to scale (amax needs an element)
+        return torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    m = xf.detach().abs().amax(-1, keepdim=True)
+    s = torch.ldexp(torch.ones_like(m), -torch.frexp(m).exponent.clamp(-126, 126))
+    ms = (xf * s).pow(2).mean(-1, keepdim=True).double()
+    sd = s.double()
+    return (sd * torch.rsqrt(ms + eps * sd * sd)).float()
 
 
 def _formula_w_prime(weight, flags):
@@ -251,9 +261,9 @@ def _forward(x, weight, eps, flags):
 def _forward_formula(x, weight, eps, flags, y_dtype, check=True):
     """y = T(x r w') (or T(T(x r) w') with round_xhat) in float32 torch ops, under torch.func transforms (grad,
     vmap, jacrev, hessian, ...): the kernels' operators cannot run there (torch's registered autograd is not a
-    functorch autograd.Function). The same arithmetic in the same order as the kernels; r comes from torch's sum,
-    so y matches the kernels' to the last bit or so, not bit for bit. check: the operator's argument rules (the
-    add form has checked its own, which differ for an fp32 h)."""
+    functorch autograd.Function). The same arithmetic in the same order as the kernels; r comes from torch's sum
+    (_formula_rstd: rescaled per row), so y matches the kernels' to the last bit or so, not bit for bit. check: the
+    operator's argument rules (the add form has checked its own, which differ for an fp32 h)."""
     if check:
         _check_fake_args("rmsnorm.rms_norm", x, weight, y_dtype)
     _check_eps("rmsnorm.rms_norm", eps, RuntimeError)
@@ -307,6 +317,16 @@ def _check_eps(op, eps, error):
 _DEFAULT_EPS = torch.finfo(torch.float32).eps
 
 
+def _eps_value(op, eps):
+    """eps as a Python float: None is _DEFAULT_EPS; a string is refused as F.rms_norm refuses it (float() would
+    parse it)."""
+    if eps is None:
+        return _DEFAULT_EPS
+    if isinstance(eps, (str, bytes)):
+        raise TypeError(f"{op}: eps must be a float, not {type(eps).__name__}")
+    return float(eps)
+
+
 def rms_norm(
     input: torch.Tensor,
     normalized_shape: int | Sequence[int] | torch.Size,
@@ -345,13 +365,13 @@ def rms_norm(
         if out_dtype not in _Y_DTYPE_FLAG:
             raise TypeError(f"rmsnorm.rms_norm: out_dtype is {out_dtype}; supported: float32, float16, bfloat16")
         flags |= _Y_DTYPE_FLAG[out_dtype]
-    eps = _DEFAULT_EPS if eps is None else float(eps)
+    eps = eps if type(eps) is float else _eps_value("rmsnorm.rms_norm", eps)
     n = normalized_shape[0] if type(normalized_shape) is tuple and len(normalized_shape) == 1 else normalized_shape
     # Under torch.compile the checks below run first, so that bad arguments fail at trace time.
     if type(n) is int and not _is_compiling() and input.dim() > 0 and input.shape[-1] == n:
         try:
             return _forward_eager(input, weight, eps, flags)
-        except RuntimeError:
+        except (RuntimeError, TypeError, AttributeError):  # AttributeError: a weight that is not a tensor
             _check_rms_norm_args(input, (n,), weight, out_dtype)
             _check_eps("rmsnorm.rms_norm", eps, RuntimeError)
             if n == 0:
@@ -385,6 +405,8 @@ def _normalized_dims(op, input, normalized_shape):
         except TypeError:
             pass
     try:
+        if isinstance(normalized_shape, bool) or any(isinstance(n, bool) for n in dims):  # F.rms_norm refuses True
+            raise TypeError
         normalized_shape = tuple(operator.index(n) for n in dims)
     except TypeError:
         raise TypeError(
@@ -401,22 +423,24 @@ def _normalized_dims(op, input, normalized_shape):
     return normalized_shape
 
 
-def _check_weight(op, input, normalized_shape, weight, out_dtype=None):
-    """The weight's rules for every function here: normalized_shape's shape, input's dtype (or float32 with a 16-bit
-    input, or out_dtype's 16-bit dtype with a float32 input) and device."""
+def _check_weight(op, input, normalized_shape, weight, out_dtype=None, takes_out_dtype=False):
+    """The weight's rules for every function here: a tensor of normalized_shape's shape, input's dtype (or float32
+    with a 16-bit input, or, where the function takes_out_dtype, out_dtype's 16-bit dtype with a float32 input) and
+    device."""
     if weight is None:
         return
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"{op}: weight must be a tensor or None, got {type(weight).__name__}")
     dtype = input.dtype
     if weight.shape != normalized_shape:
         raise RuntimeError(
             f"{op}: weight has shape {list(weight.shape)}, expected normalized_shape={list(normalized_shape)}"
         )
     if not _weight_dtype_ok(weight.dtype, dtype, out_dtype):
-        raise TypeError(
-            f"{op}: weight has dtype {weight.dtype} but input has {dtype}; the weight must have the input's dtype, "
-            "be float32 with a float16 or bfloat16 input, or have out_dtype's float16 or bfloat16 dtype with a "
-            "float32 input"
-        )
+        rule = ("the weight must have the input's dtype, be float32 with a float16 or bfloat16 input, or have "
+                "out_dtype's float16 or bfloat16 dtype with a float32 input" if takes_out_dtype else
+                "the weight must have the input's dtype, or be float32 with a float16 or bfloat16 input")
+        raise TypeError(f"{op}: weight has dtype {weight.dtype} but input has {dtype}; {rule}")
     if weight.device != input.device:
         raise RuntimeError(f"{op}: weight is on {weight.device} but input is on {input.device}")
 
@@ -425,7 +449,7 @@ def _check_rms_norm_args(input, normalized_shape, weight, out_dtype=None):
     """rms_norm's argument rules, raising with the argument's name in rms_norm's terms; normalized_shape as a
     tuple."""
     normalized_shape = _normalized_dims("rmsnorm.rms_norm", input, normalized_shape)
-    _check_weight("rmsnorm.rms_norm", input, normalized_shape, weight, out_dtype)
+    _check_weight("rmsnorm.rms_norm", input, normalized_shape, weight, out_dtype, takes_out_dtype=True)
     return normalized_shape
 
 
@@ -553,7 +577,7 @@ def add_rms_norm(
     _check_residual("rmsnorm.add_rms_norm", input, residual, wide)
     _check_weight("rmsnorm.add_rms_norm", input, normalized_shape, weight)
     flags = (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)
-    eps = _DEFAULT_EPS if eps is None else float(eps)
+    eps = _eps_value("rmsnorm.add_rms_norm", eps)
     _check_eps("rmsnorm.add_rms_norm", eps, RuntimeError)
     x, r, w = input, residual, weight
     if k > 1:
@@ -689,7 +713,8 @@ def rms_norm_quant(
     and not checked) ``q = quant(y * (1 / scale))``;
     without it a per-row scale ``s = max(min(max|y|, scale_ub) / qmax, min_scale)``, returned as the second value
     (float32, ``input``'s shape without the normalized dims; empty with a static scale). ``y`` is exactly
-    ``rms_norm``'s output (``round_xhat=True`` gives vLLM's y). Not differentiable.
+    ``rms_norm``'s output (``round_xhat=True`` gives vLLM's y). Not differentiable. Unlike ``rms_norm``, an empty
+    normalized dim (D = 0) raises a RuntimeError: a row with no elements has no scale.
 
     ``group_size`` (64 or 128; default None, the above) gives block scales instead: the per-row rule applied to
     each block of ``group_size`` consecutive columns of a row alone (the last block holds the rest), vLLM's
@@ -710,7 +735,8 @@ def rms_norm_quant(
     k = len(normalized_shape)
     shape = input.shape
     flags = (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)
-    eps = _DEFAULT_EPS if eps is None else float(eps)
+    eps = _eps_value(op, eps)
+    _check_eps(op, eps, RuntimeError)
     x, w = input, weight
     if k > 1:
         x = input.flatten(-k)
@@ -769,7 +795,8 @@ def add_rms_norm_quant(
     k = len(normalized_shape)
     shape = input.shape
     flags = (FLAG_WEIGHT_OFFSET if weight_offset else 0) | (FLAG_ROUND_XHAT if round_xhat else 0)
-    eps = _DEFAULT_EPS if eps is None else float(eps)
+    eps = _eps_value(op, eps)
+    _check_eps(op, eps, RuntimeError)
     x, r, w = input, residual, weight
     if k > 1:
         x, r = input.flatten(-k), residual.flatten(-k)

@@ -27,7 +27,16 @@ _LLAMA_STYLE = frozenset(
 _GEMMA_STYLE = frozenset({"GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm"})
 
 
-torch.fx.wrap("rms_norm")  # as in __init__.py, for LlamaStyleRMSNorm.forward's call
+def _llama_style_rms_norm(x, normalized_shape, weight, eps):
+    """``rms_norm`` with ``round_xhat``, y in the promoted dtype of the weight and x, as ``weight *
+    x_hat.to(input_dtype)`` gives it."""
+    out_dtype = None if weight.dtype == x.dtype else torch.promote_types(weight.dtype, x.dtype)
+    return rms_norm(x, normalized_shape, weight, eps, round_xhat=True, out_dtype=out_dtype)
+
+
+# torch.fx.symbolic_trace records this as one call, as __init__.py has it record rms_norm: the dtype test above
+# cannot be traced symbolically.
+torch.fx.wrap("_llama_style_rms_norm")
 
 
 class LlamaStyleRMSNorm(RMSNorm):
@@ -35,9 +44,7 @@ class LlamaStyleRMSNorm(RMSNorm):
     ``weight * x_hat.to(input_dtype)`` gives it (swap_rmsnorm's replacement of the Llama-style modules)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        out_dtype = None if w.dtype == x.dtype else torch.promote_types(w.dtype, x.dtype)
-        return rms_norm(x, self.normalized_shape, w, self.eps, round_xhat=True, out_dtype=out_dtype)
+        return _llama_style_rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
 
 def _replacement(module: torch.nn.Module):

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 
 import rmsnorm
 from helpers import DEVICES, randn
@@ -185,3 +186,54 @@ def test_func_transforms(device):
     _assert_rel(grad(fa)(x, r), grad(fa64)(x.double(), r.double()), 1e-5, "add_rms_norm grad")
     with pytest.raises(RuntimeError, match="weight has shape"):
         grad(lambda a: rmsnorm.rms_norm(a, 16, torch.ones(3, device=device)).sum())(x)
+
+
+def _assert_rows_rel(got, want, tol, what):
+    """Each row within tol of its own largest |want| (the rows here differ in scale by 2^200)."""
+    g, w = got.double().reshape(-1, got.shape[-1]), want.double().reshape(-1, want.shape[-1])
+    err = ((g - w).abs().amax(-1) / w.abs().amax(-1).clamp_min(1e-300)).max().item()
+    assert err <= tol, f"{what}: max row-relative error {err:.3g} > {tol}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("path", ["python_function", "registered", "public"])
+def test_formula_paths_rescale_extreme_rows(device, path):
+    # The kernels sum a row's squares again scaled by 2^-80 or 2^80 where the fp32 sum overflows or underflows
+    # (rows near 1e20, or near 1e-30 with eps = 0); the torch-ops formula paths (torch.func, forward AD,
+    # create_graph=True) follow the same rule. Before, they gave y = 0 (huge rows) or inf (tiny rows) there, and
+    # gradients of 0 or NaN, where the kernels' were right.
+    gen = torch.Generator().manual_seed(21)
+    d = 48
+    scale = torch.tensor([2.0**100, 2.0**-100, 1.0, 2.0**60], device=device).unsqueeze(-1)
+    x = randn(4, d, device=device, gen=gen) * scale
+    w = randn(d, device=device, gen=gen)
+    gy = randn(4, d, device=device, gen=gen)
+    t = randn(4, d, device=device, gen=gen) * scale
+    want = _formula64(x, w, 0.0, False)
+    assert torch.isfinite(want).all()
+    kernel_y = rmsnorm.rms_norm(x, d, w, 0.0)
+    _assert_rows_rel(kernel_y, want, 1e-6, "the kernel's y")
+    _assert_rows_rel(torch.func.vmap(lambda a: rmsnorm.rms_norm(a, d, w, 0.0))(x), want, 1e-6, "vmap y")
+    with fwAD.dual_level():
+        out = fwAD.unpack_dual(rmsnorm.rms_norm(fwAD.make_dual(x, t), d, w, 0.0))
+    _, want_t = torch.func.jvp(lambda a: _formula64(a, w, 0.0, False), (x.double(),), (t.double(),))
+    _assert_rows_rel(out.primal, want, 1e-6, "forward AD y")
+    _assert_rows_rel(out.tangent, want_t, 1e-5, "forward AD tangent")
+    # create_graph=True on each autograd path: the gradient against the kernels' (no graph) and float64.
+    ops = {
+        "public": lambda a, b: rmsnorm.rms_norm(a, d, b, 0.0),
+        "python_function": lambda a, b: rmsnorm._EagerRMSNorm.apply(a, b, 0.0, 0),
+        "registered": lambda a, b: torch.ops.rmsnorm.forward.default(a, b, 0.0, 0)[0],
+    }
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    want_gx, want_gw = torch.autograd.grad(_formula64(xd, wd, 0.0, False), (xd, wd), gy.double())
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    gx, gw = torch.autograd.grad(ops[path](xg, wg), (xg, wg), gy, create_graph=True)
+    assert gx.requires_grad
+    _assert_rows_rel(gx, want_gx, 1e-5, f"{path} gx with create_graph")
+    _assert_rel(gw, want_gw, 1e-5, f"{path} gw with create_graph")
+    kx, kw = torch.autograd.grad(ops[path](xg, wg), (xg, wg), gy)
+    _assert_rows_rel(kx, want_gx, 1e-5, f"{path} gx, the kernels'")
+    # add_rms_norm under torch.func: h's rows are x's, normalized by the same rule.
+    ya = torch.func.vmap(lambda a, b: rmsnorm.add_rms_norm(a, b, d, w, 0.0)[0])(x, x)
+    _assert_rows_rel(ya, want, 1e-6, "vmap add_rms_norm y")

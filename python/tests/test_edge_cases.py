@@ -94,7 +94,7 @@ def test_normalized_shape_takes_integers_only():
     x, w = randn(3, 16), randn(16)
     assert torch.equal(rmsnorm.rms_norm(x, np.int64(16), w), rmsnorm.rms_norm(x, 16, w))
     assert torch.equal(rmsnorm.rms_norm(x, [np.int32(16)], w), rmsnorm.rms_norm(x, 16, w))
-    for bad in [(16.0,), 16.0, "16"]:
+    for bad in [(16.0,), 16.0, "16", True, (True,)]:
         with pytest.raises(TypeError, match="normalized_shape"):
             rmsnorm.rms_norm(x, bad, w)
         with pytest.raises(TypeError):
@@ -108,6 +108,58 @@ def test_eps_beyond_float32_is_named():
                  lambda: rmsnorm.add_rms_norm(x, x, 16, w, 1e39)]:
         with pytest.raises(RuntimeError, match=r"eps .*float32.*1e\+39"):
             call()
+
+
+def test_eps_rules_hold_without_rows_and_for_every_function():
+    """An eps the kernels refuse is refused with no rows too (where no kernel runs), by every function, and the
+    message names float32's limit; a string eps is a TypeError, as F.rms_norm has it."""
+    x, w = randn(3, 16), randn(16)
+    empty = randn(0, 16)
+    calls = [
+        lambda a, e: rmsnorm.rms_norm(a, 16, w, e),
+        lambda a, e: rmsnorm.add_rms_norm(a, a, 16, w, e),
+        lambda a, e: rmsnorm.rms_norm_quant(a, 16, w, e),
+        lambda a, e: rmsnorm.add_rms_norm_quant(a, a, 16, w, e),
+        lambda a, e: torch.ops.rmsnorm.forward(a, w, e, 0),
+        lambda a, e: torch.ops.rmsnorm.forward_inference(a, w, e, 0),
+        lambda a, e: torch.ops.rmsnorm.add_forward(a, a, w, e, 0),
+    ]
+    for i, call in enumerate(calls):
+        for a in (x, empty):
+            for eps in (-1.0, float("nan"), float("inf"), 1e39):
+                with pytest.raises(RuntimeError, match="eps"):
+                    call(a, eps)
+                    pytest.fail(f"call {i} took eps={eps} with {a.shape[0]} rows")
+        if i < 4:
+            with pytest.raises(TypeError, match="eps must be a float"):
+                call(x, "1e-5")
+    for call in calls[:4]:
+        with pytest.raises(RuntimeError, match=r"float32.*1e\+39"):
+            call(x, 1e39)
+    with pytest.raises(TypeError):
+        F.rms_norm(x, (16,), w, "1e-5")  # torch refuses it too
+
+
+def test_weight_argument_errors_name_the_rule_of_the_function():
+    """A weight that is not a tensor is a TypeError (as in F.rms_norm); a bf16 weight with fp32 input names the
+    rule of the function called (out_dtype only where the function has it); an unsupported quantized dtype is
+    named."""
+    x = randn(3, 16)
+    for call in [lambda w: rmsnorm.rms_norm(x, 16, w), lambda w: rmsnorm.rms_norm(x, (16,), w),
+                 lambda w: rmsnorm.add_rms_norm(x, x, 16, w), lambda w: rmsnorm.rms_norm_quant(x, 16, w)]:
+        with pytest.raises(TypeError, match="weight must be a tensor"):
+            call([1.0] * 16)
+    w16 = randn(16).bfloat16()
+    with pytest.raises(TypeError, match="out_dtype's float16 or bfloat16"):
+        rmsnorm.rms_norm(x, (16,), w16)
+    for call in [lambda: rmsnorm.add_rms_norm(x, x, 16, w16), lambda: rmsnorm.rms_norm_quant(x, 16, w16),
+                 lambda: rmsnorm.add_rms_norm_quant(x, x, 16, w16)]:
+        with pytest.raises(TypeError, match="weight has dtype torch.bfloat16") as info:
+            call()
+        assert "out_dtype" not in str(info.value)
+    for dtype, name in [(torch.float8_e5m2, "float8_e5m2"), (torch.uint8, "uint8"), (torch.float16, "float16")]:
+        with pytest.raises(RuntimeError, match=f"out_dtype must be float8_e4m3fn or int8, got {name}"):
+            rmsnorm.rms_norm_quant(x, 16, dtype=dtype)
 
 
 def test_quant_weight_must_have_the_normalized_shape():
@@ -139,6 +191,18 @@ def test_fx_symbolic_trace():
         xi = x.view(5, 2, 8) if m.normalized_shape == (2, 8) else x
         assert torch.equal(gm(xi), m(xi))
         assert any(n.op == "call_function" and n.target is rmsnorm.rms_norm for n in gm.graph.nodes)
+    # swap_rmsnorm's modules inside a model, with the weight in x's dtype and in fp32 (the Llama style's y is then
+    # in the promoted dtype: a branch on dtypes that symbolic tracing cannot follow unless the call is one node).
+    for norm, x_dtype, w_dtype in [(LlamaRMSNorm(16), torch.float32, torch.float32),
+                                   (LlamaRMSNorm(16), torch.bfloat16, torch.bfloat16),
+                                   (LlamaRMSNorm(16), torch.bfloat16, torch.float32),
+                                   (torch.nn.RMSNorm(16), torch.float32, torch.float32)]:
+        model = torch.nn.Sequential(torch.nn.Linear(16, 16, dtype=x_dtype), norm)
+        norm.weight = torch.nn.Parameter(randn(16, dtype=w_dtype))
+        assert rmsnorm.swap_rmsnorm(model) == ["1"]
+        gm = torch.fx.symbolic_trace(model)
+        xi = randn(5, 16, dtype=x_dtype)
+        assert torch.equal(gm(xi), model(xi))
 
 
 class _AddNorm(torch.nn.Module):
