@@ -200,8 +200,9 @@ def _assert_rows_rel(got, want, tol, what):
 def test_formula_paths_rescale_extreme_rows(device, path):
     # The kernels sum a row's squares again scaled by 2^-80 or 2^80 where the fp32 sum overflows or underflows
     # (rows near 1e20, or near 1e-30 with eps = 0); the torch-ops formula paths (torch.func, forward AD,
-    # create_graph=True) follow the same rule. Before, they gave y = 0 (huge rows) or inf (tiny rows) there, and
-    # gradients of 0 or NaN, where the kernels' were right.
+    # create_graph=True) scale every row by a power of two and cover the same range. Before, they gave y = 0 (huge
+    # rows) or inf (tiny rows) there, and gradients of 0 or NaN, where the kernels' were right; a row near 2^60
+    # (whose squares fit) lost its tangent to r^3's underflow.
     gen = torch.Generator().manual_seed(21)
     d = 48
     scale = torch.tensor([2.0**100, 2.0**-100, 1.0, 2.0**60], device=device).unsqueeze(-1)
@@ -211,8 +212,10 @@ def test_formula_paths_rescale_extreme_rows(device, path):
     t = randn(4, d, device=device, gen=gen) * scale
     want = _formula64(x, w, 0.0, False)
     assert torch.isfinite(want).all()
-    kernel_y = rmsnorm.rms_norm(x, d, w, 0.0)
-    _assert_rows_rel(kernel_y, want, 1e-6, "the kernel's y")
+    # The CUDA kernels rescale only in the looped band (README, "The maths"), the CPU backend at every D.
+    kernels_rescale = device == "cpu"
+    if kernels_rescale:
+        _assert_rows_rel(rmsnorm.rms_norm(x, d, w, 0.0), want, 1e-6, "the kernel's y")
     _assert_rows_rel(torch.func.vmap(lambda a: rmsnorm.rms_norm(a, d, w, 0.0))(x), want, 1e-6, "vmap y")
     with fwAD.dual_level():
         out = fwAD.unpack_dual(rmsnorm.rms_norm(fwAD.make_dual(x, t), d, w, 0.0))
@@ -232,8 +235,9 @@ def test_formula_paths_rescale_extreme_rows(device, path):
     assert gx.requires_grad
     _assert_rows_rel(gx, want_gx, 1e-5, f"{path} gx with create_graph")
     _assert_rel(gw, want_gw, 1e-5, f"{path} gw with create_graph")
-    kx, kw = torch.autograd.grad(ops[path](xg, wg), (xg, wg), gy)
-    _assert_rows_rel(kx, want_gx, 1e-5, f"{path} gx, the kernels'")
+    if kernels_rescale:
+        kx, _ = torch.autograd.grad(ops[path](xg, wg), (xg, wg), gy)
+        _assert_rows_rel(kx, want_gx, 1e-5, f"{path} gx, the kernels'")
     # add_rms_norm under torch.func: h's rows are x's, normalized by the same rule.
     ya = torch.func.vmap(lambda a, b: rmsnorm.add_rms_norm(a, b, d, w, 0.0)[0])(x, x)
     _assert_rows_rel(ya, want, 1e-6, "vmap add_rms_norm y")
