@@ -1263,7 +1263,57 @@ TYPED_TEST(CppTest, QuantizedForwardsAreTheCAbis) {
                                    qv(o), rv(o), opt, be));
   EXPECT_NE(std::string(rmsnorm::last_error()).find("block_cols"), std::string::npos) << rmsnorm::last_error();
   expect_same(o, untouched, "block_cols 32");
+  // Another block size whose scales have ceil(cols / 96) blocks, or not: the library's refusal either way.
+  for (int64_t nb : {2, 3}) {
+    EXPECT_EQ(rmsnorm::Status::kInvalidOption,
+              rmsnorm::forward_quant(xv, wv, rmsnorm::QuantKind::kInt8,
+                                     rmsnorm::QuantScales::per_block(96, rmsnorm::make_matrix(o.scales.data(), rows, nb)),
+                                     qv(o), rv(o), opt, be));
+    EXPECT_NE(std::string(rmsnorm::last_error()).find("block_cols"), std::string::npos) << rmsnorm::last_error();
+  }
+  // cols = INT64_MAX: INVALID_SHAPE, the block count computed without overflow (ceil as a quotient and a carry;
+  // (cols + 63) / 64 overflowed, undefined behaviour that UBSan reported).
+  EXPECT_EQ(rmsnorm::Status::kInvalidShape,
+            rmsnorm::forward_quant(rmsnorm::MatrixView<const T>{x.data(), 1, INT64_MAX, INT64_MAX}, {},
+                                   rmsnorm::QuantKind::kInt8,
+                                   rmsnorm::QuantScales::per_block(64, rmsnorm::make_matrix(o.scales.data(), 1, 1)),
+                                   rmsnorm::MatrixView<uint8_t>{o.q.data(), 1, INT64_MAX, INT64_MAX}, {}, opt, be));
+  EXPECT_NE(std::string(rmsnorm::last_error()).find("cols"), std::string::npos) << rmsnorm::last_error();
+  // The add form is the add form whatever its pointers: residual or h with null data is the C ABI's NULL_POINTER
+  // (a view of the right shape over no memory), never the plain forward.
+  const rmsnorm::MatrixView<const T> no_residual{nullptr, rows, cols, cols};
+  const rmsnorm::MatrixView<T> no_h{nullptr, rows, cols, cols};
+  for (int which = 0; which < 3; ++which) {
+    const auto r = which == 1 ? rmsnorm::make_matrix(static_cast<const T*>(res.data()), rows, cols) : no_residual;
+    const auto h = which == 2 ? rmsnorm::make_matrix(o.h.data(), rows, cols) : no_h;
+    EXPECT_EQ(rmsnorm::Status::kNullPointer,
+              rmsnorm::add_forward_quant(xv, r, wv, h, rmsnorm::QuantKind::kInt8,
+                                         rmsnorm::QuantScales::per_row(rmsnorm::make_vector(o.scales.data(), rows)),
+                                         qv(o), rv(o), opt, be))
+        << which;
+    expect_same(o, untouched, "null residual or h");
+  }
 }
+
+// forward_quant and add_forward_quant take the element type from x alone: naming another one does not compile
+// (it would read x's memory as that type).
+template <class X, class T, class = void>
+struct QuantNamesOtherType : std::false_type {};
+template <class X, class T>
+struct QuantNamesOtherType<X, T,
+                           std::void_t<decltype(rmsnorm::forward_quant<X, T>(
+                               std::declval<rmsnorm::MatrixView<X>>(), {}, rmsnorm::QuantKind::kInt8,
+                               rmsnorm::QuantScales::fixed(nullptr), std::declval<rmsnorm::MatrixView<uint8_t>>(), {},
+                               rmsnorm::Options{}, std::declval<const rmsnorm::Backend&>()))>> : std::true_type {};
+template <class X, class = void>
+struct QuantTakesX : std::false_type {};
+template <class X>
+struct QuantTakesX<X, std::void_t<decltype(rmsnorm::forward_quant(
+                          std::declval<rmsnorm::MatrixView<X>>(), {}, rmsnorm::QuantKind::kInt8,
+                          rmsnorm::QuantScales::fixed(nullptr), std::declval<rmsnorm::MatrixView<uint8_t>>(), {},
+                          rmsnorm::Options{}, std::declval<const rmsnorm::Backend&>()))>> : std::true_type {};
+static_assert(QuantTakesX<const float>::value && QuantTakesX<rmsnorm::half>::value, "the deduced form compiles");
+static_assert(!QuantNamesOtherType<const float, rmsnorm::half>::value, "x's element type cannot be overridden");
 
 // Forward with rstd, then backward (rstd given, gw as f32 and in T, and
 // accumulated) through rmsnorm.hpp, against the float64 reference. The

@@ -975,6 +975,19 @@ int run_fused(const Config& cfg, bool cuda) {
     return time_cpu(name, bytes, rep.reps, call);
   };
   bool ok = true;
+  // rstd (downloaded to rh) against the float64 1 / sqrt(mean(m^2) + eps) of each row of m.
+  auto rstd_check = [&](const char* name, const HostMatrix& m, const std::vector<float>& rh) {
+    CheckResult cr;
+    cr.name = name;
+    cr.vector = false;
+    for (int64_t i = 0; i < rows; ++i) {
+      double ss = 0;
+      for (int64_t k = 0; k < cols; ++k) ss += m.get(i, k) * m.get(i, k);
+      const double r_ref = 1.0 / std::sqrt(ss / static_cast<double>(cols) + static_cast<double>(cfg.eps));
+      cr.worst.add(i, 0, rh[static_cast<size_t>(i)], r_ref, rmsnorm::harness::rstd_tol(r_ref, cols));
+    }
+    return cr;
+  };
   auto report = [&](CheckResult c) {
     if (!c.worst.passed()) {
       std::fprintf(stderr, "rmsnorm: CHECK FAILED: %s\n", c.worst.describe(c.name, c.vector).c_str());
@@ -1068,6 +1081,9 @@ int run_fused(const Config& cfg, bool cuda) {
       out.y = &yh;
       for (CheckResult& c : rmsnorm::harness::check_against_reference(hh, &pr.w, nullptr, opt, out))
         report(std::move(c));
+      std::vector<float> rh(static_cast<size_t>(rows));
+      rstd.download(rh.data());
+      report(rstd_check("rstd (of h)", hh, rh));
     }
     print_checks(rep.checks);
     if (ok && rows > 0) rep.timings.push_back(timed("add forward", 2 * nd * (e + re) + d * we, call));
@@ -1104,17 +1120,12 @@ int run_fused(const Config& cfg, bool cuda) {
       q.download(qh.data());
       scales.download(sh.data());
       rstd.download(rh.data());
-      CheckResult cr, cs, cq;
-      cr.name = "rstd";
-      cr.vector = false;
+      report(rstd_check("rstd", pr.x, rh));
+      CheckResult cs, cq;
       cs.name = blocks ? "block scales (exact)" : "row scales (exact)";  // col: the block
       cq.name = "q (exact)";
       std::vector<float> yrow(static_cast<size_t>(cols));
       for (int64_t i = 0; i < rows; ++i) {
-        double ss = 0;
-        for (int64_t k = 0; k < cols; ++k) ss += pr.x.get(i, k) * pr.x.get(i, k);
-        const double r_ref = 1.0 / std::sqrt(ss / static_cast<double>(cols) + static_cast<double>(cfg.eps));
-        cr.worst.add(i, 0, rh[static_cast<size_t>(i)], r_ref, rmsnorm::harness::rstd_tol(r_ref, cols));
         for (int64_t k = 0; k < cols; ++k) {
           const float xh = static_cast<float>(pr.x.get(i, k)) * rh[static_cast<size_t>(i)];
           yrow[static_cast<size_t>(k)] =
@@ -1134,7 +1145,6 @@ int run_fused(const Config& cfg, bool cuda) {
           }
         }
       }
-      report(std::move(cr));
       report(std::move(cs));
       report(std::move(cq));
     }

@@ -442,25 +442,26 @@ class QuantScales {
 
 namespace detail {
 
-// The scales' shape against x's (per row: rows; per block: rows x ceil(cols / block_cols)); null scales and the
-// block size itself are the library's to refuse, naming them.
+// The scales' shape against x's (per row: rows; per block: rows x ceil(cols / block_cols)). Null scales, a block
+// size other than 64 or 128, and x's shape itself are the library's to refuse, naming them: where any of them is
+// wrong the block count is not checked here.
 template <class X>
 Status check_quant_scales(const QuantScales& sc, const MatrixView<X>& x) noexcept {
   if (sc.scales() == nullptr) return Status::kSuccess;
   if (sc.mode() == QuantScales::Mode::kPerRow) return check_size("row_scales", sc.rows(), "rows", x.rows);
-  if (sc.mode() != QuantScales::Mode::kPerBlock || sc.block_cols() <= 0) return Status::kSuccess;
+  const int64_t bc = sc.block_cols();
+  if (sc.mode() != QuantScales::Mode::kPerBlock || (bc != 64 && bc != 128) || x.cols <= 0) return Status::kSuccess;
   Status s = check_size("scales (rows)", sc.rows(), "rows", x.rows);
   if (s == Status::kSuccess)
-    s = check_size("scales (blocks)", sc.blocks(), "ceil(cols / block_cols)",
-                   (x.cols + sc.block_cols() - 1) / sc.block_cols());
+    s = check_size("scales (blocks)", sc.blocks(), "ceil(cols / block_cols)", x.cols / bc + (x.cols % bc != 0));
   return s;
 }
 
-// One call of the C ABI for q's scale rule; residual and h null for the plain form.
-inline Status quant_call(const rmsnorm_problem_t& p, const void* x, int64_t x_stride, const void* residual,
+// One call of the C ABI for q's scale rule: the add form (rmsnorm_add_forward_quant / _block_quant, which refuse a
+// null residual or h) or the plain one, by the C++ function called, never by which pointers are null.
+inline Status quant_call(bool add, const rmsnorm_problem_t& p, const void* x, int64_t x_stride, const void* residual,
                          int64_t residual_stride, const void* weight, void* h, int64_t h_stride, QuantKind kind,
                          const QuantScales& sc, MatrixView<uint8_t> q, float* rstd, const Backend& backend) noexcept {
-  const bool add = residual != nullptr || h != nullptr;
   if (sc.mode() == QuantScales::Mode::kPerBlock) {
     const rmsnorm_block_quant_t bq{static_cast<int32_t>(kind), sc.block_cols(), sc.scales(), sc.row_stride(),
                                    sc.block_stride(), sc.scale_ub()};
@@ -482,33 +483,35 @@ inline Status quant_call(const rmsnorm_problem_t& p, const void* x, int64_t x_st
 
 // q = quant(y), y exactly forward's (rmsnorm_forward_quant / rmsnorm_forward_block_quant by the scale rule): q is
 // a rows x cols matrix of codes, fp8 e4m3fn or int8 by kind. weight and rstd may be empty views.
-// T is taken from x.
-template <class X, class T = std::remove_const_t<X>>
-Status forward_quant(MatrixView<X> x, detail::nondeduced<VectorView<const T>> weight, QuantKind kind,
-                     const QuantScales& scales, MatrixView<uint8_t> q, VectorView<float> rstd, const Options& opt,
-                     const Backend& backend) noexcept {
+// The element type is x's alone (X, or const X): there is no second parameter that could name another.
+template <class X>
+Status forward_quant(MatrixView<X> x, detail::nondeduced<VectorView<const std::remove_const_t<X>>> weight,
+                     QuantKind kind, const QuantScales& scales, MatrixView<uint8_t> q, VectorView<float> rstd,
+                     const Options& opt, const Backend& backend) noexcept {
   Status s = detail::check_forward_views(x, weight, q, rstd, "q");
   if (s == Status::kSuccess) s = detail::check_quant_scales(scales, x);
   if (s != Status::kSuccess) return s;
-  const rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
-  return detail::quant_call(p, x.data, x.row_stride, nullptr, 0, weight.data, nullptr, 0, kind, scales, q,
+  const rmsnorm_problem_t p = detail::make_problem<std::remove_const_t<X>>(x.rows, x.cols, opt);
+  return detail::quant_call(false, p, x.data, x.row_stride, nullptr, 0, weight.data, nullptr, 0, kind, scales, q,
                             rstd.data, backend);
 }
 
 // h = T(x + residual) (rmsnorm_add_forward_quant / rmsnorm_add_forward_block_quant: h may be x or residual itself),
-// then q and the scales as forward_quant of h.
-template <class X, class T = std::remove_const_t<X>>
-Status add_forward_quant(MatrixView<X> x, detail::nondeduced<MatrixView<const T>> residual,
-                         detail::nondeduced<VectorView<const T>> weight, detail::nondeduced<MatrixView<T>> h,
-                         QuantKind kind, const QuantScales& scales, MatrixView<uint8_t> q, VectorView<float> rstd,
-                         const Options& opt, const Backend& backend) noexcept {
+// then q and the scales as forward_quant of h. T is x's element type; residual and h are required (a view with
+// null data is refused by the library, as in the C ABI).
+template <class X>
+Status add_forward_quant(MatrixView<X> x, detail::nondeduced<MatrixView<const std::remove_const_t<X>>> residual,
+                         detail::nondeduced<VectorView<const std::remove_const_t<X>>> weight,
+                         detail::nondeduced<MatrixView<std::remove_const_t<X>>> h, QuantKind kind,
+                         const QuantScales& scales, MatrixView<uint8_t> q, VectorView<float> rstd, const Options& opt,
+                         const Backend& backend) noexcept {
   Status s = detail::check_forward_views(x, weight, q, rstd, "q");
   if (s == Status::kSuccess) s = detail::check_same_shape("residual", residual, x);
   if (s == Status::kSuccess) s = detail::check_same_shape("h", h, x);
   if (s == Status::kSuccess) s = detail::check_quant_scales(scales, x);
   if (s != Status::kSuccess) return s;
-  const rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
-  return detail::quant_call(p, x.data, x.row_stride, residual.data, residual.row_stride, weight.data, h.data,
+  const rmsnorm_problem_t p = detail::make_problem<std::remove_const_t<X>>(x.rows, x.cols, opt);
+  return detail::quant_call(true, p, x.data, x.row_stride, residual.data, residual.row_stride, weight.data, h.data,
                             h.row_stride, kind, scales, q, rstd.data, backend);
 }
 
