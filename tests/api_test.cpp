@@ -1295,8 +1295,8 @@ TYPED_TEST(CppTest, QuantizedForwardsAreTheCAbis) {
   }
 }
 
-// forward_quant and add_forward_quant take the element type from x alone: naming another one does not compile
-// (it would read x's memory as that type).
+// forward_quant and add_forward_quant take x's element type from x alone; their second template parameter is the
+// weight's type, x's or (16-bit x) float, and naming any other does not compile (it read x's memory as that type).
 template <class X, class T, class = void>
 struct QuantNamesOtherType : std::false_type {};
 template <class X, class T>
@@ -1314,6 +1314,8 @@ struct QuantTakesX<X, std::void_t<decltype(rmsnorm::forward_quant(
                           rmsnorm::Options{}, std::declval<const rmsnorm::Backend&>()))>> : std::true_type {};
 static_assert(QuantTakesX<const float>::value && QuantTakesX<rmsnorm::half>::value, "the deduced form compiles");
 static_assert(!QuantNamesOtherType<const float, rmsnorm::half>::value, "x's element type cannot be overridden");
+static_assert(!QuantNamesOtherType<rmsnorm::half, rmsnorm::bfloat16>::value, "nor another 16-bit weight named");
+static_assert(QuantNamesOtherType<const rmsnorm::bfloat16, float>::value, "an fp32 weight with 16-bit x");
 
 // Forward with rstd, then backward (rstd given, gw as f32 and in T, and
 // accumulated) through rmsnorm.hpp, against the float64 reference. The

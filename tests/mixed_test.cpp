@@ -246,6 +246,136 @@ TEST(WeightF32, CppForwardAndBackwardMixedAreTheCAbi) {
   EXPECT_EQ(0, std::memcmp(gw.data(), gw_c.data(), gw.size() * 4));
 }
 
+// The C++ API's fused forms with an fp32 weight (W = float: add_forward<T, R, float>, add_backward<R, T, float>,
+// add_backward_x<T, float>, forward_quant<const T, float>, add_forward_quant<const T, float>) are the C ABI with
+// RMSNORM_FLAG_WEIGHT_F32, bit for bit, with the residual stream in T and in fp32.
+TEST(WeightF32, CppFusedFormsAreTheCAbi) {
+  using B = rmsnorm::bfloat16;
+  const int32_t dt = RMSNORM_DTYPE_BF16;
+  const int64_t rows = 5, cols = 136;
+  const rmsnorm::Backend be = rmsnorm::Backend::cpu(2);
+  const rmsnorm::Options opt;
+  HostMatrix x(dt, rows, cols), gy(dt, rows, cols), w(RMSNORM_DTYPE_F32, 1, cols);
+  harness::fill_normal(x, 84, harness::hetero_row_scale);
+  harness::fill_normal(gy, 85);
+  harness::fill_normal(w, 86, {}, 1.0);
+  const auto xv = rmsnorm::make_matrix(static_cast<const B*>(x.data()), rows, cols);
+  const auto gyv = rmsnorm::make_matrix(static_cast<const B*>(gy.data()), rows, cols);
+  const auto wv = rmsnorm::make_vector(static_cast<const float*>(w.data()), cols);
+  auto same = [](const HostMatrix& a, const HostMatrix& b, const char* what) {
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.data_bytes())) << what;
+  };
+  for (int32_t rdt : {dt, static_cast<int32_t>(RMSNORM_DTYPE_F32)}) {
+    SCOPED_TRACE(rdt == dt ? "residual in T" : "fp32 residual stream");
+    const bool wide = rdt != dt;
+    const uint32_t flags = RMSNORM_FLAG_WEIGHT_F32 | (wide ? RMSNORM_FLAG_RESIDUAL_F32 : 0u);
+    const rmsnorm_problem_t p = problem(dt, rows, cols, flags);
+    HostMatrix res(rdt, rows, cols), h(rdt, rows, cols), h_c(rdt, rows, cols), y(dt, rows, cols), y_c(dt, rows, cols),
+        g_h(rdt, rows, cols);
+    harness::fill_normal(res, 87);
+    harness::fill_normal(g_h, 88);
+    std::vector<float> rstd(static_cast<size_t>(rows)), rstd_c(rstd.size());
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_add_forward(&p, x.data(), cols, res.data(), cols, w.data(), h_c.data(),
+                                                           cols, y_c.data(), cols, rstd_c.data(), &kCpu))
+        << rmsnorm_last_error();
+    rmsnorm::Status st;
+    if (wide) {
+      st = rmsnorm::add_forward<B, float, float>(
+          xv, rmsnorm::make_matrix(static_cast<const float*>(res.data()), rows, cols), wv,
+          rmsnorm::make_matrix(static_cast<float*>(h.data()), rows, cols),
+          rmsnorm::make_matrix(static_cast<B*>(y.data()), rows, cols), rmsnorm::make_vector(rstd.data(), rows), opt, be);
+    } else {
+      st = rmsnorm::add_forward<B, B, float>(
+          xv, rmsnorm::make_matrix(static_cast<const B*>(res.data()), rows, cols), wv,
+          rmsnorm::make_matrix(static_cast<B*>(h.data()), rows, cols),
+          rmsnorm::make_matrix(static_cast<B*>(y.data()), rows, cols), rmsnorm::make_vector(rstd.data(), rows), opt, be);
+    }
+    ASSERT_EQ(rmsnorm::Status::kSuccess, st) << rmsnorm::last_error();
+    same(h, h_c, "h");
+    same(y, y_c, "y");
+    EXPECT_EQ(0, std::memcmp(rstd.data(), rstd_c.data(), rstd.size() * 4)) << "rstd";
+    // The backward, gw fp32 (the weight's dtype), and with the fp32 stream x's gradient as well.
+    size_t wsb = 0;
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_backward_workspace_size(&p, RMSNORM_GW_STORE, &kCpu, &wsb));
+    size_t wsb_cpp = 0;
+    const rmsnorm::Status ws_status =
+        wide ? rmsnorm::backward_workspace_size<B, B, float, float>(rows, cols, rmsnorm::GwMode::kStore, be, &wsb_cpp)
+             : rmsnorm::backward_workspace_size<B, B, float, B>(rows, cols, rmsnorm::GwMode::kStore, be, &wsb_cpp);
+    ASSERT_EQ(rmsnorm::Status::kSuccess, ws_status);
+    EXPECT_EQ(wsb, wsb_cpp);
+    std::vector<double> ws(wsb / sizeof(double) + 2);
+    const rmsnorm::Workspace wk{ws.data(), ws.size() * sizeof(double)};
+    const auto rv = rmsnorm::make_vector(static_cast<const float*>(rstd.data()), rows);
+    HostMatrix gx(rdt, rows, cols), gx_c(rdt, rows, cols), gx_x(dt, rows, cols), gx_x_c(dt, rows, cols);
+    std::vector<float> gw(static_cast<size_t>(cols)), gw_c(gw.size());
+    const auto gwv = rmsnorm::GradWeight<float>::store(rmsnorm::make_vector(gw.data(), cols));
+    if (wide) {
+      const auto hv = rmsnorm::make_matrix(static_cast<const float*>(h.data()), rows, cols);
+      const auto ghv = rmsnorm::make_matrix(static_cast<const float*>(g_h.data()), rows, cols);
+      ASSERT_EQ(rmsnorm::Status::kSuccess,
+                (rmsnorm::add_backward_x<B, float>(hv, wv, gyv, rv, ghv,
+                                                   rmsnorm::make_matrix(static_cast<float*>(gx.data()), rows, cols),
+                                                   rmsnorm::make_matrix(static_cast<B*>(gx_x.data()), rows, cols), gwv,
+                                                   wk, opt, be)))
+          << rmsnorm::last_error();
+      ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+                rmsnorm_add_backward_x(&p, h.data(), cols, w.data(), gy.data(), cols, rstd.data(), g_h.data(), cols,
+                                       gx_c.data(), cols, gx_x_c.data(), cols, gw_c.data(), RMSNORM_GW_STORE, ws.data(),
+                                       ws.size() * sizeof(double), &kCpu))
+          << rmsnorm_last_error();
+      same(gx_x, gx_x_c, "gx_x");
+      ASSERT_EQ(rmsnorm::Status::kSuccess,
+                (rmsnorm::add_backward<float, B, float>(
+                    hv, wv, gyv, rv, ghv, rmsnorm::make_matrix(static_cast<float*>(gx.data()), rows, cols), gwv, wk,
+                    opt, be)))
+          << rmsnorm::last_error();
+    } else {
+      ASSERT_EQ(rmsnorm::Status::kSuccess,
+                (rmsnorm::add_backward<B, B, float>(
+                    rmsnorm::make_matrix(static_cast<const B*>(h.data()), rows, cols), wv, gyv, rv,
+                    rmsnorm::make_matrix(static_cast<const B*>(g_h.data()), rows, cols),
+                    rmsnorm::make_matrix(static_cast<B*>(gx.data()), rows, cols), gwv, wk, opt, be)))
+          << rmsnorm::last_error();
+    }
+    std::vector<float> gw_c2(gw.size());
+    ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+              rmsnorm_add_backward(&p, h.data(), cols, w.data(), gy.data(), cols, rstd.data(), g_h.data(), cols,
+                                   gx_c.data(), cols, gw_c2.data(), RMSNORM_GW_STORE, ws.data(),
+                                   ws.size() * sizeof(double), &kCpu))
+        << rmsnorm_last_error();
+    same(gx, gx_c, "gx");
+    EXPECT_EQ(0, std::memcmp(gw.data(), gw_c2.data(), gw.size() * 4)) << "gw";
+  }
+  // The quantized forms: per-row fp8, and static int8 after the add.
+  const rmsnorm_problem_t p = problem(dt, rows, cols, RMSNORM_FLAG_WEIGHT_F32);
+  std::vector<uint8_t> q(static_cast<size_t>(rows * cols)), q_c(q.size());
+  std::vector<float> sc(static_cast<size_t>(rows)), sc_c(sc.size());
+  ASSERT_EQ(rmsnorm::Status::kSuccess,
+            (rmsnorm::forward_quant<const B, float>(xv, wv, rmsnorm::QuantKind::kFp8E4m3,
+                                                     rmsnorm::QuantScales::per_row(rmsnorm::make_vector(sc.data(), rows)),
+                                                     rmsnorm::make_matrix(q.data(), rows, cols), {}, opt, be)))
+      << rmsnorm::last_error();
+  const rmsnorm_quant_t qt{RMSNORM_QUANT_FP8_E4M3, RMSNORM_QUANT_PER_ROW, nullptr, sc_c.data(), nullptr};
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS,
+            rmsnorm_forward_quant(&p, x.data(), cols, w.data(), &qt, q_c.data(), cols, nullptr, &kCpu));
+  EXPECT_EQ(q, q_c);
+  EXPECT_EQ(0, std::memcmp(sc.data(), sc_c.data(), sc.size() * 4));
+  HostMatrix res(dt, rows, cols), h(dt, rows, cols), h_c(dt, rows, cols);
+  harness::fill_normal(res, 89);
+  const float scale = 0.03f;
+  ASSERT_EQ(rmsnorm::Status::kSuccess,
+            (rmsnorm::add_forward_quant<const B, float>(
+                xv, rmsnorm::make_matrix(static_cast<const B*>(res.data()), rows, cols), wv,
+                rmsnorm::make_matrix(static_cast<B*>(h.data()), rows, cols), rmsnorm::QuantKind::kInt8,
+                rmsnorm::QuantScales::fixed(&scale), rmsnorm::make_matrix(q.data(), rows, cols), {}, opt, be)))
+      << rmsnorm::last_error();
+  const rmsnorm_quant_t qs{RMSNORM_QUANT_INT8, RMSNORM_QUANT_STATIC, &scale, nullptr, nullptr};
+  ASSERT_EQ(RMSNORM_STATUS_SUCCESS, rmsnorm_add_forward_quant(&p, x.data(), cols, res.data(), cols, w.data(),
+                                                               h_c.data(), cols, &qs, q_c.data(), cols, nullptr, &kCpu));
+  EXPECT_EQ(q, q_c);
+  same(h, h_c, "h (quantized add)");
+}
+
 TEST(WeightF32, ArgumentRules) {
   const int64_t rows = 2, cols = 8;
   HostMatrix x(RMSNORM_DTYPE_BF16, rows, cols), y(RMSNORM_DTYPE_BF16, rows, cols);

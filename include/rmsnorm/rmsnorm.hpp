@@ -324,6 +324,16 @@ Status check_backward_views(const MatrixView<X>& x, const W& weight, const Matri
   return s;
 }
 
+// The weight's element type W of a form whose operands are T: T itself, or float with 16-bit T (mixed precision,
+// RMSNORM_FLAG_WEIGHT_F32, which weight_flags<T, W>() sets).
+template <class T, class W>
+inline constexpr bool weight_of_v =
+    std::is_same<W, T>::value || (std::is_same<W, float>::value && !std::is_same<T, float>::value);
+template <class T, class W>
+constexpr uint32_t weight_flags() noexcept {
+  return std::is_same<W, T>::value ? 0u : RMSNORM_FLAG_WEIGHT_F32;
+}
+
 }  // namespace detail
 
 // y = rms_norm(x) * w'. weight and rstd may be empty views. T is taken from y.
@@ -342,13 +352,16 @@ Status forward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<Vec
 // residual or x itself (in place). weight and rstd may be empty views. T is
 // taken from y, the residual stream's R (residual, h) from h: R = float with
 // 16-bit T is the fp32 residual stream (RMSNORM_FLAG_RESIDUAL_F32: h =
-// float(x) + residual; then h may be residual, not x).
-template <class T, class R>
+// float(x) + residual; then h may be residual, not x). W, named after R, is the
+// weight's type: T, or float with 16-bit T (RMSNORM_FLAG_WEIGHT_F32, as
+// forward_mixed): add_forward<T, R, float>.
+template <class T, class R, class W = T>
 Status add_forward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<MatrixView<const R>> residual,
-                   detail::nondeduced<VectorView<const T>> weight, MatrixView<R> h, MatrixView<T> y,
+                   detail::nondeduced<VectorView<const W>> weight, MatrixView<R> h, MatrixView<T> y,
                    VectorView<float> rstd, const Options& opt, const Backend& backend) noexcept {
   static_assert(!std::is_const<T>::value, "y must be writable");
   static_assert(std::is_same<R, T>::value || std::is_same<R, float>::value, "the residual stream is T or float");
+  static_assert(detail::weight_of_v<T, W>, "the weight is T, or float with 16-bit T");
   detail::clear_cpp_error();
   Status s = detail::check_same_shape("y", y, x);
   if (s == Status::kSuccess) s = detail::check_same_shape("residual", residual, x);
@@ -357,6 +370,7 @@ Status add_forward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced
   if (s == Status::kSuccess) s = detail::check_optional("rstd", rstd, x.rows, "rows");
   if (s != Status::kSuccess) return s;
   rmsnorm_problem_t p = detail::make_problem<T>(x.rows, x.cols, opt);
+  p.flags |= detail::weight_flags<T, W>();
   if (!std::is_same<R, T>::value) p.flags |= RMSNORM_FLAG_RESIDUAL_F32;
   return static_cast<Status>(rmsnorm_add_forward(&p, x.data, x.row_stride, residual.data, residual.row_stride,
                                                  weight.data, h.data, h.row_stride, y.data, y.row_stride, rstd.data,
@@ -483,25 +497,29 @@ inline Status quant_call(bool add, const rmsnorm_problem_t& p, const void* x, in
 
 // q = quant(y), y exactly forward's (rmsnorm_forward_quant / rmsnorm_forward_block_quant by the scale rule): q is
 // a rows x cols matrix of codes, fp8 e4m3fn or int8 by kind. weight and rstd may be empty views.
-// The element type is x's alone (X, or const X): there is no second parameter that could name another.
-template <class X>
-Status forward_quant(MatrixView<X> x, detail::nondeduced<VectorView<const std::remove_const_t<X>>> weight,
-                     QuantKind kind, const QuantScales& scales, MatrixView<uint8_t> q, VectorView<float> rstd,
-                     const Options& opt, const Backend& backend) noexcept {
+// The element type is x's (X, or const X); W, the weight's, is it or, with 16-bit x, float (RMSNORM_FLAG_WEIGHT_F32:
+// forward_quant<const bfloat16, float>); no other W compiles, so x's memory is never read as another type.
+template <class X, class W = std::remove_const_t<X>,
+          std::enable_if_t<detail::weight_of_v<std::remove_const_t<X>, W>, int> = 0>
+Status forward_quant(MatrixView<X> x, detail::nondeduced<VectorView<const W>> weight, QuantKind kind,
+                     const QuantScales& scales, MatrixView<uint8_t> q, VectorView<float> rstd, const Options& opt,
+                     const Backend& backend) noexcept {
   Status s = detail::check_forward_views(x, weight, q, rstd, "q");
   if (s == Status::kSuccess) s = detail::check_quant_scales(scales, x);
   if (s != Status::kSuccess) return s;
-  const rmsnorm_problem_t p = detail::make_problem<std::remove_const_t<X>>(x.rows, x.cols, opt);
+  rmsnorm_problem_t p = detail::make_problem<std::remove_const_t<X>>(x.rows, x.cols, opt);
+  p.flags |= detail::weight_flags<std::remove_const_t<X>, W>();
   return detail::quant_call(false, p, x.data, x.row_stride, nullptr, 0, weight.data, nullptr, 0, kind, scales, q,
                             rstd.data, backend);
 }
 
 // h = T(x + residual) (rmsnorm_add_forward_quant / rmsnorm_add_forward_block_quant: h may be x or residual itself),
-// then q and the scales as forward_quant of h. T is x's element type; residual and h are required (a view with
-// null data is refused by the library, as in the C ABI).
-template <class X>
+// then q and the scales as forward_quant of h. T is x's element type, W the weight's as in forward_quant; residual
+// and h are required (a view with null data is refused by the library, as in the C ABI).
+template <class X, class W = std::remove_const_t<X>,
+          std::enable_if_t<detail::weight_of_v<std::remove_const_t<X>, W>, int> = 0>
 Status add_forward_quant(MatrixView<X> x, detail::nondeduced<MatrixView<const std::remove_const_t<X>>> residual,
-                         detail::nondeduced<VectorView<const std::remove_const_t<X>>> weight,
+                         detail::nondeduced<VectorView<const W>> weight,
                          detail::nondeduced<MatrixView<std::remove_const_t<X>>> h, QuantKind kind,
                          const QuantScales& scales, MatrixView<uint8_t> q, VectorView<float> rstd, const Options& opt,
                          const Backend& backend) noexcept {
@@ -510,7 +528,8 @@ Status add_forward_quant(MatrixView<X> x, detail::nondeduced<MatrixView<const st
   if (s == Status::kSuccess) s = detail::check_same_shape("h", h, x);
   if (s == Status::kSuccess) s = detail::check_quant_scales(scales, x);
   if (s != Status::kSuccess) return s;
-  const rmsnorm_problem_t p = detail::make_problem<std::remove_const_t<X>>(x.rows, x.cols, opt);
+  rmsnorm_problem_t p = detail::make_problem<std::remove_const_t<X>>(x.rows, x.cols, opt);
+  p.flags |= detail::weight_flags<std::remove_const_t<X>, W>();
   return detail::quant_call(true, p, x.data, x.row_stride, residual.data, residual.row_stride, weight.data, h.data,
                             h.row_stride, kind, scales, q, rstd.data, backend);
 }
@@ -564,10 +583,10 @@ Status backward(detail::nondeduced<MatrixView<const T>> x, detail::nondeduced<Ve
 
 namespace detail {
 // The shapes of add_backward's and add_backward_x's views against h (gw's size where it has one).
-template <class R, class T>
-Status check_add_backward_views(const MatrixView<const R>& h, const VectorView<const T>& weight,
+template <class R, class T, class W>
+Status check_add_backward_views(const MatrixView<const R>& h, const VectorView<const W>& weight,
                                 const MatrixView<const T>& gy, const VectorView<const float>& rstd,
-                                const MatrixView<const R>& g_h, const MatrixView<R>& gx, const GradWeight<T>& gw) noexcept {
+                                const MatrixView<const R>& g_h, const MatrixView<R>& gx, const GradWeight<W>& gw) noexcept {
   Status s = check_same_shape("gy", gy, h);
   if (s == Status::kSuccess) s = check_same_shape("g_h", g_h, h);
   if (s == Status::kSuccess) s = check_same_shape("gx", gx, h);
@@ -585,19 +604,23 @@ Status check_add_backward_views(const MatrixView<const R>& h, const VectorView<c
 // gx) is taken from gx, and T (gy, the weight, gw) is R unless named: the fp32
 // residual stream is add_backward<float, T> (RMSNORM_FLAG_RESIDUAL_F32; gx is
 // then residual's gradient in fp32, and x's is T(gx); its workspace:
-// backward_workspace_size<T, T, T, float>).
-template <class R, class T = R>
-Status add_backward(detail::nondeduced<MatrixView<const R>> h, detail::nondeduced<VectorView<const T>> weight,
+// backward_workspace_size<T, T, T, float>). W, the weight's and gw's type, is
+// T or, with 16-bit T, float (RMSNORM_FLAG_WEIGHT_F32: add_backward<R, T,
+// float>, gw fp32; its workspace: backward_workspace_size<T, T, float, R>).
+template <class R, class T = R, class W = T>
+Status add_backward(detail::nondeduced<MatrixView<const R>> h, detail::nondeduced<VectorView<const W>> weight,
                     detail::nondeduced<MatrixView<const T>> gy, detail::nondeduced<VectorView<const float>> rstd,
                     detail::nondeduced<MatrixView<const R>> g_h, MatrixView<R> gx,
-                    detail::nondeduced<GradWeight<T>> gw, Workspace workspace, const Options& opt,
+                    detail::nondeduced<GradWeight<W>> gw, Workspace workspace, const Options& opt,
                     const Backend& backend) noexcept {
   static_assert(!std::is_const<R>::value, "gx must be writable");
   static_assert(std::is_same<R, T>::value || std::is_same<R, float>::value, "the residual stream is T or float");
+  static_assert(detail::weight_of_v<T, W>, "the weight is T, or float with 16-bit T");
   detail::clear_cpp_error();
-  const Status s = detail::check_add_backward_views<R, T>(h, weight, gy, rstd, g_h, gx, gw);
+  const Status s = detail::check_add_backward_views<R, T, W>(h, weight, gy, rstd, g_h, gx, gw);
   if (s != Status::kSuccess) return s;
   rmsnorm_problem_t p = detail::make_problem<T>(h.rows, h.cols, opt);
+  p.flags |= detail::weight_flags<T, W>();
   if (!std::is_same<R, T>::value) p.flags |= RMSNORM_FLAG_RESIDUAL_F32;
   return static_cast<Status>(rmsnorm_add_backward(&p, h.data, h.row_stride, weight.data, gy.data, gy.row_stride,
                                                   rstd.data, g_h.data, g_h.row_stride, gx.data, gx.row_stride,
@@ -605,21 +628,22 @@ Status add_backward(detail::nondeduced<MatrixView<const R>> h, detail::nondeduce
                                                   workspace.bytes, &backend.c()));
 }
 
-// The fp32 residual stream's backward writing x's gradient as well (rmsnorm_add_backward_x): add_backward<float, T>
-// and gx_x = T(gx), x's dtype, in the same pass. gx_x overlaps no other operand.
-template <class T>
-Status add_backward_x(MatrixView<const float> h, detail::nondeduced<VectorView<const T>> weight,
+// The fp32 residual stream's backward writing x's gradient as well (rmsnorm_add_backward_x): add_backward<float, T,
+// W> and gx_x = T(gx), x's dtype, in the same pass. gx_x overlaps no other operand.
+template <class T, class W = T>
+Status add_backward_x(MatrixView<const float> h, detail::nondeduced<VectorView<const W>> weight,
                       detail::nondeduced<MatrixView<const T>> gy, VectorView<const float> rstd,
                       MatrixView<const float> g_h, MatrixView<float> gx, MatrixView<T> gx_x,
-                      detail::nondeduced<GradWeight<T>> gw, Workspace workspace, const Options& opt,
+                      detail::nondeduced<GradWeight<W>> gw, Workspace workspace, const Options& opt,
                       const Backend& backend) noexcept {
   static_assert(!std::is_same<T, float>::value, "x of the fp32 residual stream is 16-bit");
+  static_assert(detail::weight_of_v<T, W>, "the weight is T, or float");
   detail::clear_cpp_error();
-  Status s = detail::check_add_backward_views<float, T>(h, weight, gy, rstd, g_h, gx, gw);
+  Status s = detail::check_add_backward_views<float, T, W>(h, weight, gy, rstd, g_h, gx, gw);
   if (s == Status::kSuccess) s = detail::check_same_shape("gx_x", gx_x, h);
   if (s != Status::kSuccess) return s;
   rmsnorm_problem_t p = detail::make_problem<T>(h.rows, h.cols, opt);
-  p.flags |= RMSNORM_FLAG_RESIDUAL_F32;
+  p.flags |= RMSNORM_FLAG_RESIDUAL_F32 | detail::weight_flags<T, W>();
   return static_cast<Status>(rmsnorm_add_backward_x(&p, h.data, h.row_stride, weight.data, gy.data, gy.row_stride,
                                                     rstd.data, g_h.data, g_h.row_stride, gx.data, gx.row_stride,
                                                     gx_x.data, gx_x.row_stride, gw.data(),
