@@ -281,3 +281,10 @@ def test_swapped_llama_norm_keeps_the_promoted_dtype(device, x_dtype, w_dtype):
     # The one rsqrt may differ by an ulp between torch's op and the library's (a correctly rounded divide and
     # square root): at most one unit of x_hat's rounding.
     torch.testing.assert_close(got, want, rtol=2.0 ** -7 if x_dtype != torch.float32 else 2e-6, atol=1e-6)
+
+
+def test_package_marks_itself_typed():
+    """The installed package carries PEP 561's py.typed, so type checkers read its annotations."""
+    import pathlib
+
+    assert (pathlib.Path(rmsnorm.__file__).parent / "py.typed").is_file()
