@@ -336,10 +336,18 @@ struct RowPlan {
 // Row geometry for a direction (the backward's CTAs are larger).
 RowPlan row_plan(int64_t cols, int esize, Direction direction, const Device& dev);
 
+// Whether elems elements of esize bytes span a whole number of 16-byte chunks. In unsigned arithmetic: a row stride
+// may be as large as int64 allows where there is one row (only rows - 1 strides must fit an extent), and 2^64 is a
+// multiple of 16, so the wrapped product has the true product's remainder (for a negative difference of strides
+// too).
+inline bool whole_chunks(int64_t elems, int esize) {
+  return static_cast<uint64_t>(elems) * static_cast<uint64_t>(esize) % kChunkBytes == 0;
+}
+
 // 16-byte I/O needs every row start of every operand 16-byte aligned; a null
 // operand (no weight) does not count.
 inline bool rows_aligned16(const void* p, int64_t stride, int esize) {
-  return p == nullptr || (reinterpret_cast<uintptr_t>(p) % kChunkBytes == 0 && (stride * esize) % kChunkBytes == 0);
+  return p == nullptr || (reinterpret_cast<uintptr_t>(p) % kChunkBytes == 0 && whole_chunks(stride, esize));
 }
 
 // The I/O path of a call: kVector when every operand's rows start on 16
@@ -359,9 +367,9 @@ inline Io forward_io(RowsOperand x, RowsOperand y, const void* w, int esize) {
   if (io == Io::kVector || !rows_aligned16(w, 0, esize)) return io;
   const auto xo = reinterpret_cast<uintptr_t>(x.data) % kChunkBytes;
   const auto yo = reinterpret_cast<uintptr_t>(y.data) % kChunkBytes;
-  if (xo != yo || xo % static_cast<uintptr_t>(esize) != 0 || ((x.stride - y.stride) * esize) % kChunkBytes != 0)
+  if (xo != yo || xo % static_cast<uintptr_t>(esize) != 0 || !whole_chunks(x.stride - y.stride, esize))
     return Io::kElement;
-  return (x.stride * esize) % kChunkBytes == 0 ? Io::kPaired : Io::kPairedRows;
+  return whole_chunks(x.stride, esize) ? Io::kPaired : Io::kPairedRows;
 }
 
 // The plain backward's I/O path (x, gy, gx, g_h where given, and the weight). kPaired: every row of every
@@ -379,7 +387,7 @@ inline Io backward_io(std::initializer_list<RowsOperand> rows, const void* w, in
     if (first == nullptr) first = o.data;
     const auto off = reinterpret_cast<uintptr_t>(o.data) % kChunkBytes;
     if (off != reinterpret_cast<uintptr_t>(first) % kChunkBytes || off % static_cast<uintptr_t>(esize) != 0 ||
-        (o.stride * esize) % kChunkBytes != 0)
+        !whole_chunks(o.stride, esize))
       return Io::kElement;
   }
   return Io::kPaired;

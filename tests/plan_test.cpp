@@ -1136,6 +1136,25 @@ TEST(Plan, ForwardIoPairsXAndYAtOneOffset) {
   }
 }
 
+// The I/O tests' byte arithmetic at any stride a one-row call may pass (up to INT64_MAX: only rows - 1 strides
+// must fit an extent), and for the difference of two strides: the remainder mod 16 of the true product, without
+// signed overflow (the ASan/UBSan build runs this).
+TEST(Plan, WholeChunksAtAnyStride) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_FALSE(whole_chunks(kMax, 2));      // (2^63 - 1) 2 = 2^64 - 2
+  EXPECT_FALSE(whole_chunks(kMax, 4));      // 2^65 - 4
+  EXPECT_TRUE(whole_chunks(kMax - 7, 2));   // (2^63 - 8) 2 = 2^64 - 16
+  EXPECT_TRUE(whole_chunks(kMax - 3, 4));   // 2^65 - 16
+  EXPECT_TRUE(whole_chunks(-8, 2));         // a difference of strides: -16 bytes
+  EXPECT_FALSE(whole_chunks(-7, 2));
+  EXPECT_TRUE(whole_chunks(0, 4));
+  const auto* aligned = reinterpret_cast<const void*>(uintptr_t{1} << 20);
+  EXPECT_FALSE(rows_aligned16(aligned, kMax, 2));
+  EXPECT_EQ(forward_io({aligned, kMax}, {aligned, 8}, nullptr, 2), Io::kElement);
+  EXPECT_EQ(forward_io({aligned, kMax - 7}, {aligned, 8}, nullptr, 2), Io::kVector);
+  EXPECT_EQ(backward_io({{aligned, kMax}, {aligned, 8}}, nullptr, 2), Io::kElement);
+}
+
 // Paired x and y: the rows band's forward runs kForwardRowsPaired with the
 // 16-byte rows kernel's geometry and grid, whether every row has one offset
 // (kPaired) or the offset moves row by row (kPairedRows); everywhere else (the

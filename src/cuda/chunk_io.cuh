@@ -195,7 +195,7 @@ __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefe
 // Every row of a 16-bit operand (base p, row stride in elements) 8-byte aligned: load_quad's and store_quad's
 // `vec`, 4 columns in one 8-byte access (the launchers decide it once per call).
 inline bool quad_rows(const void* p, int64_t stride) {
-  return reinterpret_cast<uintptr_t>(p) % 8 == 0 && (stride * 2) % 8 == 0;
+  return reinterpret_cast<uintptr_t>(p) % 8 == 0 && static_cast<uint64_t>(stride) * 2u % 8 == 0;  // as whole_chunks
 }
 
 // Columns [first, first + 4) of a 16-bit row (0 past cols), in the low two words of a Chunk<T>.

@@ -92,6 +92,11 @@ DeviceScope::~DeviceScope() {
     d.ctx_set_current(static_cast<CUcontext>(previous_context_));
 }
 
+// The failure of a DeviceScope to make `device` current, named as the call that failed.
+static rmsnorm_status_t scope_fail(const DeviceScope& scope, int device) {
+  return cuda_fail(static_cast<cudaError_t>(scope.status()), ("cudaSetDevice(" + std::to_string(device) + ")").c_str());
+}
+
 bool available() {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
@@ -318,7 +323,7 @@ rmsnorm_status_t device_properties(int device, plan::Device* out) {
   if (d.cc_major >= 9) {
     // backward_workspace_bytes reaches here without run_on_device's scope.
     const DeviceScope scope(device);
-    RMSNORM_CUDA_TRY(static_cast<cudaError_t>(scope.status()));
+    if (scope.status() != 0) return scope_fail(scope, device);
     RMSNORM_CUDA_TRY(kernels_have_sm90_code(&d.sm90_code));
     RMSNORM_CUDA_TRY(query_max_cluster(&d.max_cluster));
     // Co-scheduled clusters per size, with the shared memory the plan gives
@@ -367,7 +372,7 @@ namespace {
 template <typename Launch>
 rmsnorm_status_t run_on_device(DType dtype, int device, Launch&& launch) {
   const DeviceScope scope(device);
-  RMSNORM_CUDA_TRY(static_cast<cudaError_t>(scope.status()));
+  if (scope.status() != 0) return scope_fail(scope, device);
   plan::Device dev;
   const rmsnorm_status_t st = check_device(device, &dev);
   if (st != RMSNORM_STATUS_SUCCESS) return st;

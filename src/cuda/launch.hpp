@@ -16,7 +16,11 @@
 
 namespace rmsnorm::cuda {
 
+// A CUDA error reaches the caller as this status and message. The runtime's per-thread last error is cleared of
+// it, as of the errors the library handles itself: left there, a framework's launch check after its own next kernel
+// (cudaGetLastError) would report it again against that kernel. A sticky error (a fault) stays, as it must.
 inline rmsnorm_status_t cuda_fail(cudaError_t e, const char* what) {
+  (void)cudaGetLastError();
   return fail(RMSNORM_STATUS_CUDA_ERROR, what, std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
 }
 
