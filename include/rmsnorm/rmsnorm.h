@@ -103,7 +103,7 @@ typedef enum rmsnorm_status {
   RMSNORM_STATUS_WORKSPACE_TOO_SMALL = 8, /* workspace smaller than the queried size */
   RMSNORM_STATUS_OVERLAP = 9,             /* an output overlaps another operand */
   RMSNORM_STATUS_WRONG_MEMORY_SPACE = 10, /* device pointer to the CPU backend or the reverse */
-  RMSNORM_STATUS_BACKEND_UNAVAILABLE = 11,/* CUDA backend not built, or no such device */
+  RMSNORM_STATUS_BACKEND_UNAVAILABLE = 11,/* CUDA backend not built, no such device, or one older than sm_80 */
   RMSNORM_STATUS_CUDA_ERROR = 12,         /* a CUDA runtime call failed */
   RMSNORM_STATUS_INTERNAL_ERROR = 13
 } rmsnorm_status_t;

@@ -315,6 +315,15 @@ rmsnorm_status_t device_properties(int device, plan::Device* out) {
   int smem = 0;
   RMSNORM_CUDA_TRY(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device));
   RMSNORM_CUDA_TRY(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device));
+  // The plans assume sm_80's shared memory (>= 100 KiB per SM): on sm_75 (64 KiB) one stage of the rows band's
+  // backward does not fit, and its launch would fail on cudaFuncSetAttribute at some D only. Refused here, by name.
+  if (d.cc_major < 8) {
+    int minor = 0;
+    RMSNORM_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    return fail(RMSNORM_STATUS_BACKEND_UNAVAILABLE, "backend.device",
+                "device " + std::to_string(device) + " has compute capability " + std::to_string(d.cc_major) + "." +
+                    std::to_string(minor) + "; the CUDA backend needs 8.0 (sm_80) or newer");
+  }
   RMSNORM_CUDA_TRY(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   d.max_smem_optin = static_cast<size_t>(smem);
   RMSNORM_CUDA_TRY(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
