@@ -6,8 +6,8 @@ The conventions, as transformers' modeling code computes them (read from transfo
 - Llama style (LlamaRMSNorm; Mistral, Qwen2, Qwen3 incl. its per-head q/k norms, Qwen3-MoE and Phi3 have the same
   forward): ``weight * (x.float() * rsqrt(mean(x^2) + eps)).to(input_dtype)``, i.e. x_hat rounded to the input
   dtype before the weight: ``round_xhat=True``. Its eps is ``variance_epsilon``. The product has torch's promoted
-  dtype: with an fp32 weight and 16-bit activations it is float32, and so is the swapped module's output
-  (``out_dtype``).
+  dtype: with an fp32 weight and 16-bit activations (or a 16-bit weight and fp32 activations) it is float32, and
+  so is the swapped module's output (``out_dtype``).
 - Gemma style (GemmaRMSNorm, Gemma2RMSNorm, Gemma3RMSNorm incl. q/k norms): ``(x_hat * (1.0 + weight.float()))``
   in fp32, rounded once to the input dtype: ``weight_offset=True`` (the 1 added in fp32). Its eps is ``eps``.
 
@@ -27,16 +27,32 @@ _LLAMA_STYLE = frozenset(
 _GEMMA_STYLE = frozenset({"GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm"})
 
 
+def _model_weight(x, weight):
+    """The weight as the kernels take it for the model's product: as it is where it has x's dtype or is float32;
+    any other 16-bit weight (with float32 activations, or float16 with bfloat16 ones), which the model's product
+    promotes to float32, widened to float32 (exact). That costs a float32 copy of the weight per call (D floats);
+    its gradient reaches the 16-bit weight through autograd, rounded once, as the model's own does."""
+    if weight.dtype == x.dtype or weight.dtype == torch.float32:
+        return weight
+    return weight.float()
+
+
 def _llama_style_rms_norm(x, normalized_shape, weight, eps):
     """``rms_norm`` with ``round_xhat``, y in the promoted dtype of the weight and x, as ``weight *
     x_hat.to(input_dtype)`` gives it."""
     out_dtype = None if weight.dtype == x.dtype else torch.promote_types(weight.dtype, x.dtype)
-    return rms_norm(x, normalized_shape, weight, eps, round_xhat=True, out_dtype=out_dtype)
+    return rms_norm(x, normalized_shape, _model_weight(x, weight), eps, round_xhat=True, out_dtype=out_dtype)
 
 
-# torch.fx.symbolic_trace records this as one call, as __init__.py has it record rms_norm: the dtype test above
-# cannot be traced symbolically.
+def _gemma_style_rms_norm(x, normalized_shape, weight, eps):
+    """``rms_norm`` with ``weight_offset``: ``x_hat * (1.0 + weight.float())`` in fp32, rounded once to x's dtype."""
+    return rms_norm(x, normalized_shape, _model_weight(x, weight), eps, weight_offset=True)
+
+
+# torch.fx.symbolic_trace records these as one call each, as __init__.py has it record rms_norm: the dtype tests
+# above cannot be traced symbolically.
 torch.fx.wrap("_llama_style_rms_norm")
+torch.fx.wrap("_gemma_style_rms_norm")
 
 
 class LlamaStyleRMSNorm(RMSNorm):
@@ -47,13 +63,21 @@ class LlamaStyleRMSNorm(RMSNorm):
         return _llama_style_rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
 
+class GemmaStyleRMSNorm(RMSNorm):
+    """``RMSNorm`` with ``weight_offset`` (swap_rmsnorm's replacement of the Gemma-style modules), which takes a
+    weight of any of the three dtypes with activations of any, as the model's ``1.0 + weight.float()`` does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _gemma_style_rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
 def _replacement(module: torch.nn.Module):
     name = type(module).__name__
     if name in _LLAMA_STYLE:
         new = LlamaStyleRMSNorm(tuple(module.weight.shape), module.variance_epsilon, True, device="meta",
                                 round_xhat=True)
     elif name in _GEMMA_STYLE:
-        new = RMSNorm(tuple(module.weight.shape), module.eps, True, device="meta", weight_offset=True)
+        new = GemmaStyleRMSNorm(tuple(module.weight.shape), module.eps, True, device="meta", weight_offset=True)
     elif type(module) is torch.nn.RMSNorm:
         new = RMSNorm(module.normalized_shape, module.eps, module.elementwise_affine, device="meta")
         if not module.elementwise_affine:
@@ -68,9 +92,10 @@ def swap_rmsnorm(model: torch.nn.Module) -> list[str]:
     """Replace, in place, every RMSNorm module of ``model`` whose convention is known (see the module docstring)
     by an ``rmsnorm.RMSNorm`` with the same convention, eps and weight. Returns the qualified names replaced.
 
-    An fp32 weight with float16 or bfloat16 activations is supported as the model computes it (Llama style: a
-    float32 output; Gemma style: the activations' dtype); other mixes (a 16-bit weight with fp32 activations) raise
-    a TypeError."""
+    Mixed dtypes are taken as the model computes them, whatever the weight's and the activations' dtypes: the Llama
+    style's output has their promoted dtype (float32 for any mix), the Gemma style's the activations'. An fp32
+    weight goes to the kernels as it is; a 16-bit weight of another dtype than the activations' is widened to
+    float32 on each call (D floats), as the model's product widens it."""
     swapped = []
     for parent_name, parent in list(model.named_modules()):
         for child_name, child in list(parent.named_children()):
