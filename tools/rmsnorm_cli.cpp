@@ -1086,6 +1086,7 @@ int run_fused(const Config& cfg, bool cuda) {
       report(rstd_check("rstd (of h)", hh, rh));
     }
     print_checks(rep.checks);
+    if (rows == 0) std::printf("timing: nothing to time (rows = 0)\n");
     if (ok && rows > 0) rep.timings.push_back(timed("add forward", 2 * nd * (e + re) + d * we, call));
   } else {
     const bool fp8 = cfg.op == "quant-fp8";
@@ -1149,6 +1150,7 @@ int run_fused(const Config& cfg, bool cuda) {
       report(std::move(cq));
     }
     print_checks(rep.checks);
+    if (rows == 0) std::printf("timing: nothing to time (rows = 0)\n");
     // Read x, w; write q and the scales (one per row, or rows * nb with --group).
     const std::string name = blocks ? cfg.op + " (group " + std::to_string(cfg.group) + ")" : cfg.op;
     if (ok && rows > 0)
