@@ -1364,8 +1364,8 @@ template <typename T>
 rmsnorm_status_t launch_finalize(const plan::Launch& l, const float* partials, int64_t cols, const GwOut& out,
                                  bool pdl, cudaStream_t stream) {
   const dim3 threads(plan::kFinalizeCols, static_cast<unsigned>(l.finalize_lanes));
-  return launch_kernel(finalize_gw_kernel<T>, l.finalize_grid, threads, 1, 0, pdl, stream, partials, l.partials, cols,
-                       out);
+  return launch_kernel("finalize_gw", finalize_gw_kernel<T>, l.finalize_grid, threads, 1, 0, pdl, stream, partials,
+                       l.partials, cols, out);
 }
 
 template <typename T>

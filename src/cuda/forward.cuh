@@ -1237,10 +1237,10 @@ template <typename T, typename R = T, typename Forward>
 rmsnorm_status_t add_then_forward(const ForwardArgs& a, const plan::Device& dev, bool pdl, cudaStream_t stream,
                                   Forward&& forward) {
   const plan::Launch al = plan::add_launch(a.rows, dev);
-  const rmsnorm_status_t st = launch_kernel(add_kernel<T, R>, al.grid, dim3(plan::kAddThreads), 1, 0, pdl, stream,
-                                            static_cast<const T*>(a.x), a.x_stride,
-                                            static_cast<const R*>(a.residual), a.residual_stride,
-                                            static_cast<R*>(a.h), a.h_stride, a.rows, static_cast<int>(a.cols));
+  const rmsnorm_status_t st =
+      launch_kernel("add", add_kernel<T, R>, al.grid, dim3(plan::kAddThreads), 1, 0, pdl, stream,
+                    static_cast<const T*>(a.x), a.x_stride, static_cast<const R*>(a.residual), a.residual_stride,
+                    static_cast<R*>(a.h), a.h_stride, a.rows, static_cast<int>(a.cols));
   if (st != RMSNORM_STATUS_SUCCESS) return st;
   ForwardArgs b = a;
   b.x = a.h;

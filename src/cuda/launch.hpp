@@ -126,12 +126,23 @@ rmsnorm_status_t dispatch_rows(int tpr, int cpt, Fn&& fn) {
               "threads_per_row " + std::to_string(tpr) + " with " + std::to_string(cpt) + " chunks has no kernel");
 }
 
+// The failure of `call` for the kernel `name`, with the launch's geometry in the message (as cuda_fail: the runtime's
+// last error cleared of it).
+inline rmsnorm_status_t launch_fail(cudaError_t e, const char* name, const char* call, int64_t grid, dim3 block,
+                                    size_t smem, int cs) {
+  (void)cudaGetLastError();
+  return fail(RMSNORM_STATUS_CUDA_ERROR, name,
+              std::string(call) + " (grid " + std::to_string(grid) + ", block " + std::to_string(block.x) + "x" +
+                  std::to_string(block.y) + ", " + std::to_string(smem) + " bytes of dynamic shared memory, cluster " +
+                  std::to_string(cs) + "): " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
 // Every kernel launch of the library: with a cluster dimension when cs > 1,
 // as a programmatic dependent of the previous kernel in the stream when pdl
-// (both sm_90; the kernel starts with pdl_enter).
+// (both sm_90; the kernel starts with pdl_enter). name: the kernel, for the error message.
 template <typename Kernel, typename... Args>
-rmsnorm_status_t launch_kernel(Kernel kernel, int64_t grid, dim3 block, int cs, size_t smem, bool pdl,
-                               cudaStream_t stream, const Args&... args) {
+rmsnorm_status_t launch_kernel(const char* name, Kernel kernel, int64_t grid, dim3 block, int cs, size_t smem,
+                               bool pdl, cudaStream_t stream, const Args&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = block;
@@ -139,8 +150,11 @@ rmsnorm_status_t launch_kernel(Kernel kernel, int64_t grid, dim3 block, int cs, 
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   unsigned n = 0;
-  if (cs > plan::kMaxPortableCluster)
-    RMSNORM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  if (cs > plan::kMaxPortableCluster) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e != cudaSuccess)
+      return launch_fail(e, name, "cudaFuncSetAttribute(NonPortableClusterSizeAllowed)", grid, block, smem, cs);
+  }
   if (cs > 1) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
     attr[n].val.clusterDim.x = static_cast<unsigned>(cs);
@@ -155,7 +169,8 @@ rmsnorm_status_t launch_kernel(Kernel kernel, int64_t grid, dim3 block, int cs, 
   }
   cfg.attrs = n > 0 ? attr : nullptr;
   cfg.numAttrs = n;
-  RMSNORM_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, args...));
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (e != cudaSuccess) return launch_fail(e, name, "cudaLaunchKernelEx", grid, block, smem, cs);
   return RMSNORM_STATUS_SUCCESS;
 }
 
@@ -168,8 +183,14 @@ rmsnorm_status_t launch_planned(Kernel kernel, int cta_threads, const plan::Laun
   if (cta_threads != l.row.cta_threads)
     return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan",
                 std::string(plan::kernel_name(l.kernel)) + ": the kernel's CTA size disagrees with the plan");
-  if (l.smem > kDefaultDynamicSmem) RMSNORM_CUDA_TRY(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), l.smem));
-  return launch_kernel(kernel, l.grid, cta_threads, l.row.cluster, l.smem, pdl, stream, p);
+  const char* name = plan::kernel_name(l.kernel);
+  if (l.smem > kDefaultDynamicSmem) {
+    const cudaError_t e = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), l.smem);
+    if (e != cudaSuccess)
+      return launch_fail(e, name, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)", l.grid, cta_threads, l.smem,
+                         l.row.cluster);
+  }
+  return launch_kernel(name, kernel, l.grid, cta_threads, l.row.cluster, l.smem, pdl, stream, p);
 }
 
 }  // namespace rmsnorm::cuda
