@@ -961,6 +961,25 @@ __global__ void __launch_bounds__(plan::kLoopedThreads)
         weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
         store_normalized(yr, c, p.cols, p.vector_io, p.round_xhat, load_chunk(xr, c, p.cols, p.vector_io), w, r);
       }
+    } else if constexpr (sizeof(T) == 4 && sizeof(Y) == 2) {
+      // fp32 x, 16-bit y: y = Y(x_hat w'), or Y(T(x_hat) w') with round_xhat, one rounding to Y (the CPU backend's
+      // rule); a chunk's 4 columns of y in one 8-byte store where this row of y is 8-byte aligned (store_quad,
+      // the same rounding), by element otherwise and for the row's partial last chunk.
+      Y* yr = reinterpret_cast<Y*>(p.y) + row * p.y_stride;
+      const bool vec = (reinterpret_cast<uintptr_t>(yr) & 7) == 0;
+      for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
+        float w[kN];
+        weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
+        const Chunk<T> x = load_chunk(xr, c, p.cols, p.vector_io);
+        Chunk<float> o;
+#pragma unroll
+        for (int j = 0; j < kN; j += 2) {
+          const float xa = x.get(j) * r, xb = x.get(j + 1) * r;
+          o.set2(j, (p.round_xhat ? to_float(from_float<T>(xa)) : xa) * w[j],
+                 (p.round_xhat ? to_float(from_float<T>(xb)) : xb) * w[j + 1]);
+        }
+        store_quad(yr, c * kN, p.cols, vec, o);
+      }
     } else {
       // y = Y(x_hat w'), or Y(T(x_hat) w') with round_xhat: one rounding to Y (the CPU backend's rule).
       Y* yr = reinterpret_cast<Y*>(p.y) + row * p.y_stride;
