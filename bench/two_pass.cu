@@ -157,15 +157,15 @@ rmsnorm_status_t run(const BackwardArgs& a, void* temp, cudaStream_t stream) {
   // No rows: only the column sum runs, and stores the empty sum (zeros).
   const rmsnorm_status_t st = groups == 0 ? RMSNORM_STATUS_SUCCESS : dispatch_rows<kEs>(row.threads_per_row, row.chunks_per_thread, [&](auto tpr, auto cpt) -> rmsnorm_status_t {
     constexpr int kTpr = decltype(tpr)::value;
-    return launch_kernel(two_pass_rows_kernel<T, kTpr, decltype(cpt)::value>, groups, plan::backward_cta_threads(kTpr), 1, 0, false,
-                         stream, p);
+    return launch_kernel("two_pass_rows", two_pass_rows_kernel<T, kTpr, decltype(cpt)::value>, groups,
+                         plan::backward_cta_threads(kTpr), 1, 0, false, stream, p);
   });
   if (st != RMSNORM_STATUS_SUCCESS) return st;
   GwOut out;
   out.gw = a.gw;
   out.mode = static_cast<int>(a.gw_mode);
-  return launch_kernel(column_sum_kernel<T>, (a.cols + kSumCols - 1) / kSumCols, dim3(kSumCols, kSumLanes), 1, 0,
-                       false, stream, static_cast<const T*>(temp), a.rows, a.cols, out);
+  return launch_kernel("column_sum", column_sum_kernel<T>, (a.cols + kSumCols - 1) / kSumCols,
+                       dim3(kSumCols, kSumLanes), 1, 0, false, stream, static_cast<const T*>(temp), a.rows, a.cols, out);
 }
 
 }  // namespace
