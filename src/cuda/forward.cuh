@@ -880,6 +880,20 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr),
   }
 }
 
+// y's 4 columns from an fp32 chunk of x (or h), r and w', in fp32 for store_quad's one rounding to a 16-bit y:
+// x_hat = x r (rounded to the norm's input dtype, fp32, with round_xhat), times w'. The looped forward's fp32 x with
+// a 16-bit y, and the fp32 forms' kernel in shares, so that both give the same bits.
+__device__ __forceinline__ Chunk<float> y_quad(const Chunk<float>& x, float r, const float (&w)[4], bool round_xhat) {
+  Chunk<float> o;
+#pragma unroll
+  for (int j = 0; j < 4; j += 2) {
+    const float xa = x.get(j) * r, xb = x.get(j + 1) * r;
+    o.set2(j, (round_xhat ? to_float(from_float<float>(xa)) : xa) * w[j],
+           (round_xhat ? to_float(from_float<float>(xb)) : xb) * w[j + 1]);
+  }
+  return o;
+}
+
 // ---- kLooped: any D, one CTA per row, x read twice ---------------------------------------------
 // kQuant: q = quant(y) in place of y (rmsnorm_forward_quant), at any D and
 // alignment (plan::quant_launch): y is computed again for each pass over the
@@ -970,15 +984,7 @@ __global__ void __launch_bounds__(plan::kLoopedThreads)
       for (int c = threadIdx.x; c < p.chunks; c += kCtaThreads) {
         float w[kN];
         weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, w);
-        const Chunk<T> x = load_chunk(xr, c, p.cols, p.vector_io);
-        Chunk<float> o;
-#pragma unroll
-        for (int j = 0; j < kN; j += 2) {
-          const float xa = x.get(j) * r, xb = x.get(j + 1) * r;
-          o.set2(j, (p.round_xhat ? to_float(from_float<T>(xa)) : xa) * w[j],
-                 (p.round_xhat ? to_float(from_float<T>(xb)) : xb) * w[j + 1]);
-        }
-        store_quad(yr, c * kN, p.cols, vec, o);
+        store_quad(yr, c * kN, p.cols, vec, y_quad(load_chunk(xr, c, p.cols, p.vector_io), r, w, p.round_xhat));
       }
     } else {
       // y = Y(x_hat w'), or Y(T(x_hat) w') with round_xhat: one rounding to Y (the CPU backend's rule).
@@ -1066,14 +1072,7 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads,
   // y's chunk c of the row at yr from h's chunk, r and w': forward_looped_kernel<float, kNone, W, T>'s y, x_hat rounded
   // to the norm's input dtype (fp32 here) with round_xhat, then one rounding to T; vec: yr's rows 8-byte aligned.
   auto store_y = [&](T* yr, int c, const Chunk<float>& h, float r, const float (&w)[kN], bool vec) {
-    Chunk<float> o;
-#pragma unroll
-    for (int j = 0; j < kN; j += 2) {
-      const float xa = h.get(j) * r, xb = h.get(j + 1) * r;
-      o.set2(j, (p.round_xhat ? to_float(from_float<float>(xa)) : xa) * w[j],
-             (p.round_xhat ? to_float(from_float<float>(xb)) : xb) * w[j + 1]);
-    }
-    store_quad(yr, c * kN, p.cols, vec, o);
+    store_quad(yr, c * kN, p.cols, vec, y_quad(h, r, w, p.round_xhat));
   };
   if constexpr (kHeld) {
     for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
