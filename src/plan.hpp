@@ -174,6 +174,20 @@ inline constexpr int kLoopedThreads = 1024;
 // fitted two (forward) or one (backward) (docs/fusions.md, "The residual stream in fp32").
 inline constexpr int kLoopedShareThreads = 256;
 inline constexpr int kLoopedShareCtasPerSm = 4;  // <= 64 registers (60): x and the residual of 4 chunks in flight; 5 or 6 spilled
+inline constexpr int kLoopedShares = kLoopedThreads / kLoopedShareThreads;  // summing threads per thread
+// The forward's read-back kernel on a one-pass row of at most kLoopedShares * 128 chunks (D <= 2048) runs on a CTA
+// of 128 threads (64 at D <= 1024) holding the row's first 4 * 128 (4 * 64) summing threads, the only ones with a
+// chunk, at the same threads per SM (kLoopedShareThreadsPerSm): where 256 threads held a row of 512 chunks, half
+// their shares were empty and a CTA had half the bytes in flight that its threads could hold (docs/fusions.md,
+// "Small CTAs for short fp32 rows"). The held kernel keeps kLoopedShareThreads (its rows are one wave).
+inline constexpr int kLoopedShareMinThreads = 64;
+inline constexpr int kLoopedShareThreadsPerSm = kLoopedShareCtasPerSm * kLoopedShareThreads;
+RMSNORM_HD constexpr int f32_shares_cta(int64_t chunks, bool held) {
+  if (held) return kLoopedShareThreads;
+  int cta = kLoopedShareMinThreads;
+  while (cta < kLoopedShareThreads && int64_t{cta} * kLoopedShares < chunks) cta *= 2;
+  return cta;
+}
 inline constexpr int kLoopedCtasPerSm = 2;  // backward: two partial rows per SM
 // Forward: CTAs of >= 256 threads, 1024 threads per SM with 4 chunks per
 // thread (64 registers hold a thread's x and w' chunks without spilling),
@@ -504,8 +518,9 @@ inline constexpr int kAddMaxCtasPerSm = 8;
 Launch add_launch(int64_t rows, const Device& dev);
 // RMSNORM_FLAG_RESIDUAL_F32's forward, and that of fp32 x with a 16-bit y (RMSNORM_FLAG_Y_DTYPE): the looped
 // band's row plan on the fp32 h or x (chunks of 4 columns; sum_tpr = kLoopedThreads, the summing threads) on CTAs
-// of kLoopedShareThreads, one row per CTA up to kMaxGrid (forward_looped_add_f32_kernel).
-Launch looped_f32_shares_launch(int64_t rows, int64_t cols, Io io, const Device& dev);
+// of f32_shares_cta(chunks, held) threads, one row per CTA up to kMaxGrid (forward_looped_add_f32_kernel; held:
+// f32_shares_held, below).
+Launch looped_f32_shares_launch(int64_t rows, int64_t cols, Io io, bool held, const Device& dev);
 // forward_looped_add_f32_kernel<..., kHeld> and backward_looped_shares_kernel<..., kVec>: a one-pass row (chunks <=
 // kLoopedThreads, D % 4 == 0) whose every access is a whole vector (io kVector: h, the residual, x and gx of fp32
 // and an fp32 weight 16-byte aligned rows; `quads`: the 16-bit x, y, gy, gx_x and weight 8-byte aligned). The

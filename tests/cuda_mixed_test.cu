@@ -265,7 +265,7 @@ TEST_F(CudaMixed, YDtype) {
   for (int32_t xd : dts)
     for (int32_t yd : dts) {
       if (xd == yd) continue;
-      for (int64_t d : {1, 33, 1000, 4096, 40000, 40003})  // 40003: the looped kernel's partial last chunk
+      for (int64_t d : {1, 33, 1000, 2047, 2048, 4096, 40000, 40003})  // 40003: the looped kernel's partial last chunk
         for (bool padded : {false, true}) {
           check_mixed(sweep_case(xd, yd, false, d, padded, i++), rng);
           if (HasFatalFailure() || HasFailure()) return;
@@ -279,7 +279,7 @@ TEST_F(CudaMixed, ResidualF32) {
   std::mt19937_64 rng(102);
   int i = 0;
   for (int32_t xd : {RMSNORM_DTYPE_F16, RMSNORM_DTYPE_BF16})
-    for (int64_t d : {1, 33, 1000, 4096, 40000})
+    for (int64_t d : {1, 33, 1000, 2047, 2048, 4096, 40000})
       for (bool padded : {false, true}) {
         check_mixed(sweep_case(xd, xd, true, d, padded, i++), rng);
         if (HasFatalFailure() || HasFailure()) return;
@@ -294,7 +294,7 @@ TEST_F(CudaMixed, ResidualF32InPlace) {
   std::mt19937_64 rng(105);
   int i = 0;
   for (int32_t xd : {RMSNORM_DTYPE_F16, RMSNORM_DTYPE_BF16})
-    for (int64_t d : {33, 4096, 40000})
+    for (int64_t d : {33, 2048, 4096, 40000})
       for (bool padded : {false, true}) {
         MixedCase c = sweep_case(xd, xd, true, d, padded, i++);
         c.h_in_place = true;
@@ -310,7 +310,7 @@ TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
   std::mt19937_64 rng(106);
   int i = 0;
   for (bool residual : {false, true})
-    for (int64_t d : {1000, 4096, 4100})
+    for (int64_t d : {1000, 2048, 4096, 4100})
       for (bool padded : {false, true}) {
         MixedCase c = residual ? sweep_case(RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_BF16, true, d, padded, i++)
                                : sweep_case(RMSNORM_DTYPE_F32, RMSNORM_DTYPE_BF16, false, d, padded, i++);
@@ -323,8 +323,8 @@ TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
 // Batch invariance across the plan's kernels for fp32 x (fp32 x with a bf16 y, and the fp32 residual stream): a row's
 // y, h and rstd are the same bits from the held forward (plan::f32_shares_held: a one-pass row whose every access is
 // a whole vector, at most one wave of rows) and from the read-back one (more rows than that wave, or a weight aligned
-// to its dtype only), and its gx and gw the same from the backward with and without its element paths (the same
-// weight aligned or not).
+// to its dtype only; on CTAs of 64, 128 and 256 threads at D = 1000, 2048 and 4096: plan::f32_shares_cta), and its gx
+// and gw the same from the backward with and without its element paths (the same weight aligned or not).
 TEST_F(CudaMixed, Fp32FormsHeldAndGenericKernelsAgree) {
   std::mt19937_64 rng(107);
   int sms = 0;
@@ -332,7 +332,7 @@ TEST_F(CudaMixed, Fp32FormsHeldAndGenericKernelsAgree) {
   const int64_t many = 4 * int64_t{sms} + 1, few = 5;
   const rmsnorm_backend_t b = rmsnorm_backend_cuda(-1, nullptr);
   for (int form : {0, 1, 2})  // fp32 x with a bf16 y and an fp32 weight, the same with a bf16 weight, the stream
-    for (int64_t d : {1000, 4096}) {
+    for (int64_t d : {1000, 2048, 4096}) {
       const bool residual = form == 2;
       SCOPED_TRACE(std::string(residual ? "fp32 residual stream" : form == 1 ? "fp32 x, bf16 y and weight" : "fp32 x, bf16 y") +
                    ", D " + std::to_string(d));
@@ -485,7 +485,7 @@ class CudaMixedSanitizer : public CudaMixed {};
 
 TEST_F(CudaMixedSanitizer, YDtypeAndResidualF32Kernels) {
   std::mt19937_64 rng(103);
-  for (int64_t d : {33, 1000, 40000})
+  for (int64_t d : {33, 1000, 1999, 40000})
     for (bool padded : {false, true})
       for (int form = 0; form < 3; ++form) {
         MixedCase c;

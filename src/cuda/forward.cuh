@@ -1046,15 +1046,19 @@ __device__ __forceinline__ Chunk<float> load_h_chunk(const float* row, int chunk
 // read back through L1.
 // kHeld (plan::f32_shares_held: a one-pass row whose every access is a whole vector): x (or h) and w' stay in
 // registers from their load to y, so no read-back and no element path; the same arithmetic in the same order.
-template <typename T, typename W, bool kAdd = true, bool kHeld = false>
-__global__ void __launch_bounds__(plan::kLoopedShareThreads,
-                                  kHeld ? plan::kLoopedShareHeldCtasPerSm : plan::kLoopedShareCtasPerSm)
+// kCta < kLoopedShareThreads (plan::f32_shares_cta): a one-pass row of at most kShares kCta chunks, whose CTA holds
+// only the summing threads with a chunk.
+template <typename T, typename W, bool kAdd = true, bool kHeld = false, int kCta = plan::kLoopedShareThreads>
+__global__ void __launch_bounds__(kCta, kHeld ? plan::kLoopedShareHeldCtasPerSm
+                                              : plan::kLoopedShareThreadsPerSm / kCta)
     forward_looped_add_f32_kernel(const AddF32ForwardParams<T> p) {
-  constexpr int kCta = plan::kLoopedShareThreads;
   constexpr int kSumThreads = plan::kLoopedThreads;
-  constexpr int kShares = kSumThreads / kCta;
+  constexpr int kShares = plan::kLoopedShares;
   constexpr int kN = Chunk<float>::kN;
-  static_assert(kShares * kCta == kSumThreads, "plan: the looped row's summing threads in whole shares");
+  static_assert(kShares * plan::kLoopedShareThreads == kSumThreads,
+                "plan: the looped row's summing threads in whole shares");
+  static_assert(kCta == plan::kLoopedShareThreads || (!kHeld && kCta * kShares < kSumThreads),
+                "plan: a smaller CTA runs the read-back kernel's one-pass rows");
   static_assert(kN == 4 && sizeof(T) == 2, "fp32 h chunks of 4 columns, 16-bit x and y");
   struct Shares {  // a thread's shares of the rescaled sum
     float v[kShares];
@@ -1268,6 +1272,26 @@ rmsnorm_status_t add_then_forward(const ForwardArgs& a, const plan::Device& dev,
   return forward(b);
 }
 
+// forward_looped_add_f32_kernel on the plan's CTA (plan::looped_f32_shares_launch): the held kernel, or the read-back
+// kernel on 256 threads or, for a one-pass row of at most 4 * 128 (4 * 64) chunks, on 128 (64).
+template <typename T, typename W, bool kAdd>
+rmsnorm_status_t launch_f32_shares(const plan::Launch& l, bool held, bool pdl, cudaStream_t stream,
+                                   const AddF32ForwardParams<T>& p) {
+  constexpr int kFull = plan::kLoopedShareThreads;
+  if (held) return launch_planned(forward_looped_add_f32_kernel<T, W, kAdd, true>, kFull, l, pdl, stream, p);
+  if (l.row.cta_threads < kFull && int64_t{l.row.cta_threads} * plan::kLoopedShares < l.row.chunks)
+    return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan",
+                "forward_looped_add_f32_kernel: the row's chunks exceed its CTA's shares");
+  switch (l.row.cta_threads) {
+    case 64:
+      return launch_planned(forward_looped_add_f32_kernel<T, W, kAdd, false, 64>, 64, l, pdl, stream, p);
+    case 128:
+      return launch_planned(forward_looped_add_f32_kernel<T, W, kAdd, false, 128>, 128, l, pdl, stream, p);
+    default:
+      return launch_planned(forward_looped_add_f32_kernel<T, W, kAdd, false>, kFull, l, pdl, stream, p);
+  }
+}
+
 // The looped kernel with x of X, the weight of W and y of Y (plan.hpp: the
 // mixed-dtype forms run in the looped band at every D). The I/O path is x's
 // (and the weight's where it is of X); the other operands go by element.
@@ -1279,16 +1303,14 @@ rmsnorm_status_t launch_looped_as(const ForwardArgs& a, const plan::Device& dev,
   if constexpr (std::is_same_v<X, float> && sizeof(Y) == 2) {
     if (plan::y_dtype_forward_in_shares(a.cols)) {
       // The looped row in shares (forward_looped_add_f32_kernel without the add): the same rstd and y.
-      const plan::Launch l = plan::looped_f32_shares_launch(a.rows, a.cols, io, dev);
+      const bool y_vector = quad_rows(a.y, a.y_stride);
+      const bool quads = y_vector && (std::is_same_v<W, float> || quad_rows(a.weight, 0));
+      const bool held = plan::f32_shares_held(a.rows, a.cols, io, quads, dev);
+      const plan::Launch l = plan::looped_f32_shares_launch(a.rows, a.cols, io, held, dev);
       AddF32ForwardParams<Y> p;
       static_cast<ForwardParams<float>&>(p) = forward_params<float>(a, l);
-      p.y_vector = quad_rows(a.y, a.y_stride);
-      const bool pdl = a.pdl && dev.sm90_code;
-      const bool quads = p.y_vector && (std::is_same_v<W, float> || quad_rows(a.weight, 0));
-      if (plan::f32_shares_held(a.rows, a.cols, io, quads, dev))
-        return launch_planned(forward_looped_add_f32_kernel<Y, W, false, true>, plan::kLoopedShareThreads, l, pdl,
-                              stream, p);
-      return launch_planned(forward_looped_add_f32_kernel<Y, W, false>, plan::kLoopedShareThreads, l, pdl, stream, p);
+      p.y_vector = y_vector;
+      return launch_f32_shares<Y, W, false>(l, held, a.pdl && dev.sm90_code, stream, p);
     }
   }
   const plan::Launch l = plan::looped_forward_launch(a.rows, a.cols, kEs, io, dev);
@@ -1305,7 +1327,11 @@ rmsnorm_status_t launch_looped_add_f32(const ForwardArgs& a, const plan::Device&
   const plan::Io io = std::is_same_v<W, float>
                           ? plan::io_of({{a.h, a.h_stride}, {a.residual, a.residual_stride}, {a.weight, 0}}, kEs)
                           : plan::io_of({{a.h, a.h_stride}, {a.residual, a.residual_stride}}, kEs);
-  const plan::Launch l = plan::looped_f32_shares_launch(a.rows, a.cols, io, dev);
+  const bool x16_vector = quad_rows(a.x, a.x_stride);
+  const bool y_vector = quad_rows(a.y, a.y_stride);
+  const bool quads = x16_vector && y_vector && (std::is_same_v<W, float> || quad_rows(a.weight, 0));
+  const bool held = plan::f32_shares_held(a.rows, a.cols, io, quads, dev);
+  const plan::Launch l = plan::looped_f32_shares_launch(a.rows, a.cols, io, held, dev);
   ForwardArgs b = a;
   b.x = a.h;  // ForwardParams::x: h, read back by the second pass
   b.x_stride = a.h_stride;
@@ -1313,14 +1339,9 @@ rmsnorm_status_t launch_looped_add_f32(const ForwardArgs& a, const plan::Device&
   static_cast<ForwardParams<float>&>(p) = forward_params<float>(b, l);
   p.x16 = static_cast<const T*>(a.x);
   p.x16_stride = a.x_stride;
-  p.x16_vector = quad_rows(a.x, a.x_stride);
-  p.y_vector = quad_rows(a.y, a.y_stride);
-  const bool pdl = a.pdl && dev.sm90_code;
-  const bool quads = p.x16_vector && p.y_vector && (std::is_same_v<W, float> || quad_rows(a.weight, 0));
-  if (plan::f32_shares_held(a.rows, a.cols, io, quads, dev))
-    return launch_planned(forward_looped_add_f32_kernel<T, W, true, true>, plan::kLoopedShareThreads, l, pdl, stream,
-                          p);
-  return launch_planned(forward_looped_add_f32_kernel<T, W>, plan::kLoopedShareThreads, l, pdl, stream, p);
+  p.x16_vector = x16_vector;
+  p.y_vector = y_vector;
+  return launch_f32_shares<T, W, true>(l, held, a.pdl && dev.sm90_code, stream, p);
 }
 
 // y in another dtype than x's (RMSNORM_FLAG_Y_DTYPE), or the fp32 residual

@@ -118,15 +118,19 @@ __device__ __forceinline__ float row_sum_pairs(float2 v, RowScratch<float, kSumT
   return total;
 }
 
-// row_sum<kSumTpr, 1>'s sum where a CTA of kCta = kSumTpr / kShares threads holds the shares of kShares of the
-// kSumTpr threads each: share k of thread t is summing thread t + k kCta's. Its warp is t / 32 + k kCta / 32 with
-// the same lanes, so each share goes through that warp's butterfly (all kShares at once) and lands in its scratch
-// entry, and the kSumTpr / 32 warp sums are added in warp order: the total has row_sum's bits.
+// row_sum<kSumTpr, 1>'s sum where a CTA of kCta threads holds the shares of kShares of the kSumTpr threads each:
+// share k of thread t is summing thread t + k kCta's. Its warp is t / 32 + k kCta / 32 with the same lanes, so each
+// share goes through that warp's butterfly (all kShares at once) and lands in its scratch entry, and the warp sums
+// are added in warp order: the total has row_sum's bits. A CTA that holds only the first kCta kShares summing
+// threads (the others hold no chunk of the row: plan::f32_shares_cta) adds +0 once for the rest, which is what
+// adding their zero warp sums gives, bit for bit (x + 0 + 0 == x + 0 for every x, -0 included).
 // V: float (the forward's sum of squares) or float2 (the backward's two sums; .x in the forward's order).
 template <int kSumTpr, int kCta, int kShares, typename V>
 __device__ __forceinline__ V row_sum_shares(const V (&v)[kShares], RowScratch<V, kSumTpr, 1>& scratch, int parity) {
-  static_assert(kCta * kShares == kSumTpr && kCta % 32 == 0, "shares of whole warps");
+  static_assert(kCta * kShares <= kSumTpr && kSumTpr % (kCta * kShares) == 0 && kCta % 32 == 0,
+                "shares of whole warps, a whole fraction of the summing threads");
   constexpr int kWarps = kCta / 32;
+  constexpr int kHeldWarps = kCta * kShares / 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   V u[kShares];
 #pragma unroll
@@ -142,7 +146,8 @@ __device__ __forceinline__ V row_sum_shares(const V (&v)[kShares], RowScratch<V,
   const V* s = &scratch.v[plan::scratch_index(parity, 0, 0, kSumTpr, 1)];
   V total = s[0];
 #pragma unroll
-  for (int w = 1; w < kSumTpr / 32; ++w) total = add(total, s[w]);
+  for (int w = 1; w < kHeldWarps; ++w) total = add(total, s[w]);
+  if constexpr (kHeldWarps < kSumTpr / 32) total = add(total, V{});
   return total;
 }
 
