@@ -50,7 +50,14 @@ rm -f "$dir/rmsnorm_copy_probe" "$dir/rmsnorm_pdl_probe"
 rm -f "$dir/tests/rmsnorm_cpu_test" "$dir/tests/rmsnorm_plan_test" "$dir/tests/rmsnorm_half_test"
 rm -f "$dir/tests/rmsnorm_harness_test"
 if [ -e "$dir/librmsnorm_internal.so" ]; then rm -f "$dir"/librmsnorm.so*; fi
-[ "$src" = . ] || exit 0  # the caller names what it built
-git rev-parse --short HEAD >"$dir/PREBUILD_REVISION"
-if [ -n "$(git status --porcelain --untracked-files=no | head -n 1)" ]; then echo "(with uncommitted changes)" >>"$dir/PREBUILD_REVISION"; fi
+# PREBUILD_REVISION marks a prebuilt tree for gpu_check (which then leaves out the host-only tests removed above): the
+# revision of SRC where it is the top of a git work tree, else SRC's path (scripts/gpu_ab.sh: an exported revision).
+if [ "$(git -C "$src" rev-parse --show-toplevel 2>/dev/null)" = "$(cd "$src" && pwd -P)" ]; then
+  git -C "$src" rev-parse --short HEAD >"$dir/PREBUILD_REVISION"
+  if [ -n "$(git -C "$src" status --porcelain --untracked-files=no | head -n 1)" ]; then
+    echo "(with uncommitted changes)" >>"$dir/PREBUILD_REVISION"
+  fi
+else
+  echo "$src" >"$dir/PREBUILD_REVISION"
+fi
 echo "built $(tr '\n' ' ' <"$dir/PREBUILD_REVISION")into $dir: $(du -sh "$dir" | cut -f1)"
