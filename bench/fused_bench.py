@@ -166,9 +166,22 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--shapes", default="", help="ROWSxCOLS,... (default: every shape; --quick: two)")
+    ap.add_argument("--impls", default=",".join(IMPLS),
+                    help="a subset of " + ",".join(IMPLS) + " (an A/B: fused,compile)")
     ap.add_argument("--json", default="")
     ap.add_argument("--commit", default="")
     args = ap.parse_args()
+    try:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s] or (
+            QUICK_SHAPES if args.quick else SHAPES)
+        if any(len(sh) != 2 or min(sh) < 1 for sh in shapes):
+            raise ValueError
+    except ValueError:
+        ap.error(f"--shapes: expected ROWSxCOLS,... with positive sizes, got {args.shapes!r}")
+    impls = [i for i in args.impls.split(",") if i]
+    if not impls or any(i not in IMPLS for i in impls):
+        ap.error(f"--impls: expected a subset of {','.join(IMPLS)}, got {args.impls!r}")
     args.profile = False
     meta = {"tool": "fused_bench", "date_utc": utc_now(), "commit": git_commit(args.commit)}
     import torch
@@ -189,7 +202,7 @@ def main():
     ops = [o for o in args.ops.split(",") if o]
     cases = []
     print(f"\n{'shape':<12} {'op':<17} {'impl':<9} {'kernel us':>9} {'call us':>9} {'GB/s':>8} {'%copy':>7}")
-    for rows, cols in QUICK_SHAPES if args.quick else SHAPES:
+    for rows, cols in shapes:
         gen = torch.Generator(device=dev).manual_seed(rows * 7 + cols)
         x = torch.randn(rows, cols, dtype=torch.bfloat16, device=dev, generator=gen)
         r = torch.randn(rows, cols, dtype=torch.bfloat16, device=dev, generator=gen)
@@ -213,7 +226,7 @@ def main():
                       "add f32res fwd": 2 * n + 4 * n + 4 * n + 2 * n + 2 * d,
                       "add f32res fwd+bwd": 28 * n + 6 * d, "w f32 fwd": 2 * n + 2 * n + 4 * d,
                       "f32 to bf16 fwd": 4 * n + 2 * n + 2 * d}[op]
-            for impl in IMPLS:
+            for impl in impls:
                 try:
                     f = make(torch, rmsnorm, op, impl, cols)
                     if op in grads:  # forward and backward: gradients for x, the residual and w
