@@ -181,10 +181,10 @@ Launch add_launch(int64_t rows, const Device& dev) {
   return l;
 }
 
-Launch looped_f32_shares_launch(int64_t rows, int64_t cols, Io io, bool held, const Device& dev) {
+Launch looped_f32_shares_launch(int64_t rows, int64_t cols, Io io, F32Forward form, const Device& dev) {
   Launch l = looped_forward_launch(rows, cols, static_cast<int>(sizeof(float)), io, dev);
   l.sum_tpr = kLoopedThreads;
-  l.row.cta_threads = f32_shares_cta(l.row.chunks, held);
+  l.row.cta_threads = f32_shares_cta(l.row.chunks, form);
   return l;
 }
 

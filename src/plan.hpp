@@ -173,20 +173,39 @@ inline constexpr int kLoopedThreads = 1024;
 // of them (row_sum_shares: the same sum, bit for bit), so that several rows share an SM where the 1024-thread CTA
 // fitted two (forward) or one (backward) (docs/fusions.md, "The residual stream in fp32").
 inline constexpr int kLoopedShareThreads = 256;
+inline constexpr int kLoopedShareHeldCtasPerSm = 2;  // F32Forward::kHeld (below)
 inline constexpr int kLoopedShareCtasPerSm = 4;  // <= 64 registers (60): x and the residual of 4 chunks in flight; 5 or 6 spilled
 inline constexpr int kLoopedShares = kLoopedThreads / kLoopedShareThreads;  // summing threads per thread
-// The forward's read-back kernel on a one-pass row of at most kLoopedShares * 128 chunks (D <= 2048) runs on a CTA
-// of 128 threads (64 at D <= 1024) holding the row's first 4 * 128 (4 * 64) summing threads, the only ones with a
-// chunk, at the same threads per SM (kLoopedShareThreadsPerSm): where 256 threads held a row of 512 chunks, half
-// their shares were empty and a CTA had half the bytes in flight that its threads could hold (docs/fusions.md,
-// "Small CTAs for short fp32 rows"). The held kernel keeps kLoopedShareThreads (its rows are one wave).
+// The forward of the fp32 forms in shares (forward_looped_add_f32_kernel's kForm), chosen by f32_shares_forward:
+// - kReadBack: any row; after the reduction a thread reads its chunks of x (or h) back for y, through L1 or L2.
+// - kHeld: a one-pass row whose every access is a whole vector (f32_shares_vec), at most one wave of its CTAs
+//   (f32_shares_held_rows): x (or h) and w' stay in registers from their load to y, on kLoopedShareThreads threads
+//   at kLoopedShareHeldCtasPerSm per SM (95-96 registers): the rows are latency-bound, and the weight's load
+//   overlaps x's.
+// - kHeldLateW: the same rows past that wave: x (or h) held, w' loaded after the reduction (from L1 / L2: every row
+//   reads it), at kLoopedShareLateThreadsPerSm threads per SM (40 registers). H100, 8192 x 4096 fp32 x with a bf16
+//   y: 70.3 us against the read-back kernel's 74.0 (ncu: 85% of DRAM peak against 79%, no read-back through L2);
+//   at 1 and 128 rows it lost to kHeld (3.71 us against 3.23 and 4.61 against 4.32; docs/fusions.md).
+enum class F32Forward { kReadBack, kHeld, kHeldLateW };
+// kReadBack and kHeldLateW on a one-pass row of at most kLoopedShares * 128 chunks (D <= 2048) run on a CTA of 128
+// threads (64 at D <= 1024) holding the row's first 4 * 128 (4 * 64) summing threads, the only ones with a chunk, at
+// the same threads per SM: where 256 threads held a row of 512 chunks, half their shares were empty and a CTA had
+// half the bytes in flight that its threads could hold (docs/fusions.md, "Small CTAs for short fp32 rows"). kHeld
+// keeps kLoopedShareThreads.
 inline constexpr int kLoopedShareMinThreads = 64;
 inline constexpr int kLoopedShareThreadsPerSm = kLoopedShareCtasPerSm * kLoopedShareThreads;
-RMSNORM_HD constexpr int f32_shares_cta(int64_t chunks, bool held) {
-  if (held) return kLoopedShareThreads;
+inline constexpr int kLoopedShareLateThreadsPerSm = 1536;  // kHeldLateW: 40 registers; at 2048 (32) ptxas spilled
+RMSNORM_HD constexpr int f32_shares_cta(int64_t chunks, F32Forward form) {
+  if (form == F32Forward::kHeld) return kLoopedShareThreads;
   int cta = kLoopedShareMinThreads;
   while (cta < kLoopedShareThreads && int64_t{cta} * kLoopedShares < chunks) cta *= 2;
   return cta;
+}
+// The CTAs per SM that forward_looped_add_f32_kernel's launch bound asks for.
+RMSNORM_HD constexpr int f32_forward_ctas_per_sm(F32Forward form, int cta) {
+  return form == F32Forward::kHeld       ? kLoopedShareHeldCtasPerSm
+         : form == F32Forward::kHeldLateW ? kLoopedShareLateThreadsPerSm / cta
+                                          : kLoopedShareThreadsPerSm / cta;
 }
 inline constexpr int kLoopedCtasPerSm = 2;  // backward: two partial rows per SM
 // Forward: CTAs of >= 256 threads, 1024 threads per SM with 4 chunks per
@@ -518,23 +537,24 @@ inline constexpr int kAddMaxCtasPerSm = 8;
 Launch add_launch(int64_t rows, const Device& dev);
 // RMSNORM_FLAG_RESIDUAL_F32's forward, and that of fp32 x with a 16-bit y (RMSNORM_FLAG_Y_DTYPE): the looped
 // band's row plan on the fp32 h or x (chunks of 4 columns; sum_tpr = kLoopedThreads, the summing threads) on CTAs
-// of f32_shares_cta(chunks, held) threads, one row per CTA up to kMaxGrid (forward_looped_add_f32_kernel; held:
-// f32_shares_held, below).
-Launch looped_f32_shares_launch(int64_t rows, int64_t cols, Io io, bool held, const Device& dev);
-// forward_looped_add_f32_kernel<..., kHeld> and backward_looped_shares_kernel<..., kVec>: a one-pass row (chunks <=
-// kLoopedThreads, D % 4 == 0) whose every access is a whole vector (io kVector: h, the residual, x and gx of fp32
-// and an fp32 weight 16-byte aligned rows; `quads`: the 16-bit x, y, gy, gx_x and weight 8-byte aligned). The
-// backward then runs without its element paths at every row count. The forward also holds x (or h) and w' in
-// registers from their load to y (no read-back after the reduction), at two CTAs per SM: taken for at most one wave
-// of them (f32_shares_held_rows), where the rows are latency-bound; with more rows the read-back kernel's four or
-// five CTAs per SM were faster (H200, 8192 x 4096 fp32 x with a bf16 y: 69.7 us against 107.3; docs/fusions.md).
-inline constexpr int kLoopedShareHeldCtasPerSm = 2;
+// of f32_shares_cta(chunks, form) threads, one row per CTA up to kMaxGrid (forward_looped_add_f32_kernel<...,
+// form>; form: f32_shares_forward, below).
+Launch looped_f32_shares_launch(int64_t rows, int64_t cols, Io io, F32Forward form, const Device& dev);
+// forward_looped_add_f32_kernel<..., kHeld or kHeldLateW> and backward_looped_shares_kernel<..., kVec>: a one-pass
+// row (chunks <= kLoopedThreads, D % 4 == 0) whose every access is a whole vector (io kVector: h, the residual, x
+// and gx of fp32 and an fp32 weight 16-byte aligned rows; `quads`: the 16-bit x, y, gy, gx_x and weight 8-byte
+// aligned). The backward then runs without its element paths at every row count, and the forward holds x (or h)
+// in registers from its load to y (no read-back after the reduction): with w' too (kHeld) for at most one wave of
+// kHeld's CTAs (f32_shares_held_rows), where the rows are latency-bound; past that wave w' after the reduction
+// (kHeldLateW; kHeld's two CTAs per SM took 107.3 us against the read-back kernel's 69.7 at 8192 x 4096 fp32 x with
+// a bf16 y on an H200).
 inline bool f32_shares_vec(int64_t cols, Io io, bool quads) {
   return io == Io::kVector && quads && cols % 4 == 0 && cols / 4 <= kLoopedThreads;
 }
 inline int64_t f32_shares_held_rows(const Device& dev) { return int64_t{dev.sm_count} * kLoopedShareHeldCtasPerSm; }
-inline bool f32_shares_held(int64_t rows, int64_t cols, Io io, bool quads, const Device& dev) {
-  return f32_shares_vec(cols, io, quads) && rows <= f32_shares_held_rows(dev);
+inline F32Forward f32_shares_forward(int64_t rows, int64_t cols, Io io, bool quads, const Device& dev) {
+  if (!f32_shares_vec(cols, io, quads)) return F32Forward::kReadBack;
+  return rows <= f32_shares_held_rows(dev) ? F32Forward::kHeld : F32Forward::kHeldLateW;
 }
 // fp32 x with a 16-bit y takes it up to kYDtypeSharesMaxChunks chunks (D <= 8192); longer rows take the 1024-thread
 // looped kernel (looped_forward_launch: two rows per SM, each read back from L1), which took 0.72x the shares' time at

@@ -321,10 +321,11 @@ TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
 }
 
 // Batch invariance across the plan's kernels for fp32 x (fp32 x with a bf16 y, and the fp32 residual stream): a row's
-// y, h and rstd are the same bits from the held forward (plan::f32_shares_held: a one-pass row whose every access is
-// a whole vector, at most one wave of rows) and from the read-back one (more rows than that wave, or a weight aligned
-// to its dtype only; on CTAs of 64, 128 and 256 threads at D = 1000, 2048 and 4096: plan::f32_shares_cta), and its gx
-// and gw the same from the backward with and without its element paths (the same weight aligned or not).
+// y, h and rstd are the same bits from the three forms of the forward (plan::f32_shares_forward): kHeld (a one-pass
+// row whose every access is a whole vector, at most one wave of rows: `few`), kHeldLateW (the same past that wave:
+// `many`) and kReadBack (a weight aligned to its dtype only), the last two on CTAs of 64, 128 and 256 threads at
+// D = 1000, 2048 and 4096 (plan::f32_shares_cta); and its gx and gw the same from the backward with and without its
+// element paths (the same weight aligned or not).
 TEST_F(CudaMixed, Fp32FormsHeldAndGenericKernelsAgree) {
   std::mt19937_64 rng(107);
   int sms = 0;
@@ -387,7 +388,8 @@ TEST_F(CudaMixed, Fp32FormsHeldAndGenericKernelsAgree) {
           for (int64_t k = 0; k < d; ++k) {
             ASSERT_EQ(0, std::memcmp(static_cast<const char*>(o->y.data()) + o->y.index(r, k) * 2,
                                      static_cast<const char*>(all.y.data()) + all.y.index(r, k) * 2, 2))
-                << "y at row " << r << " col " << k << (o == &held ? " (held)" : " (weight misaligned)");
+                << "y at row " << r << " col " << k << (o == &held ? " (kHeld)" : " (kReadBack: weight misaligned)")
+                << " against kHeldLateW";
             if (residual) ASSERT_EQ(o->h.get(r, k), all.h.get(r, k)) << "h at row " << r << " col " << k;
           }
         }
@@ -483,9 +485,13 @@ TEST_F(CudaMixed, CppWorkspaceQueryNamesTheDtypes) {
 // aligned and misaligned, checked as above.
 class CudaMixedSanitizer : public CudaMixed {};
 
+// D = 1000 and 4096 with more rows than one wave of the held forward's CTAs: the forward's kHeldLateW
+// (plan::f32_shares_forward) on 64 and 256 threads; 3 rows: kHeld, or kReadBack where a row is not whole vectors.
 TEST_F(CudaMixedSanitizer, YDtypeAndResidualF32Kernels) {
   std::mt19937_64 rng(103);
-  for (int64_t d : {33, 1000, 1999, 40000})
+  int sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  for (int64_t d : {33, 1000, 1999, 4096, 40000})
     for (bool padded : {false, true})
       for (int form = 0; form < 3; ++form) {
         MixedCase c;
@@ -496,7 +502,7 @@ TEST_F(CudaMixedSanitizer, YDtypeAndResidualF32Kernels) {
         c.weight_y = form == 1 && d != 33;
         c.gx_x = form == 2 && d != 1000;
         c.cols = d;
-        c.rows = 3;
+        c.rows = d == 1000 || d == 4096 ? 2 * int64_t{sms} + 1 : 3;
         c.padded = padded;
         c.gw_mode = padded ? RMSNORM_GW_STORE_F32 : RMSNORM_GW_STORE;
         check_mixed(c, rng);

@@ -560,9 +560,10 @@ TEST(Plan, Fp32YDtypeForwardInSharesUpTo8192) {
     ASSERT_EQ(y_dtype_forward_in_shares(d), d <= 8192) << d;
 }
 
-// The fp32 forms' kernels without element paths (f32_shares_vec; the forward's held rows, f32_shares_held): a
-// one-pass row of whole chunks (D % 4 == 0, D <= 4 kLoopedThreads) whose every access is a whole vector; the held
-// forward for one wave of its CTAs at most (two per SM), where one CTA per row fits every SM.
+// The fp32 forms' kernels without element paths (f32_shares_vec; the forward's held rows, f32_shares_forward): a
+// one-pass row of whole chunks (D % 4 == 0, D <= 4 kLoopedThreads) whose every access is a whole vector; the forward
+// holds it with w' (kHeld) for one wave of its CTAs at most (two per SM), where one CTA per row fits every SM, and
+// past that wave with w' loaded after the reduction (kHeldLateW); every other row is read back (kReadBack).
 TEST(Plan, Fp32SharesHeldRows) {
   static_assert(kLoopedShareHeldCtasPerSm * kLoopedShareThreads <= kMaxThreadsPerSm, "a wave of held CTAs fits");
   for (const Device& dev : {hopper(), ampere()}) {
@@ -574,11 +575,16 @@ TEST(Plan, Fp32SharesHeldRows) {
           const bool vec = io == Io::kVector && quads && d % 4 == 0 && d <= 4 * kLoopedThreads;
           ASSERT_EQ(f32_shares_vec(d, io, quads), vec) << d;
           if (vec) {
-            ASSERT_EQ(looped_f32_shares_launch(1, d, io, true, dev).row.chunks, d / 4) << d;  // one pass
-            ASSERT_EQ(looped_f32_shares_launch(1, d, io, true, dev).row.cta_threads, kLoopedShareThreads) << d;
+            ASSERT_EQ(looped_f32_shares_launch(1, d, io, F32Forward::kHeld, dev).row.chunks, d / 4) << d;  // one pass
+            ASSERT_EQ(looped_f32_shares_launch(1, d, io, F32Forward::kHeld, dev).row.cta_threads, kLoopedShareThreads)
+                << d;
           }
-          for (int64_t rows : {int64_t{1}, wave, wave + 1, int64_t{1} << 30})
-            ASSERT_EQ(f32_shares_held(rows, d, io, quads, dev), vec && rows <= wave) << d << " " << rows;
+          for (int64_t rows : {int64_t{1}, wave, wave + 1, int64_t{1} << 30}) {
+            const F32Forward want = !vec ? F32Forward::kReadBack
+                                    : rows <= wave ? F32Forward::kHeld
+                                                   : F32Forward::kHeldLateW;
+            ASSERT_EQ(f32_shares_forward(rows, d, io, quads, dev), want) << d << " " << rows;
+          }
         }
   }
 }
@@ -586,21 +592,29 @@ TEST(Plan, Fp32SharesHeldRows) {
 // RMSNORM_FLAG_RESIDUAL_F32's forward, for every D: the looped band's row on the fp32 h (its chunks of 4 columns,
 // its 1024 summing threads, so rstd is summed as rms_norm(h, out_dtype) and the backward's recompute sum it), run by
 // CTAs holding whole shares of them, one row per CTA as the looped forward's grid. The CTA: kLoopedShareThreads for
-// the held kernel and for rows past 4 * 128 chunks; else the smallest of 64 and 128 threads whose shares hold every
-// chunk of the row (the summing threads past them hold none), at the same threads per SM.
+// kHeld and for rows past 4 * 128 chunks; else the smallest of 64 and 128 threads whose shares hold every chunk of
+// the row (the summing threads past them hold none), at the same threads per SM.
 TEST(Plan, ResidualF32ForwardIsTheLoopedRowInShares) {
   static_assert(kLoopedThreads % kLoopedShareThreads == 0 && kLoopedShareThreads % 32 == 0, "whole shares of warps");
   static_assert(kLoopedShares * kLoopedShareThreads == kLoopedThreads, "whole shares");
-  static_assert(kLoopedShareThreadsPerSm <= kMaxThreadsPerSm, "the CTAs of a launch bound fit an SM");
-  static_assert(kLoopedShareThreadsPerSm / kLoopedShareMinThreads <= 32, "sm_80 and sm_90 hold 32 CTAs per SM");
+  static_assert(kLoopedShareThreadsPerSm <= kMaxThreadsPerSm && kLoopedShareLateThreadsPerSm <= kMaxThreadsPerSm,
+                "the CTAs of a launch bound fit an SM");
+  static_assert(kLoopedShareThreadsPerSm / kLoopedShareMinThreads <= 32 &&
+                    kLoopedShareLateThreadsPerSm / kLoopedShareMinThreads <= 32,
+                "sm_80 and sm_90 hold 32 CTAs per SM");
+  for (int cta : {64, 128, 256}) {
+    ASSERT_EQ(f32_forward_ctas_per_sm(F32Forward::kReadBack, cta) * cta, kLoopedShareThreadsPerSm);
+    ASSERT_EQ(f32_forward_ctas_per_sm(F32Forward::kHeldLateW, cta) * cta, kLoopedShareLateThreadsPerSm);
+  }
+  ASSERT_EQ(f32_forward_ctas_per_sm(F32Forward::kHeld, kLoopedShareThreads), kLoopedShareHeldCtasPerSm);
   for (const Device& dev : {hopper(), ampere()}) {
     for (int64_t d = 1; d <= kMaxD; d += d < 4096 ? 1 : 61) {
       const int64_t chunks = (d + 3) / 4;
       const int small = chunks <= 4 * 64 ? 64 : chunks <= 4 * 128 ? 128 : kLoopedShareThreads;
       for (Io io : {Io::kVector, Io::kElement}) {
         for (int64_t rows : {int64_t{1}, int64_t{1000}, (int64_t{1} << 25) + 1}) {
-          for (bool held : {false, true}) {
-            const Launch l = looped_f32_shares_launch(rows, d, io, held, dev);
+          for (F32Forward form : {F32Forward::kReadBack, F32Forward::kHeld, F32Forward::kHeldLateW}) {
+            const Launch l = looped_f32_shares_launch(rows, d, io, form, dev);
             const Launch f = looped_forward_launch(rows, d, 4, io, dev);
             ASSERT_EQ(l.kernel, Kernel::kForwardLooped) << d;
             ASSERT_EQ(l.row.band, Band::kLooped) << d;
@@ -608,8 +622,8 @@ TEST(Plan, ResidualF32ForwardIsTheLoopedRowInShares) {
             ASSERT_EQ(l.row.threads_per_row, kLoopedThreads) << d;
             ASSERT_EQ(l.row.threads_per_row, f.row.threads_per_row) << d;
             ASSERT_EQ(l.sum_tpr, kLoopedThreads) << d;
-            ASSERT_EQ(l.row.cta_threads, held ? kLoopedShareThreads : small) << d;
-            ASSERT_EQ(l.row.cta_threads, f32_shares_cta(chunks, held)) << d;
+            ASSERT_EQ(l.row.cta_threads, form == F32Forward::kHeld ? kLoopedShareThreads : small) << d;
+            ASSERT_EQ(l.row.cta_threads, f32_shares_cta(chunks, form)) << d;
             // A smaller CTA's shares hold every chunk: the kernel walks one pass of them.
             if (l.row.cta_threads < kLoopedShareThreads) ASSERT_LE(chunks, int64_t{kLoopedShares} * l.row.cta_threads);
             ASSERT_EQ(l.grid, f.grid) << d;

@@ -1125,7 +1125,7 @@ __global__ void __launch_bounds__(plan::kLoopedThreads) backward_looped_kernel(c
 // after the reduction (L1), with g_h and the CTA's workspace partial, a pass's chunks at a time. (g_h
 // prefetched into L1 before the reduction cost 4-8% there: H100, 16384 x 7168 and 4096 x 16384, forward and
 // backward 1390 -> 1337 and 1133 -> 1048 us without it.)
-// kVec (plan::f32_shares_held's rows: one pass, every access a whole vector): the same with the element paths
+// kVec (plan::f32_shares_vec's rows: one pass, every access a whole vector): the same with the element paths
 // compiled out.
 template <typename T, bool kGh, typename W, typename G, bool kVec = false>
 __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPerSm)

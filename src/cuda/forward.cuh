@@ -1044,21 +1044,26 @@ __device__ __forceinline__ Chunk<float> load_h_chunk(const float* row, int chunk
 // kAdd false: the same row without the add, fp32 x (p.x) with y of the 16-bit T (RMSNORM_FLAG_Y_DTYPE:
 // forward_looped_kernel<float, kNone, W, T>'s rstd and y, bit for bit, at four rows per SM where it ran two); x is
 // read back through L1.
-// kHeld (plan::f32_shares_held: a one-pass row whose every access is a whole vector): x (or h) and w' stay in
-// registers from their load to y, so no read-back and no element path; the same arithmetic in the same order.
+// kForm (plan::f32_shares_forward): kHeld and kHeldLateW (a one-pass row whose every access is a whole vector) keep
+// x (or h) in registers from its load to y, so no read-back and no element path; kHeld loads w' with x, kHeldLateW
+// after the reduction. The same arithmetic in the same order in every form.
 // kCta < kLoopedShareThreads (plan::f32_shares_cta): a one-pass row of at most kShares kCta chunks, whose CTA holds
 // only the summing threads with a chunk.
-template <typename T, typename W, bool kAdd = true, bool kHeld = false, int kCta = plan::kLoopedShareThreads>
-__global__ void __launch_bounds__(kCta, kHeld ? plan::kLoopedShareHeldCtasPerSm
-                                              : plan::kLoopedShareThreadsPerSm / kCta)
+template <typename T, typename W, bool kAdd = true, plan::F32Forward kForm = plan::F32Forward::kReadBack,
+          int kCta = plan::kLoopedShareThreads>
+__global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCta))
     forward_looped_add_f32_kernel(const AddF32ForwardParams<T> p) {
+  constexpr bool kHeld = kForm != plan::F32Forward::kReadBack;
+  constexpr bool kLateW = kForm == plan::F32Forward::kHeldLateW;
   constexpr int kSumThreads = plan::kLoopedThreads;
   constexpr int kShares = plan::kLoopedShares;
   constexpr int kN = Chunk<float>::kN;
   static_assert(kShares * plan::kLoopedShareThreads == kSumThreads,
                 "plan: the looped row's summing threads in whole shares");
-  static_assert(kCta == plan::kLoopedShareThreads || (!kHeld && kCta * kShares < kSumThreads),
-                "plan: a smaller CTA runs the read-back kernel's one-pass rows");
+  constexpr bool kSmallCtaOk = kForm != plan::F32Forward::kHeld && kCta >= plan::kLoopedShareMinThreads &&
+                               kCta * kShares < kSumThreads;
+  static_assert(kCta == plan::kLoopedShareThreads || kSmallCtaOk,
+                "plan: a smaller CTA runs kReadBack's and kHeldLateW's one-pass rows");
   static_assert(kN == 4 && sizeof(T) == 2, "fp32 h chunks of 4 columns, 16-bit x and y");
   struct Shares {  // a thread's shares of the rescaled sum
     float v[kShares];
@@ -1091,7 +1096,7 @@ __global__ void __launch_bounds__(kCta, kHeld ? plan::kLoopedShareHeldCtasPerSm
         if (c < p.chunks) {
           if constexpr (kAdd) xq = load_quad(p.x16 + row * p.x16_stride, c * kN, p.cols, true);
           h[k] = as_chunk<float>(reinterpret_cast<const uint4*>(rr)[c]);
-          weights_vec<W>(p.w, c, p.cols, p.w_offset, w[k]);
+          if constexpr (!kLateW) weights_vec<W>(p.w, c, p.cols, p.w_offset, w[k]);
         }
         if constexpr (kAdd) {
           // add_kernel's h = float(x) + residual.
@@ -1120,7 +1125,10 @@ __global__ void __launch_bounds__(kCta, kHeld ? plan::kLoopedShareHeldCtasPerSm
 #pragma unroll
       for (int k = 0; k < kShares; ++k) {
         const int c = t + k * kCta;
-        if (c < p.chunks) store_y(yr, c, h[k], r, w[k], true);
+        if (c < p.chunks) {
+          if constexpr (kLateW) weights_vec<W>(p.w, c, p.cols, p.w_offset, w[k]);
+          store_y(yr, c, h[k], r, w[k], true);
+        }
       }
     }
   } else {
@@ -1272,23 +1280,39 @@ rmsnorm_status_t add_then_forward(const ForwardArgs& a, const plan::Device& dev,
   return forward(b);
 }
 
-// forward_looped_add_f32_kernel on the plan's CTA (plan::looped_f32_shares_launch): the held kernel, or the read-back
-// kernel on 256 threads or, for a one-pass row of at most 4 * 128 (4 * 64) chunks, on 128 (64).
-template <typename T, typename W, bool kAdd>
-rmsnorm_status_t launch_f32_shares(const plan::Launch& l, bool held, bool pdl, cudaStream_t stream,
-                                   const AddF32ForwardParams<T>& p) {
+// forward_looped_add_f32_kernel in the plan's form on its CTA (plan::looped_f32_shares_launch): kHeld on 256
+// threads; kReadBack and kHeldLateW on 256 or, for a one-pass row of at most 4 * 128 (4 * 64) chunks, on 128 (64).
+template <typename T, typename W, bool kAdd, plan::F32Forward kForm>
+rmsnorm_status_t launch_f32_shares_on(const plan::Launch& l, bool pdl, cudaStream_t stream,
+                                      const AddF32ForwardParams<T>& p) {
   constexpr int kFull = plan::kLoopedShareThreads;
-  if (held) return launch_planned(forward_looped_add_f32_kernel<T, W, kAdd, true>, kFull, l, pdl, stream, p);
-  if (l.row.cta_threads < kFull && int64_t{l.row.cta_threads} * plan::kLoopedShares < l.row.chunks)
-    return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan",
-                "forward_looped_add_f32_kernel: the row's chunks exceed its CTA's shares");
-  switch (l.row.cta_threads) {
-    case 64:
-      return launch_planned(forward_looped_add_f32_kernel<T, W, kAdd, false, 64>, 64, l, pdl, stream, p);
-    case 128:
-      return launch_planned(forward_looped_add_f32_kernel<T, W, kAdd, false, 128>, 128, l, pdl, stream, p);
+  if constexpr (kForm == plan::F32Forward::kHeld) {
+    return launch_planned(forward_looped_add_f32_kernel<T, W, kAdd, kForm>, kFull, l, pdl, stream, p);
+  } else {
+    if (l.row.cta_threads < kFull && int64_t{l.row.cta_threads} * plan::kLoopedShares < l.row.chunks)
+      return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan",
+                  "forward_looped_add_f32_kernel: the row's chunks exceed its CTA's shares");
+    switch (l.row.cta_threads) {
+      case 64:
+        return launch_planned(forward_looped_add_f32_kernel<T, W, kAdd, kForm, 64>, 64, l, pdl, stream, p);
+      case 128:
+        return launch_planned(forward_looped_add_f32_kernel<T, W, kAdd, kForm, 128>, 128, l, pdl, stream, p);
+      default:
+        return launch_planned(forward_looped_add_f32_kernel<T, W, kAdd, kForm>, kFull, l, pdl, stream, p);
+    }
+  }
+}
+
+template <typename T, typename W, bool kAdd>
+rmsnorm_status_t launch_f32_shares(const plan::Launch& l, plan::F32Forward form, bool pdl, cudaStream_t stream,
+                                   const AddF32ForwardParams<T>& p) {
+  switch (form) {
+    case plan::F32Forward::kHeld:
+      return launch_f32_shares_on<T, W, kAdd, plan::F32Forward::kHeld>(l, pdl, stream, p);
+    case plan::F32Forward::kHeldLateW:
+      return launch_f32_shares_on<T, W, kAdd, plan::F32Forward::kHeldLateW>(l, pdl, stream, p);
     default:
-      return launch_planned(forward_looped_add_f32_kernel<T, W, kAdd, false>, kFull, l, pdl, stream, p);
+      return launch_f32_shares_on<T, W, kAdd, plan::F32Forward::kReadBack>(l, pdl, stream, p);
   }
 }
 
@@ -1305,12 +1329,12 @@ rmsnorm_status_t launch_looped_as(const ForwardArgs& a, const plan::Device& dev,
       // The looped row in shares (forward_looped_add_f32_kernel without the add): the same rstd and y.
       const bool y_vector = quad_rows(a.y, a.y_stride);
       const bool quads = y_vector && (std::is_same_v<W, float> || quad_rows(a.weight, 0));
-      const bool held = plan::f32_shares_held(a.rows, a.cols, io, quads, dev);
-      const plan::Launch l = plan::looped_f32_shares_launch(a.rows, a.cols, io, held, dev);
+      const plan::F32Forward form = plan::f32_shares_forward(a.rows, a.cols, io, quads, dev);
+      const plan::Launch l = plan::looped_f32_shares_launch(a.rows, a.cols, io, form, dev);
       AddF32ForwardParams<Y> p;
       static_cast<ForwardParams<float>&>(p) = forward_params<float>(a, l);
       p.y_vector = y_vector;
-      return launch_f32_shares<Y, W, false>(l, held, a.pdl && dev.sm90_code, stream, p);
+      return launch_f32_shares<Y, W, false>(l, form, a.pdl && dev.sm90_code, stream, p);
     }
   }
   const plan::Launch l = plan::looped_forward_launch(a.rows, a.cols, kEs, io, dev);
@@ -1330,8 +1354,8 @@ rmsnorm_status_t launch_looped_add_f32(const ForwardArgs& a, const plan::Device&
   const bool x16_vector = quad_rows(a.x, a.x_stride);
   const bool y_vector = quad_rows(a.y, a.y_stride);
   const bool quads = x16_vector && y_vector && (std::is_same_v<W, float> || quad_rows(a.weight, 0));
-  const bool held = plan::f32_shares_held(a.rows, a.cols, io, quads, dev);
-  const plan::Launch l = plan::looped_f32_shares_launch(a.rows, a.cols, io, held, dev);
+  const plan::F32Forward form = plan::f32_shares_forward(a.rows, a.cols, io, quads, dev);
+  const plan::Launch l = plan::looped_f32_shares_launch(a.rows, a.cols, io, form, dev);
   ForwardArgs b = a;
   b.x = a.h;  // ForwardParams::x: h, read back by the second pass
   b.x_stride = a.h_stride;
@@ -1341,7 +1365,7 @@ rmsnorm_status_t launch_looped_add_f32(const ForwardArgs& a, const plan::Device&
   p.x16_stride = a.x_stride;
   p.x16_vector = x16_vector;
   p.y_vector = y_vector;
-  return launch_f32_shares<T, W, true>(l, held, a.pdl && dev.sm90_code, stream, p);
+  return launch_f32_shares<T, W, true>(l, form, a.pdl && dev.sm90_code, stream, p);
 }
 
 // y in another dtype than x's (RMSNORM_FLAG_Y_DTYPE), or the fp32 residual
