@@ -180,8 +180,8 @@ inline constexpr int kLoopedShares = kLoopedThreads / kLoopedShareThreads;  // s
 // - kReadBack: any row; after the reduction a thread reads its chunks of x (or h) back for y, through L1 or L2.
 // - kHeld: a one-pass row whose every access is a whole vector (f32_shares_vec), at most one wave of its CTAs
 //   (f32_shares_held_rows): x (or h) and w' stay in registers from their load to y, on kLoopedShareThreads threads
-//   at kLoopedShareHeldCtasPerSm per SM (95-96 registers): the rows are latency-bound, and the weight's load
-//   overlaps x's.
+//   at kLoopedShareHeldCtasPerSm per SM (72 registers with the add, 95-96 without): the rows are latency-bound,
+//   and the weight's load overlaps x's.
 // - kHeldLateW: the same rows past that wave: x (or h) held, w' loaded after the reduction (from L1 / L2: every row
 //   reads it), at kLoopedShareLateThreadsPerSm threads per SM (40 registers). H100, 8192 x 4096 fp32 x with a bf16
 //   y: 70.3 us against the read-back kernel's 74.0 (ncu: 85% of DRAM peak against 79%, no read-back through L2);
