@@ -685,7 +685,7 @@ template <typename Q, typename Read>
 static rmsnorm_status_t quant_entry(const rmsnorm_problem_t* problem, const rmsnorm_backend_t* backend, const Q* quant,
                                     Read&& read, const void* x, int64_t x_row_stride, const void* residual,
                                     int64_t residual_row_stride, const void* weight, void* h, int64_t h_row_stride,
-                                    void* q, int64_t q_row_stride, float* rstd, const char* names) {
+                                    void* q, int64_t q_row_stride, float* rstd, const char* names, bool is_add) {
   clear_last_error();
   Common c;
   RMSNORM_TRY(check_problem_and_backend(problem, backend, &c));
@@ -694,22 +694,15 @@ static rmsnorm_status_t quant_entry(const rmsnorm_problem_t* problem, const rmsn
   QuantArgs qa;
   RMSNORM_TRY(read(quant, problem->rows, problem->cols, &qa));
   if (problem->rows == 0) return RMSNORM_STATUS_SUCCESS;
+  // The add forms' residual and h (forward_quant_run takes a null residual as the form without the add).
+  if (is_add && (residual == nullptr || h == nullptr))
+    return fail(RMSNORM_STATUS_NULL_POINTER, residual == nullptr ? "residual" : "h", "must not be NULL");
   qa.q = q;
   qa.q_stride = q_row_stride;
   return forward_quant_run(problem, c, x, x_row_stride, residual, residual_row_stride, weight, h, h_row_stride, qa,
                            rstd);
 }
 }  // extern "C++"
-
-// With rows, the add forms need residual and h (the shared run takes two null pointers for the plain form).
-static rmsnorm_status_t check_add_pointers(const rmsnorm_problem_t* problem, const void* residual, const void* h) {
-  const bool rows_present = problem != nullptr && problem->rows > 0;
-  if (rows_present && (residual == nullptr || h == nullptr)) {
-    clear_last_error();
-    return fail(RMSNORM_STATUS_NULL_POINTER, residual == nullptr ? "residual" : "h", "must not be NULL");
-  }
-  return RMSNORM_STATUS_SUCCESS;
-}
 
 static const char kRowQuantNames[] = "rmsnorm_forward_quant and rmsnorm_add_forward_quant";
 static const char kBlockQuantNames[] = "rmsnorm_forward_block_quant and rmsnorm_add_forward_block_quant";
@@ -719,7 +712,7 @@ rmsnorm_status_t rmsnorm_forward_quant(const rmsnorm_problem_t* problem, const v
                                        float* rstd, const rmsnorm_backend_t* backend) {
   return guarded([&] {
     return quant_entry(problem, backend, quant, read_quant, x, x_row_stride, nullptr, 0, weight, nullptr, 0, q,
-                       q_row_stride, rstd, kRowQuantNames);
+                       q_row_stride, rstd, kRowQuantNames, false);
   });
 }
 
@@ -728,7 +721,7 @@ rmsnorm_status_t rmsnorm_forward_block_quant(const rmsnorm_problem_t* problem, c
                                              int64_t q_row_stride, float* rstd, const rmsnorm_backend_t* backend) {
   return guarded([&] {
     return quant_entry(problem, backend, quant, read_block_quant, x, x_row_stride, nullptr, 0, weight, nullptr, 0, q,
-                       q_row_stride, rstd, kBlockQuantNames);
+                       q_row_stride, rstd, kBlockQuantNames, false);
   });
 }
 
@@ -738,9 +731,8 @@ rmsnorm_status_t rmsnorm_add_forward_block_quant(const rmsnorm_problem_t* proble
                                                  void* q, int64_t q_row_stride, float* rstd,
                                                  const rmsnorm_backend_t* backend) {
   return guarded([&] {
-    RMSNORM_TRY(check_add_pointers(problem, residual, h));
     return quant_entry(problem, backend, quant, read_block_quant, x, x_row_stride, residual, residual_row_stride,
-                       weight, h, h_row_stride, q, q_row_stride, rstd, kBlockQuantNames);
+                       weight, h, h_row_stride, q, q_row_stride, rstd, kBlockQuantNames, true);
   });
 }
 
@@ -750,9 +742,8 @@ rmsnorm_status_t rmsnorm_add_forward_quant(const rmsnorm_problem_t* problem, con
                                            int64_t q_row_stride, float* rstd, const rmsnorm_backend_t* backend) {
   // With no rows nothing is read or written (as in rmsnorm_add_forward).
   return guarded([&] {
-    RMSNORM_TRY(check_add_pointers(problem, residual, h));
     return quant_entry(problem, backend, quant, read_quant, x, x_row_stride, residual, residual_row_stride, weight,
-                       h, h_row_stride, q, q_row_stride, rstd, kRowQuantNames);
+                       h, h_row_stride, q, q_row_stride, rstd, kRowQuantNames, true);
   });
 }
 
@@ -771,7 +762,7 @@ rmsnorm_status_t rmsnorm_backward_workspace_size(const rmsnorm_problem_t* proble
   });
 }
 
-// rmsnorm_backward, and rmsnorm_add_backward with g_h (non-null there).
+// rmsnorm_backward, and with is_add rmsnorm_add_backward[_x] (g_h required where there are rows).
 static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const void* x, int64_t x_row_stride,
                                        const void* weight, const void* gy, int64_t gy_row_stride, const float* rstd,
                                        const void* g_h, int64_t g_h_row_stride, void* gx, int64_t gx_row_stride,
@@ -830,6 +821,8 @@ static rmsnorm_status_t backward_entry(const rmsnorm_problem_t* problem, const v
   // With no rows, x, gy, rstd and gx are never read or written, so they are not checked.
   const bool rows_present = a.rows > 0;
   if (rows_present) {
+    if (is_add && a.g_h == nullptr)
+      return fail(RMSNORM_STATUS_NULL_POINTER, "g_h", "must not be NULL (rmsnorm_backward is the form without it)");
     RMSNORM_TRY(check_pointer("x", a.x, c.esize));
     RMSNORM_TRY(check_pointer("gy", a.gy, c.ysize));
     RMSNORM_TRY(check_pointer("gx", a.gx, c.esize));
@@ -912,10 +905,6 @@ rmsnorm_status_t rmsnorm_add_backward(const rmsnorm_problem_t* problem, const vo
                                       void* gw, int32_t gw_mode, void* workspace, size_t workspace_bytes,
                                       const rmsnorm_backend_t* backend) {
   return guarded([&] {
-    if (g_h == nullptr && problem != nullptr && problem->rows > 0) {
-      clear_last_error();
-      return fail(RMSNORM_STATUS_NULL_POINTER, "g_h", "must not be NULL (rmsnorm_backward is the form without it)");
-    }
     return backward_entry(problem, h, h_row_stride, weight, gy, gy_row_stride, rstd, g_h, g_h_row_stride, gx,
                           gx_row_stride, gw, gw_mode, workspace, workspace_bytes, backend, true);
   });
@@ -927,10 +916,6 @@ rmsnorm_status_t rmsnorm_add_backward_x(const rmsnorm_problem_t* problem, const 
                                         void* gx_x, int64_t gx_x_row_stride, void* gw, int32_t gw_mode,
                                         void* workspace, size_t workspace_bytes, const rmsnorm_backend_t* backend) {
   return guarded([&] {
-    if (g_h == nullptr && problem != nullptr && problem->rows > 0) {
-      clear_last_error();
-      return fail(RMSNORM_STATUS_NULL_POINTER, "g_h", "must not be NULL (rmsnorm_backward is the form without it)");
-    }
     return backward_entry(problem, h, h_row_stride, weight, gy, gy_row_stride, rstd, g_h, g_h_row_stride, gx,
                           gx_row_stride, gw, gw_mode, workspace, workspace_bytes, backend, true, gx_x,
                           gx_x_row_stride, true);

@@ -328,6 +328,15 @@ TEST(AddBackward, ResidualGradientRules) {
   };
   EXPECT_EQ(RMSNORM_STATUS_NULL_POINTER, call(gy.data(), nullptr, gx.data()));
   EXPECT_NE(std::string(rmsnorm_last_error()).find("g_h"), std::string::npos) << rmsnorm_last_error();
+  // The problem is checked before the operands: a bad eps with g_h NULL is the eps's error, in both add forms.
+  rmsnorm_problem_t bad = p;
+  bad.eps = -1.0f;
+  EXPECT_EQ(RMSNORM_STATUS_INVALID_EPS,
+            rmsnorm_add_backward(&bad, h.data(), c.cols, w.data(), gy.data(), c.cols, nullptr, nullptr, c.cols,
+                                 gx.data(), c.cols, nullptr, RMSNORM_GW_NONE, nullptr, 0, &be));
+  EXPECT_EQ(RMSNORM_STATUS_INVALID_EPS,
+            rmsnorm_add_backward_x(&bad, h.data(), c.cols, w.data(), gy.data(), c.cols, nullptr, nullptr, c.cols,
+                                   gx.data(), c.cols, gx.data(), c.cols, nullptr, RMSNORM_GW_NONE, nullptr, 0, &be));
   EXPECT_EQ(RMSNORM_STATUS_OVERLAP, call(gy.data(), gy.data(), gx.data())) << "g_h == gy";
   EXPECT_EQ(RMSNORM_STATUS_OVERLAP, call(gy.data(), b, b + 8 * es)) << "gx partly over g_h";
   EXPECT_EQ(RMSNORM_STATUS_OVERLAP, call(gy.data(), h.data(), gx.data())) << "g_h == h";
@@ -1359,6 +1368,14 @@ TEST(BlockQuant, ArgumentRules) {
   };
   expect_refused(add(nullptr, h.data(), r.scale_data()), RMSNORM_STATUS_NULL_POINTER, "residual", outs, before);
   expect_refused(add(res.data(), nullptr, r.scale_data()), RMSNORM_STATUS_NULL_POINTER, "h", outs, before);
+  {  // the problem before the add form's pointers: a bad eps with residual NULL is the eps's error
+    rmsnorm_problem_t bad = p;
+    bad.eps = -1.0f;
+    rmsnorm_block_quant_t qt = block_quant(b, r);
+    expect_refused(rmsnorm_add_forward_block_quant(&bad, x.data(), cols, nullptr, cols, w.data(), h.data(), cols, &qt,
+                                                   r.q_bytes(), block_q_stride(b), r.rstd_data(), &be),
+                   RMSNORM_STATUS_INVALID_EPS, "eps", outs, before);
+  }
   expect_refused(add(res.data(), h.data(), static_cast<float*>(h.data()) + 7), RMSNORM_STATUS_OVERLAP, "quant.scales",
                  outs, before);
   expect_refused(add(res.data(), h.data(), static_cast<float*>(res.data()) + cols * (rows - 1)),
