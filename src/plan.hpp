@@ -543,11 +543,9 @@ Launch looped_f32_shares_launch(int64_t rows, int64_t cols, Io io, F32Forward fo
 // forward_looped_add_f32_kernel<..., kHeld or kHeldLateW> and backward_looped_shares_kernel<..., kVec>: a one-pass
 // row (chunks <= kLoopedThreads, D % 4 == 0) whose every access is a whole vector (io kVector: h, the residual, x
 // and gx of fp32 and an fp32 weight 16-byte aligned rows; `quads`: the 16-bit x, y, gy, gx_x and weight 8-byte
-// aligned). The backward then runs without its element paths at every row count, and the forward holds x (or h)
-// in registers from its load to y (no read-back after the reduction): with w' too (kHeld) for at most one wave of
-// kHeld's CTAs (f32_shares_held_rows), where the rows are latency-bound; past that wave w' after the reduction
-// (kHeldLateW; kHeld's two CTAs per SM took 107.3 us against the read-back kernel's 69.7 at 8192 x 4096 fp32 x with
-// a bf16 y on an H200).
+// aligned). The backward then runs without its element paths at every row count; the forward is kHeld for at most
+// one wave of kHeld's CTAs (f32_shares_held_rows), kHeldLateW past it (F32Forward, above: kHeld's two CTAs per SM
+// took 107.3 us against the read-back kernel's 69.7 at 8192 x 4096 fp32 x with a bf16 y on an H200).
 inline bool f32_shares_vec(int64_t cols, Io io, bool quads) {
   return io == Io::kVector && quads && cols % 4 == 0 && cols / 4 <= kLoopedThreads;
 }
