@@ -579,13 +579,59 @@ TEST(Plan, Fp32SharesHeldRows) {
             ASSERT_EQ(looped_f32_shares_launch(1, d, io, F32Forward::kHeld, dev).row.cta_threads, kLoopedShareThreads)
                 << d;
           }
+          // More than one pass of whole vectors, up to four: held across a cluster where the device runs them.
+          const bool cluster = io == Io::kVector && quads && d % 4 == 0 && d > 4 * kLoopedThreads &&
+                               d <= 4 * kF32ClusterMaxPasses * kLoopedThreads && dev.max_cluster >= kLoopedShares;
+          ASSERT_EQ(f32_cluster_vec(d, io, quads, dev), cluster) << d;
           for (int64_t rows : {int64_t{1}, wave, wave + 1, int64_t{1} << 30}) {
-            const F32Forward want = !vec ? F32Forward::kReadBack
+            const F32Forward want = cluster ? F32Forward::kCluster
+                                    : !vec ? F32Forward::kReadBack
                                     : rows <= wave ? F32Forward::kHeld
                                                    : F32Forward::kHeldLateW;
             ASSERT_EQ(f32_shares_forward(rows, d, io, quads, dev), want) << d << " " << rows;
           }
         }
+  }
+}
+
+// F32Forward::kCluster, for every D it takes (4097..16384, D % 4 == 0, every access a whole vector, clusters of
+// kLoopedShares): a cluster of kLoopedShares CTAs of kLoopedShareThreads per row (the looped row's summing threads,
+// one each), each thread holding its 2 chunks (D <= 8192) or 4; one row per cluster up to kMaxGrid CTAs; the
+// launch bound at kLoopedShareLateThreadsPerSm threads per SM. Not where the device runs no clusters of 4 (sm_80,
+// or a build without compute_90 code: max_cluster 1), nor past 4 passes, nor at one pass (the held forms).
+TEST(Plan, Fp32ClusterForwardHoldsTheRowAcrossACluster) {
+  static_assert(kLoopedShares * kLoopedShareThreads == kLoopedThreads, "one summing thread per thread");
+  ASSERT_EQ(f32_forward_ctas_per_sm(F32Forward::kCluster, kLoopedShareThreads) * kLoopedShareThreads,
+            kLoopedShareLateThreadsPerSm);
+  ASSERT_EQ(f32_shares_cta(4097, F32Forward::kCluster), kLoopedShareThreads);
+  for (int64_t d = 4 * kLoopedThreads - 8; d <= 4 * kF32ClusterMaxPasses * kLoopedThreads + 8; ++d) {
+    const int64_t chunks = (d + 3) / 4;
+    for (const Device& dev : {hopper(), hopper(16), hopper(2), ampere()}) {
+      const bool want = d % 4 == 0 && chunks > kLoopedThreads && chunks <= kF32ClusterMaxPasses * kLoopedThreads &&
+                        dev.max_cluster >= kLoopedShares;
+      ASSERT_EQ(f32_cluster_vec(d, Io::kVector, true, dev), want) << d;
+      ASSERT_FALSE(f32_cluster_vec(d, Io::kVector, false, dev)) << d;
+      ASSERT_FALSE(f32_cluster_vec(d, Io::kElement, true, dev)) << d;
+      ASSERT_FALSE(f32_cluster_vec(d, Io::kPaired, true, dev)) << d;
+      ASSERT_EQ(f32_shares_forward(1, d, Io::kVector, true, dev) == F32Forward::kCluster, want) << d;
+      if (!want) continue;
+      for (int64_t rows : {int64_t{1}, int64_t{4096}, (int64_t{1} << 22) - 1, int64_t{1} << 22, int64_t{1} << 30}) {
+        const Launch l = looped_f32_shares_launch(rows, d, Io::kVector, F32Forward::kCluster, dev);
+        ASSERT_EQ(l.kernel, Kernel::kForwardLooped) << d;
+        ASSERT_EQ(l.sum_tpr, kLoopedThreads) << d;
+        ASSERT_EQ(l.row.chunks, chunks) << d;
+        ASSERT_EQ(l.row.cluster, kLoopedShares) << d;
+        ASSERT_EQ(l.row.cta_threads, kLoopedShareThreads) << d;
+        ASSERT_EQ(l.row.chunks_per_thread, chunks <= 2 * kLoopedThreads ? 2 : 4) << d;
+        ASSERT_EQ(l.row.chunks_per_thread, f32_cluster_passes(chunks)) << d;
+        // Every chunk is held: summing thread v's chunks v, v + 1024, .. number at most its passes.
+        ASSERT_LE(chunks, int64_t{l.row.chunks_per_thread} * kLoopedThreads) << d;
+        ASSERT_EQ(l.grid, std::min(rows, int64_t{1} << 22) * kLoopedShares) << d << " " << rows;
+        ASSERT_EQ(l.grid % l.row.cluster, 0) << d;
+        ASSERT_LE(l.grid, int64_t{1} << 24) << d;
+        ASSERT_EQ(l.smem, 0u) << d;
+      }
+    }
   }
 }
 

@@ -1214,6 +1214,89 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
   }
 }
 
+// ---- the fp32 forms' rows of 1025..4096 chunks held across a cluster (plan::F32Forward::kCluster) ---------------
+// forward_looped_add_f32_kernel's row (kAdd: the fp32 residual stream's h and y; else fp32 x with a 16-bit y) where
+// a summing thread has more than one chunk: a cluster of kLoopedShares CTAs of kLoopedShareThreads per row, thread t
+// of CTA q being summing thread v = q kLoopedShareThreads + t. It loads its chunks v, v + 1024, .. (kPasses at most)
+// at once and holds them to y, sums their squares in that order, and its warp's butterfly sum goes to every CTA of
+// the cluster (ClusterWarpSums), which adds the 32 warp sums in warp order: row_sum<1024, 1>'s bits, so rstd, h and y
+// are the other forms' (and the backward's recompute). No read-back of x or h; w' loaded after the reduction.
+// Every access is a whole vector (plan::f32_cluster_vec). One row per cluster, clusters walking rows past the grid.
+template <typename T, typename W, bool kAdd, int kPasses>
+__global__ void __launch_bounds__(plan::kLoopedShareThreads,
+                                  plan::f32_forward_ctas_per_sm(plan::F32Forward::kCluster, plan::kLoopedShareThreads))
+    forward_f32_cluster_kernel(const AddF32ForwardParams<T> p) {
+  constexpr int kCta = plan::kLoopedShareThreads;
+  constexpr int kSumThreads = plan::kLoopedThreads;
+  constexpr int kCluster = plan::kLoopedShares;
+  constexpr int kN = Chunk<float>::kN;
+  static_assert(kCluster * kCta == kSumThreads, "plan: a cluster's CTAs are the looped row's summing threads");
+  static_assert(kPasses == 2 || kPasses == plan::kF32ClusterMaxPasses, "plan: f32_cluster_passes");
+  static_assert(kN == 4 && sizeof(T) == 2, "fp32 h chunks of 4 columns, 16-bit x and y");
+  __shared__ ClusterWarpSums<kSumThreads / 32, kCta / 32> sums;
+  sums.init();
+  cluster_sync();  // the mbarriers are initialized before any push
+  pdl_enter();
+  const unsigned rank = cluster_rank();
+  const int v = static_cast<int>(rank) * kCta + static_cast<int>(threadIdx.x);  // the summing thread
+  const int64_t clusters = gridDim.x / kCluster;
+  int64_t k = 0;  // this cluster's exchanges so far (one per row; two on the rescaled path)
+  // The row's sum of the shares v: each thread's butterfly over its warp, then every warp's in warp order.
+  auto cluster_row_sum = [&](float share) {
+    const float s = group_sum<32>(share);
+    sums.push(k, rank, s);
+    return sums.wait_sum(k++);
+  };
+  for (int64_t row = blockIdx.x / kCluster; row < p.rows; row += clusters) {
+    const float* rr = kAdd ? p.res + row * p.res_stride : p.x + row * p.x_stride;
+    Chunk<float> h[kPasses];
+#pragma unroll
+    for (int j = 0; j < kPasses; ++j) {
+      const int c = v + j * kSumThreads;
+      Chunk<T> xq = zero_chunk<T>();
+      h[j] = zero_chunk<float>();
+      if (c < p.chunks) {
+        if constexpr (kAdd) xq = load_quad(p.x16 + row * p.x16_stride, c * kN, p.cols, true);
+        h[j] = as_chunk<float>(reinterpret_cast<const uint4*>(rr)[c]);
+      }
+      if constexpr (kAdd) {
+        // add_kernel's h = float(x) + residual.
+#pragma unroll
+        for (int e = 0; e < kN; e += 2)
+          h[j].set2(e, xq.get(e) + h[j].get(e), xq.get(e + 1) + h[j].get(e + 1));
+      }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPasses; ++j) {
+      const int c = v + j * kSumThreads;
+      if (c < p.chunks) {
+        if constexpr (kAdd) store16(p.h + row * p.h_stride + c * kN, h[j]);
+        ss = add_squares(ss, h[j]);
+      }
+    }
+    const float r = row_rstd(cluster_row_sum(ss), p.cols, p.eps, cluster_row_sum, [&](float s) {
+      float sc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kPasses; ++j)
+        if (v + j * kSumThreads < p.chunks) sc = add_scaled_squares(sc, h[j], s);
+      return sc;
+    });
+    if (p.rstd != nullptr && v == 0) p.rstd[row] = r;
+    T* yr = reinterpret_cast<T*>(p.y) + row * p.y_stride;
+#pragma unroll
+    for (int j = 0; j < kPasses; ++j) {
+      const int c = v + j * kSumThreads;
+      if (c < p.chunks) {
+        float w[kN];
+        weights_vec<W>(p.w, c, p.cols, p.w_offset, w);
+        store_quad(yr, c * kN, p.cols, true, y_quad(h[j], r, w, p.round_xhat));
+      }
+    }
+  }
+  // No cluster barrier at the end: a CTA's last wait saw every push into it land (ClusterWarpSums).
+}
+
 // ---- launch ------------------------------------------------------------------------------------
 
 // The residual add alone, where the forward that follows is not the fused
@@ -1307,6 +1390,14 @@ template <typename T, typename W, bool kAdd>
 rmsnorm_status_t launch_f32_shares(const plan::Launch& l, plan::F32Forward form, bool pdl, cudaStream_t stream,
                                    const AddF32ForwardParams<T>& p) {
   switch (form) {
+    case plan::F32Forward::kCluster:
+      if (l.row.cluster != plan::kLoopedShares || l.row.chunks_per_thread != plan::f32_cluster_passes(l.row.chunks) ||
+          l.row.chunks > int64_t{l.row.chunks_per_thread} * plan::kLoopedThreads)
+        return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "forward_f32_cluster_kernel: the row does not fit its cluster");
+      return l.row.chunks_per_thread == 2
+                 ? launch_planned(forward_f32_cluster_kernel<T, W, kAdd, 2>, plan::kLoopedShareThreads, l, pdl, stream, p)
+                 : launch_planned(forward_f32_cluster_kernel<T, W, kAdd, plan::kF32ClusterMaxPasses>,
+                                  plan::kLoopedShareThreads, l, pdl, stream, p);
     case plan::F32Forward::kHeld:
       return launch_f32_shares_on<T, W, kAdd, plan::F32Forward::kHeld>(l, pdl, stream, p);
     case plan::F32Forward::kHeldLateW:
@@ -1325,11 +1416,12 @@ rmsnorm_status_t launch_looped_as(const ForwardArgs& a, const plan::Device& dev,
   const plan::Io io = std::is_same_v<W, X> ? plan::io_of({{a.x, a.x_stride}, {a.weight, 0}}, kEs)
                                            : plan::io_of({{a.x, a.x_stride}}, kEs);
   if constexpr (std::is_same_v<X, float> && sizeof(Y) == 2) {
-    if (plan::y_dtype_forward_in_shares(a.cols)) {
-      // The looped row in shares (forward_looped_add_f32_kernel without the add): the same rstd and y.
-      const bool y_vector = quad_rows(a.y, a.y_stride);
-      const bool quads = y_vector && (std::is_same_v<W, float> || quad_rows(a.weight, 0));
-      const plan::F32Forward form = plan::f32_shares_forward(a.rows, a.cols, io, quads, dev);
+    const bool y_vector = quad_rows(a.y, a.y_stride);
+    const bool quads = y_vector && (std::is_same_v<W, float> || quad_rows(a.weight, 0));
+    const plan::F32Forward form = plan::f32_shares_forward(a.rows, a.cols, io, quads, dev);
+    if (form != plan::F32Forward::kReadBack || plan::y_dtype_forward_in_shares(a.cols)) {
+      // The looped row in shares (forward_looped_add_f32_kernel without the add, or forward_f32_cluster_kernel):
+      // the same rstd and y.
       const plan::Launch l = plan::looped_f32_shares_launch(a.rows, a.cols, io, form, dev);
       AddF32ForwardParams<Y> p;
       static_cast<ForwardParams<float>&>(p) = forward_params<float>(a, l);

@@ -200,6 +200,55 @@ __device__ __forceinline__ float2 cta_sum(float2 v, RowScratch<float2, kCtaThrea
   return row_sum<kCtaThreads, 1>(v, scratch, parity);
 }
 
+// Distributed shared memory: a shared address as a u32, mapped to another CTA of the cluster, and st.async of
+// one value there completing `bytes` of the receiving mbarrier's transaction count.
+namespace dsmem {
+__device__ __forceinline__ unsigned smem_u32(const void* ptr) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
+}
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned map_rank(unsigned addr, unsigned rank) {
+  unsigned out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(rank));
+  return out;
+}
+__device__ __forceinline__ void store_async(unsigned dst, float v, unsigned bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(dst), "f"(v),
+               "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void store_async(unsigned dst, float2 v, unsigned bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(dst),
+               "f"(v.x), "f"(v.y), "r"(bar)
+               : "memory");
+}
+// Thread 0: `n` mbarriers of arrival count 1, made visible to the cluster's async proxy (the caller then passes a
+// cluster barrier before any push).
+__device__ __forceinline__ void init_bars(unsigned long long* bar, int n) {
+  if (threadIdx.x == 0) {
+    for (int d = 0; d < n; ++d) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bar[d])) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+}
+// This thread's arrival on its CTA's mbarrier, expecting `bytes` more of transactions in the current phase.
+__device__ __forceinline__ void arrive_expect(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// Spins until the phase of parity `phase` of this CTA's mbarrier has completed (acquire at cluster scope: the
+// values pushed into this CTA are visible after it).
+__device__ __forceinline__ void wait_parity(unsigned long long* bar, unsigned phase) {
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(phase)
+        : "memory");
+  } while (done == 0);
+}
+#endif
+}  // namespace dsmem
+
 // ---- the cluster exchange of the 16-byte-I/O cluster kernels --------------------------------
 // A CTA's share of row k's sums is pushed into every CTA of the cluster
 // (st.async over distributed shared memory, into slot [k % kDepth][rank]),
@@ -227,12 +276,7 @@ struct ClusterExchange {
   // Thread 0 initializes; the caller then passes a cluster barrier before any push.
   __device__ __forceinline__ void init() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int d = 0; d < kDepth; ++d)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bar[d])) : "memory");
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    dsmem::init_bars(bar, kDepth);
 #endif
   }
   // This CTA's value of row k to every CTA (warp 0; lane r writes to rank r,
@@ -243,15 +287,10 @@ struct ClusterExchange {
     const unsigned n = cluster_size();
     const unsigned lane = threadIdx.x % 32;
     if (threadIdx.x < 32) {
-      if (lane == 0)
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&bar[d])),
-                     "r"(static_cast<unsigned>(n * sizeof(V)))
-                     : "memory");
-      if (lane < n) {
-        const unsigned dst = map_rank(smem_u32(&slot[d][cluster_rank()]), lane);
-        const unsigned dst_bar = map_rank(smem_u32(&bar[d]), lane);
-        store_async(dst, v, dst_bar);
-      }
+      if (lane == 0) dsmem::arrive_expect(&bar[d], static_cast<unsigned>(n * sizeof(V)));
+      if (lane < n)
+        dsmem::store_async(dsmem::map_rank(dsmem::smem_u32(&slot[d][cluster_rank()]), lane), v,
+                           dsmem::map_rank(dsmem::smem_u32(&bar[d]), lane));
     }
 #else
     slot[k % kDepth][0] = v;
@@ -261,15 +300,7 @@ struct ClusterExchange {
   __device__ __forceinline__ V wait_sum(int64_t k) {
     const int d = static_cast<int>(k % kDepth);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned phase = static_cast<unsigned>((k / kDepth) & 1);
-    unsigned done = 0;
-    do {
-      asm volatile(
-          "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-          : "=r"(done)
-          : "r"(smem_u32(&bar[d])), "r"(phase)
-          : "memory");
-    } while (done == 0);
+    dsmem::wait_parity(&bar[d], static_cast<unsigned>((k / kDepth) & 1));
     const unsigned n = cluster_size();
     V total = slot[d][0];
     for (unsigned r = 1; r < n; ++r) total = add(total, slot[d][r]);
@@ -278,25 +309,56 @@ struct ClusterExchange {
     return slot[d][0];
 #endif
   }
+};
 
- private:
-  static __device__ __forceinline__ unsigned smem_u32(const void* ptr) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
+// The warp sums of a row whose kWarps warps span a cluster (forward_f32_cluster_kernel: row_sum<kWarps * 32, 1>'s
+// row, CTA q holding its warps q kCtaWarps ..): exchange k's sum of the row's warp `warp` goes into slot
+// [k % kDepth][warp] of every CTA of the cluster (st.async by the warp's lanes 0 .. n - 1, lane r to rank r), whose
+// thread 0 armed that slot's mbarrier with expect_tx for all kWarps sums; a CTA waits on its own mbarrier and adds
+// the kWarps sums in warp order, row_sum's order, so every CTA gets row_sum's bits.
+// Slot reuse, as ClusterExchange: a warp pushes exchange k + 1 only after its wait for k (its lanes meet in the
+// next row's butterfly first), which needs every warp's push of k, each issued after that warp's wait for k - 1 and
+// its reads of k - 1's slot; so exchange k + 1 lands in slot (k + 1) % kDepth, last used by k + 1 - kDepth <= k - 3,
+// after every thread of the receiving CTA read it and waited on its phase. Thread 0 may arm a phase after remote
+// pushes for it landed: the phase cannot complete before its one arrival.
+template <int kWarps, int kCtaWarps>
+struct ClusterWarpSums {
+  static constexpr int kDepth = 4;
+  alignas(8) unsigned long long bar[kDepth];
+  float slot[kDepth][kWarps];
+
+  // Thread 0 initializes; the caller then passes a cluster barrier before any push.
+  __device__ __forceinline__ void init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    dsmem::init_bars(bar, kDepth);
+#endif
   }
-  static __device__ __forceinline__ unsigned map_rank(unsigned addr, unsigned rank) {
-    unsigned out;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(rank));
-    return out;
+  // Exchange k's sum v of this CTA's warp (every thread of the warp holds v; rank: this CTA's in the cluster).
+  __device__ __forceinline__ void push(int64_t k, unsigned rank, float v) {
+    const int d = static_cast<int>(k % kDepth);
+    const int warp = static_cast<int>(rank) * kCtaWarps + static_cast<int>(threadIdx.x / 32);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) dsmem::arrive_expect(&bar[d], static_cast<unsigned>(kWarps * sizeof(float)));
+    if (lane < cluster_size())
+      dsmem::store_async(dsmem::map_rank(dsmem::smem_u32(&slot[d][warp]), lane), v,
+                         dsmem::map_rank(dsmem::smem_u32(&bar[d]), lane));
+#else
+    if (threadIdx.x % 32 == 0) slot[d][warp] = v;  // never launched: plan::f32_cluster_vec needs clusters
+#endif
   }
-  static __device__ __forceinline__ void store_async(unsigned dst, float v, unsigned bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(dst), "f"(v),
-                 "r"(bar)
-                 : "memory");
-  }
-  static __device__ __forceinline__ void store_async(unsigned dst, float2 v, unsigned bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(dst),
-                 "f"(v.x), "f"(v.y), "r"(bar)
-                 : "memory");
+  // Exchange k's row sum (every thread).
+  __device__ __forceinline__ float wait_sum(int64_t k) {
+    const int d = static_cast<int>(k % kDepth);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    dsmem::wait_parity(&bar[d], static_cast<unsigned>((k / kDepth) & 1));
+#else
+    __syncthreads();
+#endif
+    float total = slot[d][0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) total = add(total, slot[d][w]);
+    return total;
   }
 };
 
