@@ -187,7 +187,7 @@ Launch looped_f32_shares_launch(int64_t rows, int64_t cols, Io io, F32Forward fo
   l.row.cta_threads = f32_shares_cta(l.row.chunks, form);
   if (form == F32Forward::kCluster) {
     l.row.cluster = kLoopedShares;
-    l.row.chunks_per_thread = kF32ClusterPasses;
+    l.row.chunks_per_thread = f32_cluster_passes(l.row.chunks);
     l.grid = std::max<int64_t>(1, std::min(rows, kMaxGrid / kLoopedShares)) * kLoopedShares;
   }
   return l;

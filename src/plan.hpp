@@ -186,14 +186,15 @@ inline constexpr int kLoopedShares = kLoopedThreads / kLoopedShareThreads;  // s
 //   reads it), at kLoopedShareLateThreadsPerSm threads per SM (40 registers). H100, 8192 x 4096 fp32 x with a bf16
 //   y: 70.3 us against the read-back kernel's 74.0 (ncu: 85% of DRAM peak against 79%, no read-back through L2);
 //   at 1 and 128 rows it lost to kHeld (3.71 us against 3.23 and 4.61 against 4.32; docs/fusions.md).
-// - kCluster: a row of 3 or 4 passes whose every access is a whole vector (f32_cluster_vec: D 8193..16384), held
-//   across a cluster of kLoopedShares CTAs of kLoopedShareThreads (forward_f32_cluster_kernel), one row per
-//   cluster: thread t of the cluster's CTA q is summing thread q kLoopedShareThreads + t and holds its
-//   kF32ClusterPasses chunks from their load to y; the warp sums go to every CTA of the cluster, which adds them in
-//   warp order, so no read-back; w' loaded after the reduction, at kLoopedShareLateThreadsPerSm threads per SM.
-//   H100, 4096 x 16384: fp32 x with a bf16 y 173.6 -> 150.5 us, the residual stream's forward 327.7 -> 280.8; at
-//   D 4097..8192 (2 chunks a thread) it lost to kReadBack (16384 x 7168: 238 -> 292 us at 8 CTAs per SM), and
-//   persistent clusters lost everywhere (docs/fusions.md, "Rows past one pass held across a cluster").
+// - kCluster: a row of more than one pass whose every access is a whole vector (f32_cluster_vec: D 4097..16384),
+//   held across a cluster of kLoopedShares CTAs of kLoopedShareThreads (forward_f32_cluster_kernel), one row per
+//   cluster: thread t of the cluster's CTA q is summing thread q kLoopedShareThreads + t and holds its chunks
+//   (f32_cluster_passes of them) from their load to y; the warp sums go to every CTA of the cluster, which adds them
+//   in warp order, so no read-back; w' loaded after the reduction. At 3-4 passes (D 8193..16384) for any rows; at 2
+//   (D 4097..8192) for at most one row per SM (f32_cluster_max_rows), where it lost to kReadBack past that (H100:
+//   1 x 8192 fp32 x with a bf16 y 6.96 -> 3.60 us, 128 x 8192 8.10 -> 5.89, 264 x 8192 9.26 -> 9.86, 16384 x 7168
+//   238 -> 292; 4096 x 16384 173.6 -> 150.5, the residual stream's forward there 327.7 -> 280.8). Persistent
+//   clusters lost everywhere (docs/fusions.md, "Rows past one pass held across a cluster").
 enum class F32Forward { kReadBack, kHeld, kHeldLateW, kCluster };
 // kReadBack and kHeldLateW on a one-pass row of at most kLoopedShares * 128 chunks (D <= 2048) run on a CTA of 128
 // threads (64 at D <= 1024) holding the row's first 4 * 128 (4 * 64) summing threads, the only ones with a chunk, at
@@ -209,16 +210,22 @@ RMSNORM_HD constexpr int f32_shares_cta(int64_t chunks, F32Forward form) {
   while (cta < kLoopedShareThreads && int64_t{cta} * kLoopedShares < chunks) cta *= 2;
   return cta;
 }
-// The CTAs per SM that forward_looped_add_f32_kernel's launch bound asks for.
+// The CTAs per SM that forward_looped_add_f32_kernel's launch bound asks for (kCluster: f32_cluster_ctas_per_sm).
 RMSNORM_HD constexpr int f32_forward_ctas_per_sm(F32Forward form, int cta) {
   return form == F32Forward::kHeld       ? kLoopedShareHeldCtasPerSm
-         : form == F32Forward::kHeldLateW || form == F32Forward::kCluster ? kLoopedShareLateThreadsPerSm / cta
-                                                                            : kLoopedShareThreadsPerSm / cta;
+         : form == F32Forward::kHeldLateW ? kLoopedShareLateThreadsPerSm / cta
+                                          : kLoopedShareThreadsPerSm / cta;
 }
-// kCluster: the chunks a summing thread holds (its passes over the row), the first kF32ClusterMinPasses - 1 of them
-// at least.
-inline constexpr int kF32ClusterPasses = 4;
-inline constexpr int kF32ClusterMinPasses = 3;
+// kCluster: the chunks a summing thread holds (its passes over the row): 2 up to 2 kLoopedThreads chunks (D <= 8192),
+// else kF32ClusterMaxPasses (D <= 16384); and the kernel's launch bound: 2048 threads per SM at 2 (32 registers, no
+// spills), kLoopedShareLateThreadsPerSm at 4 (40 registers).
+inline constexpr int kF32ClusterMaxPasses = 4;
+RMSNORM_HD constexpr int f32_cluster_passes(int64_t chunks) {
+  return chunks <= 2 * int64_t{kLoopedThreads} ? 2 : kF32ClusterMaxPasses;
+}
+RMSNORM_HD constexpr int f32_cluster_ctas_per_sm(int passes) {
+  return (passes == 2 ? 2048 : kLoopedShareLateThreadsPerSm) / kLoopedShareThreads;
+}
 inline constexpr int kLoopedCtasPerSm = 2;  // backward: two partial rows per SM
 // Forward: CTAs of >= 256 threads, 1024 threads per SM with 4 chunks per
 // thread (64 registers hold a thread's x and w' chunks without spilling),
@@ -551,7 +558,7 @@ Launch add_launch(int64_t rows, const Device& dev);
 // band's row plan on the fp32 h or x (chunks of 4 columns; sum_tpr = kLoopedThreads, the summing threads) on CTAs
 // of f32_shares_cta(chunks, form) threads, one row per CTA up to kMaxGrid (forward_looped_add_f32_kernel<...,
 // form>; form: f32_shares_forward, below); kCluster: one row per cluster of kLoopedShares such CTAs up to kMaxGrid
-// CTAs, chunks_per_thread kF32ClusterPasses (forward_f32_cluster_kernel).
+// CTAs, chunks_per_thread its passes (f32_cluster_passes; forward_f32_cluster_kernel).
 Launch looped_f32_shares_launch(int64_t rows, int64_t cols, Io io, F32Forward form, const Device& dev);
 // forward_looped_add_f32_kernel<..., kHeld or kHeldLateW> and backward_looped_shares_kernel<..., kVec>: a one-pass
 // row (chunks <= kLoopedThreads, D % 4 == 0) whose every access is a whole vector (io kVector: h, the residual, x
@@ -563,15 +570,19 @@ inline bool f32_shares_vec(int64_t cols, Io io, bool quads) {
   return io == Io::kVector && quads && cols % 4 == 0 && cols / 4 <= kLoopedThreads;
 }
 inline int64_t f32_shares_held_rows(const Device& dev) { return int64_t{dev.sm_count} * kLoopedShareHeldCtasPerSm; }
-// F32Forward::kCluster's rows: kF32ClusterMinPasses to kF32ClusterPasses passes of whole vectors (as
-// f32_shares_vec), on a device that co-schedules clusters of kLoopedShares CTAs (max_cluster is 1 without sm_90
-// code).
+// F32Forward::kCluster's rows: more than one pass of whole vectors (as f32_shares_vec), at most kF32ClusterMaxPasses,
+// on a device that co-schedules clusters of kLoopedShares CTAs (max_cluster is 1 without sm_90 code); at 2 passes,
+// at most f32_cluster_max_rows of them.
 inline bool f32_cluster_vec(int64_t cols, Io io, bool quads, const Device& dev) {
-  return io == Io::kVector && quads && cols % 4 == 0 && cols / 4 > int64_t{kF32ClusterMinPasses - 1} * kLoopedThreads &&
-         cols / 4 <= int64_t{kF32ClusterPasses} * kLoopedThreads && dev.max_cluster >= kLoopedShares;
+  return io == Io::kVector && quads && cols % 4 == 0 && cols / 4 > kLoopedThreads &&
+         cols / 4 <= int64_t{kF32ClusterMaxPasses} * kLoopedThreads && dev.max_cluster >= kLoopedShares;
+}
+inline int64_t f32_cluster_max_rows(int64_t chunks, const Device& dev) {
+  return f32_cluster_passes(chunks) == 2 ? int64_t{dev.sm_count} : INT64_MAX;
 }
 inline F32Forward f32_shares_forward(int64_t rows, int64_t cols, Io io, bool quads, const Device& dev) {
-  if (f32_cluster_vec(cols, io, quads, dev)) return F32Forward::kCluster;
+  if (f32_cluster_vec(cols, io, quads, dev) && rows <= f32_cluster_max_rows((cols + 3) / 4, dev))
+    return F32Forward::kCluster;
   if (!f32_shares_vec(cols, io, quads)) return F32Forward::kReadBack;
   return rows <= f32_shares_held_rows(dev) ? F32Forward::kHeld : F32Forward::kHeldLateW;
 }

@@ -324,10 +324,10 @@ TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
 // y, h and rstd are the same bits from the forms of the forward (plan::f32_shares_forward): kHeld (a one-pass
 // row whose every access is a whole vector, at most one wave of rows: `few`), kHeldLateW (the same past that wave:
 // `many`) and kReadBack (a weight aligned to its dtype only), the last two on CTAs of 64, 128 and 256 threads at
-// D = 1000, 2048 and 4096 (plan::f32_shares_cta); kReadBack alone at D = 5000 and 8192 (two passes); kCluster
-// (D = 12000 and 16384, whole vectors: `many` and `few`) against kReadBack or, for fp32 x with a bf16 y, the
-// 1024-thread looped kernel (the weight misaligned); and its gx and gw the same from the backward with and without
-// its element paths (the same weight aligned or not).
+// D = 1000, 2048 and 4096 (plan::f32_shares_cta); kCluster (D = 5000 .. 16384, whole vectors: `few`, and `many`
+// at 3 or 4 chunks per thread, D = 12000 and 16384) against kReadBack (`many` at D = 5000 and 8192, and the weight
+// misaligned) or, for fp32 x with a bf16 y past D = 8192, the 1024-thread looped kernel (the weight misaligned);
+// and its gx and gw the same from the backward with and without its element paths (the same weight aligned or not).
 TEST_F(CudaMixed, Fp32FormsHeldAndGenericKernelsAgree) {
   std::mt19937_64 rng(107);
   int sms = 0;
@@ -391,8 +391,8 @@ TEST_F(CudaMixed, Fp32FormsHeldAndGenericKernelsAgree) {
             ASSERT_EQ(0, std::memcmp(static_cast<const char*>(o->y.data()) + o->y.index(r, k) * 2,
                                      static_cast<const char*>(all.y.data()) + all.y.index(r, k) * 2, 2))
                 << "y at row " << r << " col " << k
-                << (o == &held ? (d > 8192 ? " (kCluster, few rows)" : " (kHeld)") : " (weight misaligned: read back)")
-                << (d > 8192 ? " against kCluster" : " against kHeldLateW");
+                << (o == &held ? (d > 4096 ? " (kCluster, few rows)" : " (kHeld)") : " (weight misaligned: read back)")
+                << (d > 8192 ? " against kCluster" : d > 4096 ? " against kReadBack" : " against kHeldLateW");
             if (residual) ASSERT_EQ(o->h.get(r, k), all.h.get(r, k)) << "h at row " << r << " col " << k;
           }
         }
@@ -490,12 +490,12 @@ class CudaMixedSanitizer : public CudaMixed {};
 
 // D = 1000 and 4096 with more rows than one wave of the held forward's CTAs: the forward's kHeldLateW
 // (plan::f32_shares_forward) on 64 and 256 threads; 3 rows: kHeld, or kReadBack where a row is not whole vectors;
-// D = 10000 and 16384: kCluster (3 and 4 chunks per thread) where every access is a whole vector.
+// D = 6000, 10000 and 16384: kCluster (2, 3 and 4 chunks per thread) where every access is a whole vector.
 TEST_F(CudaMixedSanitizer, YDtypeAndResidualF32Kernels) {
   std::mt19937_64 rng(103);
   int sms = 0;
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  for (int64_t d : {33, 1000, 1999, 4096, 10000, 16384, 40000})
+  for (int64_t d : {33, 1000, 1999, 4096, 6000, 10000, 16384, 40000})
     for (bool padded : {false, true})
       for (int form = 0; form < 3; ++form) {
         MixedCase c;

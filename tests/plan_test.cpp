@@ -580,11 +580,11 @@ TEST(Plan, Fp32SharesHeldRows) {
                 << d;
           }
           // More than one pass of whole vectors, up to four: held across a cluster where the device runs them.
-          const bool cluster = io == Io::kVector && quads && d % 4 == 0 && d > 8 * kLoopedThreads &&
+          const bool cluster = io == Io::kVector && quads && d % 4 == 0 && d > 4 * kLoopedThreads &&
                                d <= 16 * kLoopedThreads && dev.max_cluster >= kLoopedShares;
           ASSERT_EQ(f32_cluster_vec(d, io, quads, dev), cluster) << d;
           for (int64_t rows : {int64_t{1}, wave, wave + 1, int64_t{1} << 30}) {
-            const F32Forward want = cluster ? F32Forward::kCluster
+            const F32Forward want = cluster && (d > 8 * kLoopedThreads || rows <= dev.sm_count) ? F32Forward::kCluster
                                     : !vec ? F32Forward::kReadBack
                                     : rows <= wave ? F32Forward::kHeld
                                                    : F32Forward::kHeldLateW;
@@ -594,39 +594,43 @@ TEST(Plan, Fp32SharesHeldRows) {
   }
 }
 
-// F32Forward::kCluster, for every D it takes (8193..16384, D % 4 == 0, every access a whole vector, clusters of
-// kLoopedShares): a cluster of kLoopedShares CTAs of kLoopedShareThreads per row (the looped row's summing threads,
-// one each), each thread holding its 3 or 4 chunks; one row per cluster up to kMaxGrid CTAs; the launch bound at
-// kLoopedShareLateThreadsPerSm threads per SM. Not where the device runs no clusters of 4 (sm_80, or a build
-// without compute_90 code: max_cluster 1), nor past 4 passes, nor at 2 passes or fewer (where it lost, and the
-// held forms take one pass).
+// F32Forward::kCluster, for every D it takes (4097..16384, D % 4 == 0, every access a whole vector, clusters of
+// kLoopedShares; at D <= 8192 for at most one row per SM): a cluster of kLoopedShares CTAs of kLoopedShareThreads
+// per row (the looped row's summing threads, one each), each thread holding its 2 chunks (D <= 8192) or 4; one row
+// per cluster up to kMaxGrid CTAs; the launch bound at 2048 or kLoopedShareLateThreadsPerSm threads per SM. Not
+// where the device runs no clusters of 4 (sm_80, or a build without compute_90 code: max_cluster 1), nor past 4
+// passes, nor at one pass (the held forms).
 TEST(Plan, Fp32ClusterForwardHoldsTheRowAcrossACluster) {
   static_assert(kLoopedShares * kLoopedShareThreads == kLoopedThreads, "one summing thread per thread");
-  static_assert(kF32ClusterPasses == 4 && kF32ClusterMinPasses == 3, "D 8193..16384");
-  ASSERT_EQ(f32_forward_ctas_per_sm(F32Forward::kCluster, kLoopedShareThreads) * kLoopedShareThreads,
-            kLoopedShareLateThreadsPerSm);
-  ASSERT_EQ(f32_shares_cta(8196 / 4, F32Forward::kCluster), kLoopedShareThreads);
+  static_assert(kF32ClusterMaxPasses == 4, "D <= 16384");
+  ASSERT_EQ(f32_cluster_ctas_per_sm(2) * kLoopedShareThreads, kMaxThreadsPerSm);
+  ASSERT_EQ(f32_cluster_ctas_per_sm(4) * kLoopedShareThreads, kLoopedShareLateThreadsPerSm);
+  ASSERT_EQ(f32_shares_cta(4100 / 4, F32Forward::kCluster), kLoopedShareThreads);
   for (int64_t d = 4 * kLoopedThreads - 8; d <= 16 * kLoopedThreads + 8; ++d) {
     const int64_t chunks = (d + 3) / 4;
     for (const Device& dev : {hopper(), hopper(16), hopper(2), ampere()}) {
-      const bool want = d % 4 == 0 && d > 8192 && d <= 16384 && dev.max_cluster >= kLoopedShares;
-      ASSERT_EQ(f32_cluster_vec(d, Io::kVector, true, dev), want) << d;
+      const bool vec = d % 4 == 0 && d > 4096 && d <= 16384 && dev.max_cluster >= kLoopedShares;
+      ASSERT_EQ(f32_cluster_vec(d, Io::kVector, true, dev), vec) << d;
       ASSERT_FALSE(f32_cluster_vec(d, Io::kVector, false, dev)) << d;
       ASSERT_FALSE(f32_cluster_vec(d, Io::kElement, true, dev)) << d;
       ASSERT_FALSE(f32_cluster_vec(d, Io::kPaired, true, dev)) << d;
-      ASSERT_EQ(f32_shares_forward(1, d, Io::kVector, true, dev) == F32Forward::kCluster, want) << d;
-      if (!want) continue;
-      for (int64_t rows : {int64_t{1}, int64_t{4096}, (int64_t{1} << 22) - 1, int64_t{1} << 22, int64_t{1} << 30}) {
+      const int64_t max_rows = d <= 8192 ? int64_t{dev.sm_count} : INT64_MAX;
+      for (int64_t rows : {int64_t{1}, int64_t{dev.sm_count}, int64_t{dev.sm_count} + 1, int64_t{4096},
+                           (int64_t{1} << 22) - 1, int64_t{1} << 22, int64_t{1} << 30}) {
+        const bool want = vec && rows <= max_rows;
+        ASSERT_EQ(f32_shares_forward(rows, d, Io::kVector, true, dev) == F32Forward::kCluster, want) << d << " " << rows;
+        if (!want) continue;
         const Launch l = looped_f32_shares_launch(rows, d, Io::kVector, F32Forward::kCluster, dev);
         ASSERT_EQ(l.kernel, Kernel::kForwardLooped) << d;
         ASSERT_EQ(l.sum_tpr, kLoopedThreads) << d;
         ASSERT_EQ(l.row.chunks, chunks) << d;
         ASSERT_EQ(l.row.cluster, kLoopedShares) << d;
         ASSERT_EQ(l.row.cta_threads, kLoopedShareThreads) << d;
-        ASSERT_EQ(l.row.chunks_per_thread, kF32ClusterPasses) << d;
+        ASSERT_EQ(l.row.chunks_per_thread, d <= 8192 ? 2 : 4) << d;
+        ASSERT_EQ(l.row.chunks_per_thread, f32_cluster_passes(chunks)) << d;
         // Every chunk is held: summing thread v's chunks v, v + 1024, .. number at most its passes.
         ASSERT_LE(chunks, int64_t{l.row.chunks_per_thread} * kLoopedThreads) << d;
-        ASSERT_GT(chunks, int64_t{kF32ClusterMinPasses - 1} * kLoopedThreads) << d;
+        ASSERT_GT(chunks, int64_t{kLoopedThreads}) << d;
         ASSERT_EQ(l.grid, std::min(rows, int64_t{1} << 22) * kLoopedShares) << d << " " << rows;
         ASSERT_EQ(l.grid % l.row.cluster, 0) << d;
         ASSERT_LE(l.grid, int64_t{1} << 24) << d;

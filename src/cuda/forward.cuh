@@ -1214,24 +1214,23 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
   }
 }
 
-// ---- the fp32 forms' rows of 2049..4096 chunks held across a cluster (plan::F32Forward::kCluster) ---------------
+// ---- the fp32 forms' rows of 1025..4096 chunks held across a cluster (plan::F32Forward::kCluster) ---------------
 // forward_looped_add_f32_kernel's row (kAdd: the fp32 residual stream's h and y; else fp32 x with a 16-bit y) where
-// a summing thread has 3 or 4 chunks: a cluster of kLoopedShares CTAs of kLoopedShareThreads per row, thread t of
+// a summing thread has more than one chunk: a cluster of kLoopedShares CTAs of kLoopedShareThreads per row, thread t of
 // CTA q being summing thread v = q kLoopedShareThreads + t. It loads its chunks v, v + 1024, .. (kPasses at most)
 // at once and holds them to y, sums their squares in that order, and its warp's butterfly sum goes to every CTA of
 // the cluster (ClusterWarpSums), which adds the 32 warp sums in warp order: row_sum<1024, 1>'s bits, so rstd, h and y
 // are the other forms' (and the backward's recompute). No read-back of x or h; w' loaded after the reduction.
 // Every access is a whole vector (plan::f32_cluster_vec). One row per cluster, clusters walking rows past the grid.
-template <typename T, typename W, bool kAdd>
-__global__ void __launch_bounds__(plan::kLoopedShareThreads,
-                                  plan::f32_forward_ctas_per_sm(plan::F32Forward::kCluster, plan::kLoopedShareThreads))
+template <typename T, typename W, bool kAdd, int kPasses>
+__global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::f32_cluster_ctas_per_sm(kPasses))
     forward_f32_cluster_kernel(const AddF32ForwardParams<T> p) {
   constexpr int kCta = plan::kLoopedShareThreads;
   constexpr int kSumThreads = plan::kLoopedThreads;
   constexpr int kCluster = plan::kLoopedShares;
-  constexpr int kPasses = plan::kF32ClusterPasses;
   constexpr int kN = Chunk<float>::kN;
   static_assert(kCluster * kCta == kSumThreads, "plan: a cluster's CTAs are the looped row's summing threads");
+  static_assert(kPasses == 2 || kPasses == plan::kF32ClusterMaxPasses, "plan: f32_cluster_passes");
   static_assert(kN == 4 && sizeof(T) == 2, "fp32 h chunks of 4 columns, 16-bit x and y");
   __shared__ ClusterWarpSums<kSumThreads / 32, kCta / 32> sums;
   sums.init();
@@ -1391,10 +1390,13 @@ rmsnorm_status_t launch_f32_shares(const plan::Launch& l, plan::F32Forward form,
                                    const AddF32ForwardParams<T>& p) {
   switch (form) {
     case plan::F32Forward::kCluster:
-      if (l.row.cluster != plan::kLoopedShares || l.row.chunks_per_thread != plan::kF32ClusterPasses ||
-          l.row.chunks > int64_t{plan::kF32ClusterPasses} * plan::kLoopedThreads)
+      if (l.row.cluster != plan::kLoopedShares || l.row.chunks_per_thread != plan::f32_cluster_passes(l.row.chunks) ||
+          l.row.chunks > int64_t{l.row.chunks_per_thread} * plan::kLoopedThreads)
         return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "forward_f32_cluster_kernel: the row does not fit its cluster");
-      return launch_planned(forward_f32_cluster_kernel<T, W, kAdd>, plan::kLoopedShareThreads, l, pdl, stream, p);
+      return l.row.chunks_per_thread == 2
+                 ? launch_planned(forward_f32_cluster_kernel<T, W, kAdd, 2>, plan::kLoopedShareThreads, l, pdl, stream, p)
+                 : launch_planned(forward_f32_cluster_kernel<T, W, kAdd, plan::kF32ClusterMaxPasses>,
+                                  plan::kLoopedShareThreads, l, pdl, stream, p);
     case plan::F32Forward::kHeld:
       return launch_f32_shares_on<T, W, kAdd, plan::F32Forward::kHeld>(l, pdl, stream, p);
     case plan::F32Forward::kHeldLateW:
