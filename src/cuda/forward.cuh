@@ -1041,6 +1041,25 @@ __device__ __forceinline__ Chunk<float> load_h_chunk(const float* row, int chunk
   return h;
 }
 
+// Chunk c of row `row` in the held forms (every access a whole vector; rr: the row of the residual, or of x where
+// kAdd is false): add_kernel's h = float(x) + residual, or x; 0 past the row's chunks.
+template <bool kAdd, typename T>
+__device__ __forceinline__ Chunk<float> held_h_chunk(const AddF32ForwardParams<T>& p, int64_t row, const float* rr,
+                                                     int c) {
+  constexpr int kN = Chunk<float>::kN;
+  Chunk<T> xq = zero_chunk<T>();
+  Chunk<float> h = zero_chunk<float>();
+  if (c < p.chunks) {
+    if constexpr (kAdd) xq = load_quad(p.x16 + row * p.x16_stride, c * kN, p.cols, true);
+    h = as_chunk<float>(reinterpret_cast<const uint4*>(rr)[c]);
+  }
+  if constexpr (kAdd) {
+#pragma unroll
+    for (int j = 0; j < kN; j += 2) h.set2(j, xq.get(j) + h.get(j), xq.get(j + 1) + h.get(j + 1));
+  }
+  return h;
+}
+
 // kAdd false: the same row without the add, fp32 x (p.x) with y of the 16-bit T (RMSNORM_FLAG_Y_DTYPE:
 // forward_looped_kernel<float, kNone, W, T>'s rstd and y, bit for bit, at four rows per SM where it ran two); x is
 // read back through L1.
@@ -1091,19 +1110,9 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
 #pragma unroll
       for (int k = 0; k < kShares; ++k) {
         const int c = t + k * kCta;
-        Chunk<T> xq = zero_chunk<T>();
-        h[k] = zero_chunk<float>();
-        if (c < p.chunks) {
-          if constexpr (kAdd) xq = load_quad(p.x16 + row * p.x16_stride, c * kN, p.cols, true);
-          h[k] = as_chunk<float>(reinterpret_cast<const uint4*>(rr)[c]);
-          if constexpr (!kLateW) weights_vec<W>(p.w, c, p.cols, p.w_offset, w[k]);
-        }
-        if constexpr (kAdd) {
-          // add_kernel's h = float(x) + residual.
-#pragma unroll
-          for (int j = 0; j < kN; j += 2)
-            h[k].set2(j, xq.get(j) + h[k].get(j), xq.get(j + 1) + h[k].get(j + 1));
-        }
+        h[k] = held_h_chunk<kAdd>(p, row, rr, c);
+        if constexpr (!kLateW)
+          if (c < p.chunks) weights_vec<W>(p.w, c, p.cols, p.w_offset, w[k]);
       }
 #pragma unroll
       for (int k = 0; k < kShares; ++k) {
@@ -1250,21 +1259,7 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::f32_cluster_c
     const float* rr = kAdd ? p.res + row * p.res_stride : p.x + row * p.x_stride;
     Chunk<float> h[kPasses];
 #pragma unroll
-    for (int j = 0; j < kPasses; ++j) {
-      const int c = v + j * kSumThreads;
-      Chunk<T> xq = zero_chunk<T>();
-      h[j] = zero_chunk<float>();
-      if (c < p.chunks) {
-        if constexpr (kAdd) xq = load_quad(p.x16 + row * p.x16_stride, c * kN, p.cols, true);
-        h[j] = as_chunk<float>(reinterpret_cast<const uint4*>(rr)[c]);
-      }
-      if constexpr (kAdd) {
-        // add_kernel's h = float(x) + residual.
-#pragma unroll
-        for (int e = 0; e < kN; e += 2)
-          h[j].set2(e, xq.get(e) + h[j].get(e), xq.get(e + 1) + h[j].get(e + 1));
-      }
-    }
+    for (int j = 0; j < kPasses; ++j) h[j] = held_h_chunk<kAdd>(p, row, rr, v + j * kSumThreads);
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < kPasses; ++j) {
