@@ -1110,9 +1110,21 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
 #pragma unroll
       for (int k = 0; k < kShares; ++k) {
         const int c = t + k * kCta;
-        h[k] = held_h_chunk<kAdd>(p, row, rr, c);
-        if constexpr (!kLateW)
-          if (c < p.chunks) weights_vec<W>(p.w, c, p.cols, p.w_offset, w[k]);
+        Chunk<T> xq = zero_chunk<T>();
+        h[k] = zero_chunk<float>();
+        // held_h_chunk's loads with w' between them, not after the add: with the weight's loads after it (the add
+        // waiting on x), the residual stream's forward took 5.12 us against 3.54 at 1 x 4096 (H100).
+        if (c < p.chunks) {
+          if constexpr (kAdd) xq = load_quad(p.x16 + row * p.x16_stride, c * kN, p.cols, true);
+          h[k] = as_chunk<float>(reinterpret_cast<const uint4*>(rr)[c]);
+          if constexpr (!kLateW) weights_vec<W>(p.w, c, p.cols, p.w_offset, w[k]);
+        }
+        if constexpr (kAdd) {
+          // add_kernel's h = float(x) + residual.
+#pragma unroll
+          for (int j = 0; j < kN; j += 2)
+            h[k].set2(j, xq.get(j) + h[k].get(j), xq.get(j + 1) + h[k].get(j + 1));
+        }
       }
 #pragma unroll
       for (int k = 0; k < kShares; ++k) {
