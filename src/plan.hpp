@@ -224,7 +224,7 @@ RMSNORM_HD constexpr int f32_cluster_passes(int64_t chunks) {
   return chunks <= 2 * int64_t{kLoopedThreads} ? 2 : kF32ClusterMaxPasses;
 }
 RMSNORM_HD constexpr int f32_cluster_ctas_per_sm(int passes) {
-  return (passes == 2 ? 2048 : kLoopedShareLateThreadsPerSm) / kLoopedShareThreads;
+  return (passes == 2 ? kMaxThreadsPerSm : kLoopedShareLateThreadsPerSm) / kLoopedShareThreads;
 }
 inline constexpr int kLoopedCtasPerSm = 2;  // backward: two partial rows per SM
 // Forward: CTAs of >= 256 threads, 1024 threads per SM with 4 chunks per
