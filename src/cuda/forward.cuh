@@ -1112,9 +1112,9 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
         const int c = t + k * kCta;
         Chunk<T> xq = zero_chunk<T>();
         h[k] = zero_chunk<float>();
-        // held_h_chunk's loads with w' between them, not that function: through it nvcc put each chunk's add (which
-        // waits on its loads) before the next chunk's loads, and the residual stream's forward at 1 x 4096 took
-        // 5.12 us (H100, the package of 78835e5) where this order took 3.42-3.58 in e3f79b0's calls.
+        // Not held_h_chunk: w' loads between x's loads and the add here. Through that function nvcc put each
+        // chunk's add (which waits on its loads) before the next chunk's loads, and the residual stream's forward
+        // at 1 x 4096 took 5.12 us against 3.42-3.58 (H100).
         if (c < p.chunks) {
           if constexpr (kAdd) xq = load_quad(p.x16 + row * p.x16_stride, c * kN, p.cols, true);
           h[k] = as_chunk<float>(reinterpret_cast<const uint4*>(rr)[c]);

@@ -200,8 +200,9 @@ __device__ __forceinline__ float2 cta_sum(float2 v, RowScratch<float2, kCtaThrea
   return row_sum<kCtaThreads, 1>(v, scratch, parity);
 }
 
-// Distributed shared memory: a shared address as a u32, mapped to another CTA of the cluster, and st.async of
-// one value there completing `bytes` of the receiving mbarrier's transaction count.
+// Distributed shared memory and the mbarriers of the cluster exchanges: a shared address as a u32, mapped to
+// another CTA of the cluster; st.async of one value there, completing its bytes of the receiving mbarrier's
+// transaction count; and the mbarriers' init, arrive with expect_tx, and wait on a phase.
 namespace dsmem {
 __device__ __forceinline__ unsigned smem_u32(const void* ptr) {
   return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
