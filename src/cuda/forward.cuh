@@ -1041,23 +1041,34 @@ __device__ __forceinline__ Chunk<float> load_h_chunk(const float* row, int chunk
   return h;
 }
 
-// Chunk c of row `row` in the held forms (every access a whole vector; rr: the row of the residual, or of x where
-// kAdd is false): add_kernel's h = float(x) + residual, or x; 0 past the row's chunks.
-template <bool kAdd, typename T>
-__device__ __forceinline__ Chunk<float> held_h_chunk(const AddF32ForwardParams<T>& p, int64_t row, const float* rr,
-                                                     int c) {
+// Chunks c0, c0 + step, .. (kN of them) of row `row` in the held forms (every access a whole vector; rr: the row of
+// the residual, or of x where kAdd is false): add_kernel's h = float(x) + residual, or x; 0 past the row's chunks.
+// Every load is issued before the first add, which waits on them (one add per chunk after its own loads made nvcc
+// issue the next chunk's loads only after it).
+// with_loads(j, c) runs beside chunk j's loads (chunk c of the row, c < chunks): the held kernel's w'.
+template <bool kAdd, int kChunks, typename T, typename WithLoads>
+__device__ __forceinline__ void held_h_chunks(const AddF32ForwardParams<T>& p, int64_t row, const float* rr, int c0,
+                                              int step, Chunk<float> (&h)[kChunks], WithLoads&& with_loads) {
   constexpr int kN = Chunk<float>::kN;
-  Chunk<T> xq = zero_chunk<T>();
-  Chunk<float> h = zero_chunk<float>();
-  if (c < p.chunks) {
-    if constexpr (kAdd) xq = load_quad(p.x16 + row * p.x16_stride, c * kN, p.cols, true);
-    h = as_chunk<float>(reinterpret_cast<const uint4*>(rr)[c]);
+  Chunk<T> xq[kChunks];
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = c0 + j * step;
+    xq[j] = zero_chunk<T>();
+    h[j] = zero_chunk<float>();
+    if (c < p.chunks) {
+      if constexpr (kAdd) xq[j] = load_quad(p.x16 + row * p.x16_stride, c * kN, p.cols, true);
+      h[j] = as_chunk<float>(reinterpret_cast<const uint4*>(rr)[c]);
+      with_loads(j, c);
+    }
   }
   if constexpr (kAdd) {
 #pragma unroll
-    for (int j = 0; j < kN; j += 2) h.set2(j, xq.get(j) + h.get(j), xq.get(j + 1) + h.get(j + 1));
+    for (int j = 0; j < kChunks; ++j)
+#pragma unroll
+      for (int e = 0; e < kN; e += 2)
+        h[j].set2(e, xq[j].get(e) + h[j].get(e), xq[j].get(e + 1) + h[j].get(e + 1));
   }
-  return h;
 }
 
 // kAdd false: the same row without the add, fp32 x (p.x) with y of the 16-bit T (RMSNORM_FLAG_Y_DTYPE:
@@ -1107,26 +1118,14 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
       const float* rr = (kAdd ? p.res + row * p.res_stride : p.x + row * p.x_stride);
       Chunk<float> h[kShares];
       float w[kShares][kN], ss[kShares];
+      // kHeld: every chunk's w' loaded with x before any of them is used (w + offset waits on its load).
+      Chunk<W> wraw[kShares];
+      held_h_chunks<kAdd>(p, row, rr, t, kCta, h, [&](int k, int c) {
+        if constexpr (!kLateW) wraw[k] = weights_vec_raw<W>(p.w, c, p.cols);
+      });
+      if constexpr (!kLateW)
 #pragma unroll
-      for (int k = 0; k < kShares; ++k) {
-        const int c = t + k * kCta;
-        Chunk<T> xq = zero_chunk<T>();
-        h[k] = zero_chunk<float>();
-        // Not held_h_chunk: w' loads between x's loads and the add here. Through that function nvcc put each
-        // chunk's add (which waits on its loads) before the next chunk's loads, and the residual stream's forward
-        // at 1 x 4096 took 5.12 us against 3.42-3.58 (H100).
-        if (c < p.chunks) {
-          if constexpr (kAdd) xq = load_quad(p.x16 + row * p.x16_stride, c * kN, p.cols, true);
-          h[k] = as_chunk<float>(reinterpret_cast<const uint4*>(rr)[c]);
-          if constexpr (!kLateW) weights_vec<W>(p.w, c, p.cols, p.w_offset, w[k]);
-        }
-        if constexpr (kAdd) {
-          // add_kernel's h = float(x) + residual.
-#pragma unroll
-          for (int j = 0; j < kN; j += 2)
-            h[k].set2(j, xq.get(j) + h[k].get(j), xq.get(j + 1) + h[k].get(j + 1));
-        }
-      }
+        for (int k = 0; k < kShares; ++k) held_weights(wraw[k], p.w != nullptr, p.w_offset, w[k]);
 #pragma unroll
       for (int k = 0; k < kShares; ++k) {
         ss[k] = 0.0f;
@@ -1272,8 +1271,7 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::f32_cluster_c
   for (int64_t row = blockIdx.x / kCluster; row < p.rows; row += clusters) {
     const float* rr = kAdd ? p.res + row * p.res_stride : p.x + row * p.x_stride;
     Chunk<float> h[kPasses];
-#pragma unroll
-    for (int j = 0; j < kPasses; ++j) h[j] = held_h_chunk<kAdd>(p, row, rr, v + j * kSumThreads);
+    held_h_chunks<kAdd>(p, row, rr, v, kSumThreads, h, [](int, int) {});
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < kPasses; ++j) {
