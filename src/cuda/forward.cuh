@@ -1238,9 +1238,8 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
 // ---- the fp32 forms' rows of 1025..4096 chunks held across a cluster (plan::F32Forward::kCluster) ---------------
 // forward_looped_add_f32_kernel's row (kAdd: the fp32 residual stream's h and y; else fp32 x with a 16-bit y) where
 // a summing thread has more than one chunk: a cluster of kLoopedShares CTAs of kLoopedShareThreads per row, thread t of
-// CTA q being summing thread v = q kLoopedShareThreads + t. It loads its chunks v, v + 1024, .. (kPasses at most;
-// without the add all at once, with it nvcc issues them a chunk at a time: docs/fusions.md) and holds them to y,
-// sums their squares in that order, and its warp's butterfly sum goes to every CTA of
+// CTA q being summing thread v = q kLoopedShareThreads + t. It issues every load of its chunks v, v + 1024, ..
+// (kPasses at most) before the first add (held_h_chunks) and holds them to y, sums their squares in that order, and its warp's butterfly sum goes to every CTA of
 // the cluster (ClusterWarpSums), which adds the 32 warp sums in warp order: row_sum<1024, 1>'s bits, so rstd, h and y
 // are the other forms' (and the backward's recompute). No read-back of x or h; w' loaded after the reduction.
 // Every access is a whole vector (plan::f32_cluster_vec). One row per cluster, clusters walking rows past the grid.
