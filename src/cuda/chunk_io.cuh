@@ -198,21 +198,40 @@ inline bool quad_rows(const void* p, int64_t stride) {
   return reinterpret_cast<uintptr_t>(p) % 8 == 0 && static_cast<uint64_t>(stride) * 2u % 8 == 0;  // as whole_chunks
 }
 
+// Columns [first, first + 4) of a 16-bit row that lie in the row and on 8 bytes, in the low two words of a
+// Chunk<T>: one 8-byte load. The _whole forms serve the kernels whose plan admits only such rows (the fp32 forms'
+// held kernels): no element path, whose registers and code they would otherwise carry.
+template <typename T>
+__device__ __forceinline__ Chunk<T> load_quad_whole(const T* __restrict__ row, int first) {
+  static_assert(sizeof(T) == 2, "4 columns of a 16-bit row");
+  Chunk<T> q = zero_chunk<T>();
+  const uint2 u = *reinterpret_cast<const uint2*>(row + first);
+  q.w[0] = u.x;
+  q.w[1] = u.y;
+  return q;
+}
+
 // Columns [first, first + 4) of a 16-bit row (0 past cols), in the low two words of a Chunk<T>.
 template <typename T>
 __device__ __forceinline__ Chunk<T> load_quad(const T* __restrict__ row, int first, int cols, bool vec) {
   static_assert(sizeof(T) == 2, "4 columns of a 16-bit row");
+  if (vec && first + 4 <= cols) return load_quad_whole(row, first);
   Chunk<T> q = zero_chunk<T>();
-  if (vec && first + 4 <= cols) {
-    const uint2 u = *reinterpret_cast<const uint2*>(row + first);
-    q.w[0] = u.x;
-    q.w[1] = u.y;
-    return q;
-  }
 #pragma unroll
   for (int j = 0; j < 4; ++j)
     if (first + j < cols) q.set_elem(j, row[first + j]);
   return q;
+}
+
+// Columns [first, first + 4) of a 16-bit row, in the row and on 8 bytes, from an fp32 chunk, each rounded to T:
+// one 8-byte store (load_quad_whole's callers).
+template <typename T>
+__device__ __forceinline__ void store_quad_whole(T* __restrict__ row, int first, const Chunk<float>& v) {
+  static_assert(sizeof(T) == 2, "4 columns of a 16-bit row");
+  Chunk<T> q;
+  q.set2(0, v.get(0), v.get(1));
+  q.set2(2, v.get(2), v.get(3));
+  *reinterpret_cast<uint2*>(row + first) = make_uint2(q.w[0], q.w[1]);
 }
 
 // Columns [first, first + 4) of a 16-bit row (not past cols) from an fp32 chunk, each rounded to T: one 8-byte
@@ -221,10 +240,7 @@ template <typename T>
 __device__ __forceinline__ void store_quad(T* __restrict__ row, int first, int cols, bool vec, const Chunk<float>& v) {
   static_assert(sizeof(T) == 2, "4 columns of a 16-bit row");
   if (vec && first + 4 <= cols) {
-    Chunk<T> q;
-    q.set2(0, v.get(0), v.get(1));
-    q.set2(2, v.get(2), v.get(3));
-    *reinterpret_cast<uint2*>(row + first) = make_uint2(q.w[0], q.w[1]);
+    store_quad_whole(row, first, v);
     return;
   }
 #pragma unroll

@@ -1057,7 +1057,7 @@ __device__ __forceinline__ void held_h_chunks(const AddF32ForwardParams<T>& p, i
     xq[j] = zero_chunk<T>();
     h[j] = zero_chunk<float>();
     if (c < p.chunks) {
-      if constexpr (kAdd) xq[j] = load_quad(p.x16 + row * p.x16_stride, c * kN, p.cols, true);
+      if constexpr (kAdd) xq[j] = load_quad_whole(p.x16 + row * p.x16_stride, c * kN);
       h[j] = as_chunk<float>(reinterpret_cast<const uint4*>(rr)[c]);
       with_loads(j, c);
     }
@@ -1143,12 +1143,26 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
       });
       if (p.rstd != nullptr && t == 0) p.rstd[row] = r;
       T* yr = reinterpret_cast<T*>(p.y) + row * p.y_stride;
+      // kLateW: kWGroup chunks' w' loads before the first of their y stores. y's stores could alias w for the
+      // compiler, which then issued a chunk's w load only after the previous chunk's store (an L2 round trip per
+      // chunk). An fp32 weight's chunks four at a time spilled at 40 registers, so two.
+      constexpr int kWGroup = !kLateW ? kShares : sizeof(W) == 2 ? kShares : 2;
 #pragma unroll
-      for (int k = 0; k < kShares; ++k) {
-        const int c = t + k * kCta;
-        if (c < p.chunks) {
-          if constexpr (kLateW) weights_vec<W>(p.w, c, p.cols, p.w_offset, w[k]);
-          store_y(yr, c, h[k], r, w[k], true);
+      for (int k0 = 0; k0 < kShares; k0 += kWGroup) {
+        if constexpr (kLateW) {
+          Chunk<W> wraw[kWGroup];
+#pragma unroll
+          for (int k = 0; k < kWGroup; ++k) {
+            const int c = t + (k0 + k) * kCta;
+            wraw[k] = c < p.chunks ? weights_vec_raw<W>(p.w, c, p.cols) : zero_chunk<W>();
+          }
+#pragma unroll
+          for (int k = 0; k < kWGroup; ++k) held_weights(wraw[k], p.w != nullptr, p.w_offset, w[k0 + k]);
+        }
+#pragma unroll
+        for (int k = k0; k < k0 + kWGroup; ++k) {
+          const int c = t + k * kCta;
+          if (c < p.chunks) store_quad_whole(yr, c * kN, y_quad(h[k], r, w[k], p.round_xhat));
         }
       }
     }
@@ -1289,13 +1303,25 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::f32_cluster_c
     });
     if (p.rstd != nullptr && v == 0) p.rstd[row] = r;
     T* yr = reinterpret_cast<T*>(p.y) + row * p.y_stride;
+    // kWGroup chunks' w' loads before the first of their y stores (kHeldLateW's reason); an fp32 weight's four
+    // chunks at once spilled at 40 registers, so two.
+    constexpr int kWGroup = sizeof(W) == 2 ? kPasses : 2;
 #pragma unroll
-    for (int j = 0; j < kPasses; ++j) {
-      const int c = v + j * kSumThreads;
-      if (c < p.chunks) {
-        float w[kN];
-        weights_vec<W>(p.w, c, p.cols, p.w_offset, w);
-        store_quad(yr, c * kN, p.cols, true, y_quad(h[j], r, w, p.round_xhat));
+    for (int j0 = 0; j0 < kPasses; j0 += kWGroup) {
+      Chunk<W> wraw[kWGroup];
+#pragma unroll
+      for (int j = 0; j < kWGroup; ++j) {
+        const int c = v + (j0 + j) * kSumThreads;
+        wraw[j] = c < p.chunks ? weights_vec_raw<W>(p.w, c, p.cols) : zero_chunk<W>();
+      }
+#pragma unroll
+      for (int j = 0; j < kWGroup; ++j) {
+        const int c = v + (j0 + j) * kSumThreads;
+        if (c < p.chunks) {
+          float w[kN];
+          held_weights(wraw[j], p.w != nullptr, p.w_offset, w);
+          store_quad_whole(yr, c * kN, y_quad(h[j0 + j], r, w, p.round_xhat));
+        }
       }
     }
   }

@@ -79,14 +79,15 @@ __device__ __forceinline__ void weights_any(const T* __restrict__ w, int chunk, 
 
 // weights_vec in two steps, so that a kernel can issue the loads of several chunks before it waits on any: the
 // chunk's raw weight (a weight of T: one 16-byte load; a 16-bit W: one 8-byte load into the chunk's low words; zero
-// without a weight), then w' from it (held_weights, with has_weight = w != nullptr).
+// without a weight), then w' from it (held_weights, with has_weight = w != nullptr). The chunk must be whole (the
+// held kernels' rows): no element path.
 template <typename W, typename T>
 __device__ __forceinline__ Chunk<W> weights_vec_raw(const T* __restrict__ w, int chunk, int cols) {
   if (w == nullptr) return zero_chunk<W>();
   if constexpr (std::is_same_v<W, T>)
-    return load_chunk(w, chunk, cols, true);
+    return load_row_chunk<false>(w, chunk, cols);
   else
-    return load_quad(reinterpret_cast<const W*>(w), chunk * Chunk<T>::kN, cols, true);
+    return load_quad_whole(reinterpret_cast<const W*>(w), chunk * Chunk<T>::kN);
 }
 
 // weights_any of a chunk that is a whole vector of the weight (the fp32 forms' kernels without element paths): a
