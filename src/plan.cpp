@@ -226,6 +226,27 @@ Launch mixed_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool 
   return l;
 }
 
+Launch f32_cluster_backward_launch(const Launch& shares, int64_t rows, int64_t cols, const Device& dev) {
+  Launch l = shares;
+  if (rows <= 0) return l;
+  l.row.cluster = kLoopedShares;
+  const int passes = f32_cluster_passes(l.row.chunks);
+  l.row.chunks_per_thread = passes;
+  const int known = dev.f32_backward_active_clusters[f32_cluster_backward_index(passes)];
+  const int64_t cap = known > 0 ? int64_t{known}
+                                : int64_t{dev.sm_count} * f32_cluster_backward_ctas_per_sm(passes) / kLoopedShares;
+  // At most the shares plan's partials: the workspace query returns that plan's size.
+  const int64_t clusters = std::max<int64_t>(1, std::min({rows, cap, shares.partials}));
+  l.grid = clusters * kLoopedShares;
+  l.partials = clusters;
+  l.direct_gw = l.with_gw && clusters == 1;
+  l.finalize = l.with_gw && !l.direct_gw;
+  l.workspace = l.finalize ? static_cast<size_t>(clusters) * static_cast<size_t>(cols) * sizeof(float) : 0;
+  l.finalize_grid = l.finalize ? (cols + kFinalizeCols - 1) / kFinalizeCols : 0;
+  l.finalize_lanes = l.finalize ? finalize_lanes(clusters) : 0;
+  return l;
+}
+
 Launch weight_f32_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev) {
   const Launch l = backward_launch(rows, cols, esize, io, with_gw, dev);
   return l.row.band != Band::kLooped ? l : mixed_backward_launch(rows, cols, esize, io, with_gw, dev);

@@ -227,6 +227,10 @@ RMSNORM_HD constexpr int f32_cluster_ctas_per_sm(int passes) {
   return (passes == 2 ? kMaxThreadsPerSm : kLoopedShareLateThreadsPerSm) / kLoopedShareThreads;
 }
 inline constexpr int kLoopedCtasPerSm = 2;  // backward: two partial rows per SM
+// backward_f32_cluster_kernel's launch bound (f32_cluster_backward_launch): a thread holds x, gy, g_h, w' and the gw
+// sums of its chunks across its rows, at 2 passes in 64 registers (4 CTAs per SM), at 4 in 128 (2 per SM).
+RMSNORM_HD constexpr int f32_cluster_backward_ctas_per_sm(int passes) { return passes == 2 ? 4 : 2; }
+RMSNORM_HD constexpr int f32_cluster_backward_index(int passes) { return passes == 2 ? 0 : 1; }
 // Forward: CTAs of >= 256 threads, 1024 threads per SM with 4 chunks per
 // thread (64 registers hold a thread's x and w' chunks without spilling),
 // 1536 with 2 (40 registers) (docs/performance.md, "Forward CTA size").
@@ -364,6 +368,9 @@ struct Device {
   // 0: unknown, the grid is sized from the SM count alone.
   int forward_active_clusters[4] = {0, 0, 0, 0};
   int backward_active_clusters[4] = {0, 0, 0, 0};
+  // Clusters of kLoopedShares CTAs of backward_f32_cluster_kernel the device runs at once, at 2 and at
+  // kF32ClusterMaxPasses passes (f32_cluster_backward_index); 0: unknown (from the SM count and the launch bound).
+  int f32_backward_active_clusters[2] = {0, 0};
 };
 
 // Index of a cluster size in Device::*_active_clusters (2 -> 0 ... 16 -> 3).
@@ -586,6 +593,16 @@ inline F32Forward f32_shares_forward(int64_t rows, int64_t cols, Io io, bool qua
   if (!f32_shares_vec(cols, io, quads)) return F32Forward::kReadBack;
   return rows <= f32_shares_held_rows(dev) ? F32Forward::kHeld : F32Forward::kHeldLateW;
 }
+// The backward of those rows (fp32 x with a 16-bit gy, the residual stream's g_h or not) where f32_cluster_vec
+// holds: mixed_backward_launch's plan `shares` moved onto backward_f32_cluster_kernel. A cluster of kLoopedShares
+// CTAs of kLoopedShareThreads per row, thread t of CTA q summing thread q kLoopedShareThreads + t with its
+// f32_cluster_passes chunks (chunks_per_thread) held from their load to gx, the gw sums of its columns in registers
+// across the cluster's rows; persistent clusters, as many as run at once (Device::f32_backward_active_clusters) up
+// to the rows, one gw partial each (one cluster: gw written directly). No read-back of x or gy and no partial in
+// memory per row, which the shares kernel's multi-pass rows pay. The sums as that kernel's (row_sum<1024, 1>'s
+// order), so rstd, gx and, where the partials coincide (rows <= clusters), gw have its bits. The workspace is at
+// most the shares plan's (clusters <= its CTAs), which the workspace query (no pointers) returns.
+Launch f32_cluster_backward_launch(const Launch& shares, int64_t rows, int64_t cols, const Device& dev);
 // fp32 x with a 16-bit y takes the held forms wherever f32_shares_forward gives them, and kReadBack up to
 // kYDtypeSharesMaxChunks chunks (D <= 8192); longer rows read back take the 1024-thread
 // looped kernel (looped_forward_launch: two rows per SM, each read back from L1), which took 0.72x the shares' time at

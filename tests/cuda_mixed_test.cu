@@ -305,12 +305,14 @@ TEST_F(CudaMixed, ResidualF32InPlace) {
 
 // More rows than the backward's grid (2 CTAs per SM) for the forms of fp32 x in the looped row in shares (fp32 x
 // with a 16-bit y, the fp32 residual stream): each CTA walks several rows, keeping its gw partial across them (in
-// registers at D <= 4096, in the workspace above), with the row parity of its scratch alternating.
+// registers at D <= 4096, in the workspace above), with the row parity of its scratch alternating. D = 6000, 12000
+// and 16384 with whole vectors (padded or not): the backward's clusters (backward_f32_cluster_kernel, 2 and 4 chunks
+// per thread) walk several rows each, their gw sums in registers and their exchange slots reused.
 TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
   std::mt19937_64 rng(106);
   int i = 0;
   for (bool residual : {false, true})
-    for (int64_t d : {1000, 2048, 4096, 4100})
+    for (int64_t d : {1000, 2048, 4096, 4100, 6000, 12000, 16384})
       for (bool padded : {false, true}) {
         MixedCase c = residual ? sweep_case(RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_BF16, true, d, padded, i++)
                                : sweep_case(RMSNORM_DTYPE_F32, RMSNORM_DTYPE_BF16, false, d, padded, i++);
@@ -327,7 +329,8 @@ TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
 // D = 1000, 2048 and 4096 (plan::f32_shares_cta); kCluster (D = 5000 .. 16384, whole vectors: `few`, and `many`
 // at 3 or 4 chunks per thread, D = 12000 and 16384) against kReadBack (`many` at D = 5000 and 8192, and the weight
 // misaligned) or, for fp32 x with a bf16 y past D = 8192, the 1024-thread looped kernel (the weight misaligned);
-// and its gx and gw the same from the backward with and without its element paths (the same weight aligned or not).
+// and its gx and gw the same from the backward with and without its element paths (the same weight aligned or not:
+// past D = 4096 the cluster backward against the shares kernel's passes, one row per partial in both).
 TEST_F(CudaMixed, Fp32FormsHeldAndGenericKernelsAgree) {
   std::mt19937_64 rng(107);
   int sms = 0;

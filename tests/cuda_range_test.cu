@@ -332,9 +332,11 @@ TEST_F(CudaRange, LoopedBand) { run_band({300000}, {1, 4}, false, 73); }
 
 // fp32 x with y and gy in bf16 (RMSNORM_FLAG_Y_DTYPE): the looped row in shares (the backward at every D,
 // plan::mixed_backward_launch; the forward up to D = 8192, plan::y_dtype_forward_in_shares, and at 40000 the
-// 1024-thread looped kernel). D 1000 and 4096: one pass of the summing threads, the row held in registers; 4100 and
-// 40000: more. 300 rows: more than one row per CTA on the backward's grid.
-TEST_F(CudaRange, Fp32WithBf16Y) { run_band({1000, 4096, 4100, 40000}, {1, 300}, false, 74, RMSNORM_DTYPE_BF16); }
+// 1024-thread looped kernel). D 1000 and 4096: one pass of the summing threads, the row held in registers; 4100,
+// 16384 and 40000: more; at 4100 and 16384 aligned (offset 0), held across a cluster (the forward's kCluster at one
+// row, the backward's clusters at both row counts), the rescaled paths as further cluster exchanges. 300 rows: more
+// than one row per CTA (or cluster) on the backward's grid.
+TEST_F(CudaRange, Fp32WithBf16Y) { run_band({1000, 4096, 4100, 16384, 40000}, {1, 300}, false, 74, RMSNORM_DTYPE_BF16); }
 
 }  // namespace
 }  // namespace rmsnorm::test

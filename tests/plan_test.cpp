@@ -640,6 +640,60 @@ TEST(Plan, Fp32ClusterForwardHoldsTheRowAcrossACluster) {
   }
 }
 
+// The fp32 forms' backward where f32_cluster_vec holds (every D 4097..16384 of whole vectors): the shares plan's row
+// on a cluster of kLoopedShares CTAs of kLoopedShareThreads, each thread holding its 2 (D <= 8192) or 4 chunks; as
+// many clusters as the device runs at once (f32_backward_active_clusters, or its SMs times the launch bound's CTAs
+// over kLoopedShares where unknown), at most the rows and the shares plan's partials, one gw partial each; a single
+// cluster writes gw itself; the workspace within the shares plan's, which the workspace query returns. No rows: the
+// shares plan as it was.
+TEST(Plan, Fp32ClusterBackwardHoldsTheRowAcrossACluster) {
+  ASSERT_EQ(f32_cluster_backward_ctas_per_sm(2) * kLoopedShareThreads, 1024);  // 64 registers
+  ASSERT_EQ(f32_cluster_backward_ctas_per_sm(4) * kLoopedShareThreads, 512);   // 128 registers
+  ASSERT_NE(f32_cluster_backward_index(2), f32_cluster_backward_index(kF32ClusterMaxPasses));
+  Device known = hopper();
+  known.f32_backward_active_clusters[f32_cluster_backward_index(2)] = 120;
+  known.f32_backward_active_clusters[f32_cluster_backward_index(4)] = 60;
+  for (int64_t d = 4 * kLoopedThreads + 4; d <= 16 * kLoopedThreads; d += 4) {
+    const int passes = d <= 8192 ? 2 : 4;
+    for (const Device* dev : {static_cast<const Device*>(&known), static_cast<const Device*>(nullptr)}) {
+      const Device h = dev != nullptr ? *dev : hopper();
+      ASSERT_TRUE(f32_cluster_vec(d, Io::kVector, true, h)) << d;
+      const int64_t cap = dev != nullptr ? (passes == 2 ? 120 : 60) : int64_t{h.sm_count} * (passes == 2 ? 4 : 2) / 4;
+      for (int64_t rows : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{59}, int64_t{60}, int64_t{61}, int64_t{132},
+                           int64_t{133}, int64_t{264}, int64_t{265}, int64_t{4096}, int64_t{1} << 30})
+        for (bool with_gw : {false, true}) {
+          const Launch shares = mixed_backward_launch(rows, d, 4, Io::kVector, with_gw, h);
+          const Launch l = f32_cluster_backward_launch(shares, rows, d, h);
+          if (rows == 0) {
+            ASSERT_EQ(l.grid, 0) << d;
+            ASSERT_EQ(l.row.cluster, shares.row.cluster) << d;
+            ASSERT_EQ(l.workspace, shares.workspace) << d;
+            continue;
+          }
+          const int64_t clusters = std::min({rows, cap, shares.partials});
+          ASSERT_EQ(l.kernel, Kernel::kBackwardLooped) << d;
+          ASSERT_EQ(l.sum_tpr, kLoopedThreads) << d;
+          ASSERT_EQ(l.row.cluster, kLoopedShares) << d;
+          ASSERT_EQ(l.row.cta_threads, kLoopedShareThreads) << d;
+          ASSERT_EQ(l.row.chunks, d / 4) << d;
+          ASSERT_EQ(l.row.chunks_per_thread, passes) << d;
+          // Every chunk is held: summing thread v's chunks v, v + 1024, .. number at most its passes.
+          ASSERT_LE(l.row.chunks, int64_t{passes} * kLoopedThreads) << d;
+          ASSERT_EQ(l.grid, clusters * kLoopedShares) << d << " " << rows;
+          ASSERT_EQ(l.partials, clusters) << d;
+          const bool direct = with_gw && clusters == 1;
+          ASSERT_EQ(l.direct_gw, direct) << d;
+          ASSERT_EQ(l.finalize, with_gw && !direct) << d;
+          ASSERT_EQ(l.workspace, l.finalize ? static_cast<size_t>(clusters) * static_cast<size_t>(d) * 4u : 0u) << d;
+          ASSERT_LE(l.workspace, shares.workspace) << d;
+          ASSERT_EQ(l.finalize_lanes, l.finalize ? finalize_lanes(clusters) : 0) << d;
+          ASSERT_EQ(l.finalize_grid, l.finalize ? (d + kFinalizeCols - 1) / kFinalizeCols : 0) << d;
+          ASSERT_EQ(l.smem, 0u) << d;
+        }
+    }
+  }
+}
+
 // RMSNORM_FLAG_RESIDUAL_F32's forward, for every D: the looped band's row on the fp32 h (its chunks of 4 columns,
 // its 1024 summing threads, so rstd is summed as rms_norm(h, out_dtype) and the backward's recompute sum it), run by
 // CTAs holding whole shares of them, one row per CTA as the looped forward's grid. The CTA: kLoopedShareThreads for

@@ -1312,6 +1312,129 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
     }
 }
 
+// ---- the fp32 backward's rows of 1025..4096 chunks held across a cluster (plan::f32_cluster_backward_launch) -----
+// backward_looped_shares_kernel<float, kGh, W, G>'s row where a summing thread has more than one chunk (D
+// 4097..16384, every access a whole vector: plan::f32_cluster_vec): a cluster of kLoopedShares CTAs of
+// kLoopedShareThreads per row, thread t of CTA q being summing thread v = q kLoopedShareThreads + t with chunks v,
+// v + 1024, .. (kPasses at most). It loads them (x and gy) at once and holds them to gx: its two sums in chunk order,
+// each warp's butterfly pushed to every CTA of the cluster (ClusterWarpSums of float2), added there in warp order, so
+// the totals are row_sum<1024, 1>'s, the shares kernel's. g_h is loaded while the exchange completes. w' of its
+// chunks is loaded once and the gw sums of its columns stay in registers across the cluster's rows (each term
+// rounded once, then added in row order: the shares kernel's partial). Persistent clusters, one gw partial each; a
+// single cluster writes gw itself.
+template <bool kGh, typename W, typename G, int kPasses>
+__global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::f32_cluster_backward_ctas_per_sm(kPasses))
+    backward_f32_cluster_kernel(const BackwardParams<float> p) {
+  using T = float;
+  constexpr int kCta = plan::kLoopedShareThreads;
+  constexpr int kSum = plan::kLoopedThreads;
+  constexpr int kCluster = plan::kLoopedShares;
+  constexpr int kN = Chunk<T>::kN;
+  static_assert(kCluster * kCta == kSum, "plan: a cluster's CTAs are the looped row's summing threads");
+  static_assert(kPasses == 2 || kPasses == plan::kF32ClusterMaxPasses, "plan: f32_cluster_passes");
+  static_assert(sizeof(G) == 2 && kN == 4, "fp32 x in chunks of 4, a 16-bit gy");
+  __shared__ ClusterWarpSums<kSum / 32, kCta / 32, float2> sums;
+  sums.init();
+  cluster_sync();  // the mbarriers are initialized before any push
+  pdl_enter();
+  const unsigned rank = cluster_rank();
+  const int v = static_cast<int>(rank) * kCta + static_cast<int>(threadIdx.x);  // the summing thread
+  const int64_t clusters = gridDim.x / kCluster, unit = blockIdx.x / kCluster;
+  int64_t k = 0;  // this cluster's exchanges so far (one per row, more on the rescaled paths)
+  auto exchange = [&](float2 share) {
+    sums.push(k, rank, group_sum<32>(share));
+    return sums.wait_sum(k++);
+  };
+  // The rescaled paths' sums: one float, the .x of a float2 exchange (the shares kernel's cta_sum_rare_shares).
+  auto rare = [&](float share) { return exchange(make_float2(share, 0.0f)).x; };
+  float wh[kPasses][kN], acc[kPasses][kN];
+#pragma unroll
+  for (int j = 0; j < kPasses; ++j) {
+    const int c = v + j * kSum;
+#pragma unroll
+    for (int e = 0; e < kN; ++e) acc[j][e] = wh[j][e] = 0.0f;
+    if (c < p.chunks) weights_vec<W>(p.w, c, p.cols, p.w_offset, wh[j]);
+  }
+  for (int64_t row = unit; row < p.rows; row += clusters) {
+    const T* xr = p.x + row * p.x_stride;
+    const G* gyr = reinterpret_cast<const G*>(p.gy) + row * p.gy_stride;
+    const T* ghr = kGh && p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
+    const float given_r = p.rstd != nullptr ? p.rstd[row] : 0.0f;
+    Chunk<T> xk[kPasses], hk[kPasses];
+    Chunk<G> gk[kPasses];
+#pragma unroll
+    for (int j = 0; j < kPasses; ++j) {
+      const int c = v + j * kSum;
+      xk[j] = zero_chunk<T>();
+      gk[j] = zero_chunk<G>();
+      if (c < p.chunks) {
+        xk[j] = as_chunk<T>(reinterpret_cast<const uint4*>(xr)[c]);
+        gk[j] = load_quad_whole(gyr, c * kN);
+      }
+    }
+    float2 share = make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int j = 0; j < kPasses; ++j)
+      if (v + j * kSum < p.chunks) share = add_chunk_sums(share, xk[j], gk[j], wh[j]);
+    sums.push(k, rank, group_sum<32>(share));
+    // g_h is not in the sums: its loads go out while the exchange completes.
+#pragma unroll
+    for (int j = 0; j < kPasses; ++j) {
+      const int c = v + j * kSum;
+      hk[j] = zero_chunk<T>();
+      if (kGh && ghr != nullptr && c < p.chunks) hk[j] = as_chunk<T>(reinterpret_cast<const uint4*>(ghr)[c]);
+    }
+    const float2 total = sums.wait_sum(k++);
+    RowScalars s;
+    s.r = p.rstd != nullptr ? given_r : row_rstd(total.x, p.cols, p.eps, rare, [&](float sc) {
+      float a = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kPasses; ++j)
+        if (v + j * kSum < p.chunks) a = add_scaled_squares(a, xk[j], sc);
+      return a;
+    });
+    s.c = s.r * (total.y / static_cast<float>(p.cols));
+    const float tsc = rms_dot_scale(s.r);
+    if (tsc != 1.0f) {
+      float d = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kPasses; ++j)
+        if (v + j * kSum < p.chunks) d = add_scaled_dot(d, xk[j], gk[j], wh[j], tsc);
+      s.c = (s.r / tsc) * (rare(d) / static_cast<float>(p.cols));
+    }
+#pragma unroll
+    for (int j = 0; j < kPasses; ++j) {
+      const int c = v + j * kSum;
+      if (c < p.chunks) {
+        float a[kN];
+#pragma unroll
+        for (int e = 0; e < kN; ++e) a[e] = 0.0f;
+        Chunk<T> g = grad_chunk(xk[j], gk[j], wh[j], s, a);
+        if (kGh && ghr != nullptr) g = add_g_h(g, hk[j]);
+        store16(p.gx + row * p.gx_stride + c * kN, g);
+        if (p.gx_x != nullptr) store_quad_whole(static_cast<G*>(p.gx_x) + row * p.gx_x_stride, c * kN, g);
+#pragma unroll
+        for (int e = 0; e < kN; ++e) acc[j][e] += a[e];
+      }
+    }
+  }
+  // No cluster barrier at the end: a CTA's last wait saw every push into it land (ClusterWarpSums).
+  if (!p.with_gw) return;
+  float* part = p.gw.direct ? nullptr : p.gw.partials + unit * static_cast<int64_t>(p.cols);
+#pragma unroll
+  for (int j = 0; j < kPasses; ++j) {
+    const int c = v + j * kSum;
+    if (c < p.chunks)
+#pragma unroll
+      for (int e = 0; e < kN; ++e) {
+        if (p.gw.direct)
+          store_gw_final<W>(p.gw, c * kN + e, acc[j][e]);
+        else
+          part[c * kN + e] = acc[j][e];
+      }
+  }
+}
+
 // ---- finalize: gw[col] = sum of the partial rows, in a fixed order ---------------------------
 // CTA = 32 columns (threadIdx.x) x L = plan::finalize_lanes(count) lanes
 // (threadIdx.y). Lane k adds partials k, k + L, k + 2L, ... in that order,
@@ -1438,6 +1561,29 @@ rmsnorm_status_t launch_looped_shares(DType wdt, DType gdt, bool gh, bool vec, L
   });
 }
 
+// backward_f32_cluster_kernel (plan::f32_cluster_backward_launch): the same dtypes as launch_looped_shares, at
+// `passes` chunks per thread.
+template <typename T, typename Launch>
+rmsnorm_status_t launch_f32_cluster_backward(DType wdt, DType gdt, bool gh, int passes, Launch&& launch) {
+  return dispatch_dtype(wdt, [&](auto wtag) -> rmsnorm_status_t {
+    return dispatch_dtype(gdt, [&](auto gtag) -> rmsnorm_status_t {
+      using W = decltype(wtag);
+      using G = decltype(gtag);
+      if constexpr (std::is_same_v<T, float> && sizeof(G) == 2 && (std::is_same_v<W, float> || std::is_same_v<W, G>)) {
+        constexpr int kCta = plan::kLoopedShareThreads, kMax = plan::kF32ClusterMaxPasses;
+        if (passes == 2)
+          return gh ? launch(backward_f32_cluster_kernel<true, W, G, 2>, kCta)
+                    : launch(backward_f32_cluster_kernel<false, W, G, 2>, kCta);
+        if (passes == kMax)
+          return gh ? launch(backward_f32_cluster_kernel<true, W, G, kMax>, kCta)
+                    : launch(backward_f32_cluster_kernel<false, W, G, kMax>, kCta);
+        return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "no fp32 cluster backward at this many passes");
+      }
+      return fail(RMSNORM_STATUS_INTERNAL_ERROR, "dtype", "no fp32 cluster backward for this combination of dtypes");
+    });
+  });
+}
+
 template <typename T>
 rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev, cudaStream_t stream) {
   constexpr int kEs = static_cast<int>(sizeof(T));
@@ -1462,9 +1608,15 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
                          {wdt == a.dtype || form == BackwardForm::kWeightF32 ? a.weight : nullptr, 0}},
                         kEs);
   const bool with_gw = a.gw_mode != GwMode::kNone;
-  const plan::Launch planned = mixed                                ? plan::mixed_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)
-                               : form == BackwardForm::kWeightF32 ? plan::weight_f32_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)
-                                                                  : plan::backward_launch(a.rows, a.cols, kEs, io, with_gw, dev);
+  // fp32 x's 16-bit operands (gy, gx_x, a 16-bit weight) 8-byte aligned: with io, whole vectors everywhere.
+  const bool quads = quad_rows(a.gy, a.gy_stride) && (a.gx_x == nullptr || quad_rows(a.gx_x, a.gx_x_stride)) &&
+                     (wdt == a.dtype || quad_rows(a.weight, 0));  // quad_rows(null, ..): true
+  plan::Launch planned = mixed                                ? plan::mixed_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)
+                         : form == BackwardForm::kWeightF32 ? plan::weight_f32_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)
+                                                            : plan::backward_launch(a.rows, a.cols, kEs, io, with_gw, dev);
+  const bool f32_cluster = planned.row.cta_threads == plan::kLoopedShareThreads &&
+                           plan::f32_cluster_vec(a.cols, io, quads, dev);
+  if (f32_cluster) planned = plan::f32_cluster_backward_launch(planned, a.rows, a.cols, dev);
   // gw by column CTAs (plan::split_backward_launch) needs rstd, and gy unchanged while they read it.
   const plan::Launch l =
       !mixed && a.rstd != nullptr && a.gx != a.gy ? plan::split_backward_launch(planned, a.rows, dev) : planned;
@@ -1553,10 +1705,10 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
       break;
     }
     case Kernel::kBackwardLooped:
-      if (l.row.cta_threads == plan::kLoopedShareThreads) {
+      if (f32_cluster) {
+        st = launch_f32_cluster_backward<T>(wdt, gdt, gh, l.row.chunks_per_thread, launch);
+      } else if (l.row.cta_threads == plan::kLoopedShareThreads) {
         // Every access a whole vector in a one-pass row: the kernel without its element paths.
-        const bool quads = p.gy_vector && (a.gx_x == nullptr || p.gx_x_vector) &&
-                           (wdt == a.dtype || quad_rows(a.weight, 0));  // quad_rows(null, ..): true
         st = launch_looped_shares<T>(wdt, gdt, gh, plan::f32_shares_vec(a.cols, io, quads), launch);
       } else if (form != BackwardForm::kPlain)
         st = launch_looped_mixed<T>(wdt, gdt, gh, launch);

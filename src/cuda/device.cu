@@ -226,10 +226,10 @@ cudaError_t kernels_have_sm90_code(bool* out) {
   return answer_or_error(e);
 }
 
-// Clusters of `cs` CTAs of `kernel` (kClusterTpr threads, `smem` bytes of
+// Clusters of `cs` CTAs of `kernel` (`threads` threads, `smem` bytes of
 // dynamic shared memory) the current device runs at once
 // (cudaOccupancyMaxActiveClusters); 0 when the device cannot run them.
-cudaError_t active_clusters(const void* kernel, int cs, size_t smem, int* clusters) {
+cudaError_t active_clusters(const void* kernel, int cs, size_t smem, int* clusters, int threads = plan::kClusterTpr) {
   *clusters = 0;
   if (cs > plan::kMaxPortableCluster) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
@@ -246,7 +246,7 @@ cudaError_t active_clusters(const void* kernel, int cs, size_t smem, int* cluste
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.gridDim = dim3(static_cast<unsigned>(cs));
-  cfg.blockDim = dim3(static_cast<unsigned>(plan::kClusterTpr));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = smem;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
@@ -347,6 +347,11 @@ rmsnorm_status_t device_properties(int device, plan::Device* out) {
                                        plan::backward_launch(2, cols, 2, plan::Io::kVector, true, d).smem,
                                        &d.backward_active_clusters[k]));
     }
+    if (d.max_cluster >= plan::kLoopedShares)
+      for (int passes : {2, plan::kF32ClusterMaxPasses})
+        RMSNORM_CUDA_TRY(active_clusters(f32_cluster_backward_kernel_handle(passes), plan::kLoopedShares, 0,
+                                         &d.f32_backward_active_clusters[plan::f32_cluster_backward_index(passes)],
+                                         plan::kLoopedShareThreads));
   }
   cache[device] = d;
   *out = d;

@@ -64,6 +64,9 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
 // backward_bf16.cu, where those kernels are instantiated.
 const void* forward_cluster_kernel_handle();
 const void* backward_cluster_kernel_handle();
+// backward_f32_cluster_kernel at `passes` (the residual stream's form with a bf16 gy and weight: the most registers
+// at each launch bound), defined in backward_f32.cu.
+const void* f32_cluster_backward_kernel_handle(int passes);
 const void* finalize_kernel_handle();
 
 // Calls fn(T{}) with the CUDA element type of dtype.

@@ -322,11 +322,12 @@ struct ClusterExchange {
 // its reads of k - 1's slot; so exchange k + 1 lands in slot (k + 1) % kDepth, last used by k + 1 - kDepth <= k - 3,
 // after every thread of the receiving CTA read it and waited on its phase. Thread 0 may arm a phase after remote
 // pushes for it landed: the phase cannot complete before its one arrival.
-template <int kWarps, int kCtaWarps>
+// V: float (the forward's sum of squares) or float2 (the backward's two sums, added as two floats).
+template <int kWarps, int kCtaWarps, typename V = float>
 struct ClusterWarpSums {
   static constexpr int kDepth = 4;
   alignas(8) unsigned long long bar[kDepth];
-  float slot[kDepth][kWarps];
+  V slot[kDepth][kWarps];
 
   // Thread 0 initializes; the caller then passes a cluster barrier before any push.
   __device__ __forceinline__ void init() {
@@ -335,12 +336,12 @@ struct ClusterWarpSums {
 #endif
   }
   // Exchange k's sum v of this CTA's warp (every thread of the warp holds v; rank: this CTA's in the cluster).
-  __device__ __forceinline__ void push(int64_t k, unsigned rank, float v) {
+  __device__ __forceinline__ void push(int64_t k, unsigned rank, V v) {
     const int d = static_cast<int>(k % kDepth);
     const int warp = static_cast<int>(rank) * kCtaWarps + static_cast<int>(threadIdx.x / 32);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const unsigned lane = threadIdx.x % 32;
-    if (threadIdx.x == 0) dsmem::arrive_expect(&bar[d], static_cast<unsigned>(kWarps * sizeof(float)));
+    if (threadIdx.x == 0) dsmem::arrive_expect(&bar[d], static_cast<unsigned>(kWarps * sizeof(V)));
     if (lane < cluster_size())
       dsmem::store_async(dsmem::map_rank(dsmem::smem_u32(&slot[d][warp]), lane), v,
                          dsmem::map_rank(dsmem::smem_u32(&bar[d]), lane));
@@ -349,14 +350,14 @@ struct ClusterWarpSums {
 #endif
   }
   // Exchange k's row sum (every thread).
-  __device__ __forceinline__ float wait_sum(int64_t k) {
+  __device__ __forceinline__ V wait_sum(int64_t k) {
     const int d = static_cast<int>(k % kDepth);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     dsmem::wait_parity(&bar[d], static_cast<unsigned>((k / kDepth) & 1));
 #else
     __syncthreads();
 #endif
-    float total = slot[d][0];
+    V total = slot[d][0];
 #pragma unroll
     for (int w = 1; w < kWarps; ++w) total = add(total, slot[d][w]);
     return total;
