@@ -1149,27 +1149,35 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
       for (int j = 0; j < kN; ++j)
         if (c * kN + j < p.cols) part[c * kN + j] = 0.0f;
   float acc[kShares][kN], wh[kShares][kN];
+  // kVec: the raw weight held, w' formed from it in each row, so that the first row's loads issue right behind the
+  // weight's (w' formed here waited on each chunk's load in turn, before any x load: backward_f32_cluster_kernel).
+  Chunk<W> wraw[kVec ? kShares : 1];
 #pragma unroll
   for (int k = 0; k < kShares; ++k) {
     const int c = t + k * kCta;
 #pragma unroll
     for (int j = 0; j < kN; ++j) acc[k][j] = 0.0f;
-    if (one_pass && c < p.chunks) {
-      if constexpr (kVec)
-        weights_vec<W>(p.w, c, p.cols, p.w_offset, wh[k]);
-      else
-        weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, wh[k]);
-    }
+    if constexpr (kVec)
+      wraw[k] = c < p.chunks ? weights_vec_raw<W>(p.w, c, p.cols) : zero_chunk<W>();
+    else if (one_pass && c < p.chunks)
+      weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, wh[k]);
   }
-  auto gy_of = [&](const G* gyr, int c) { return load_quad(gyr, c * kN, p.cols, kVec || p.gy_vector); };
+  auto gy_of = [&](const G* gyr, int c) {
+    if constexpr (kVec) return load_quad_whole(gyr, c * kN);
+    return load_quad(gyr, c * kN, p.cols, p.gy_vector);
+  };
   // gx's chunk c, and with gx_x its rounding to G there.
   auto store_gx = [&](int64_t row, int c, const Chunk<T>& g) {
     if constexpr (kVec)
       store16(p.gx + row * p.gx_stride + c * kN, g);
     else
       store_chunk(p.gx + row * p.gx_stride, c, p.cols, p.vector_io, g);
-    if (p.gx_x != nullptr)
-      store_quad(static_cast<G*>(p.gx_x) + row * p.gx_x_stride, c * kN, p.cols, kVec || p.gx_x_vector, g);
+    G* const gxx = static_cast<G*>(p.gx_x) + row * p.gx_x_stride;
+    if constexpr (kVec) {
+      if (p.gx_x != nullptr) store_quad_whole(gxx, c * kN, g);
+    } else if (p.gx_x != nullptr) {
+      store_quad(gxx, c * kN, p.cols, p.gx_x_vector, g);
+    }
   };
   int parity = 0;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
@@ -1177,6 +1185,9 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
     const G* gyr = reinterpret_cast<const G*>(p.gy) + row * p.gy_stride;
     const T* ghr = kGh && p.g_h != nullptr ? p.g_h + row * p.g_h_stride : nullptr;
     const float given_r = p.rstd != nullptr ? p.rstd[row] : 0.0f;
+    if constexpr (kVec)
+#pragma unroll
+      for (int k = 0; k < kShares; ++k) held_weights(wraw[k], p.w != nullptr, p.w_offset, wh[k]);
     float2 sums[kShares];
     Chunk<T> xk[kShares], hk[kShares];
     Chunk<G> gk[kShares];
@@ -1347,14 +1358,18 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::f32_cluster_b
   };
   // The rescaled paths' sums: one float, the .x of a float2 exchange (the shares kernel's cta_sum_rare_shares).
   auto rare = [&](float share) { return exchange(make_float2(share, 0.0f)).x; };
-  float wh[kPasses][kN], acc[kPasses][kN];
+  // The raw weight of this thread's chunks, held; w' is formed from it where used, so that the first row's x and gy
+  // loads issue right behind it (w' formed up front waited on each chunk's load in turn, before any x load).
+  Chunk<W> wraw[kPasses];
+  float acc[kPasses][kN];
 #pragma unroll
   for (int j = 0; j < kPasses; ++j) {
     const int c = v + j * kSum;
 #pragma unroll
-    for (int e = 0; e < kN; ++e) acc[j][e] = wh[j][e] = 0.0f;
-    if (c < p.chunks) weights_vec<W>(p.w, c, p.cols, p.w_offset, wh[j]);
+    for (int e = 0; e < kN; ++e) acc[j][e] = 0.0f;
+    wraw[j] = c < p.chunks ? weights_vec_raw<W>(p.w, c, p.cols) : zero_chunk<W>();
   }
+  const bool has_w = p.w != nullptr;
   for (int64_t row = unit; row < p.rows; row += clusters) {
     const T* xr = p.x + row * p.x_stride;
     const G* gyr = reinterpret_cast<const G*>(p.gy) + row * p.gy_stride;
@@ -1372,6 +1387,9 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::f32_cluster_b
         gk[j] = load_quad_whole(gyr, c * kN);
       }
     }
+    float wh[kPasses][kN];
+#pragma unroll
+    for (int j = 0; j < kPasses; ++j) held_weights(wraw[j], has_w, p.w_offset, wh[j]);
     float2 share = make_float2(0.0f, 0.0f);
 #pragma unroll
     for (int j = 0; j < kPasses; ++j)
