@@ -603,6 +603,24 @@ inline F32Forward f32_shares_forward(int64_t rows, int64_t cols, Io io, bool qua
 // order), so rstd, gx and, where the partials coincide (rows <= clusters), gw have its bits. The workspace is at
 // most the shares plan's (clusters <= its CTAs), which the workspace query (no pointers) returns.
 Launch f32_cluster_backward_launch(const Launch& shares, int64_t rows, int64_t cols, const Device& dev);
+// Where the backward takes it: f32_cluster_vec's rows, at 2 passes (D <= 8192) either at most
+// kF32ClusterBackwardRowsPerSm rows per SM or more than kF32ClusterBackwardFullChunks chunks. A 2-pass thread holds
+// at most 2 chunks (4 CTAs per SM): where the second pass is short an SM holds fewer bytes in flight than the shares
+// kernel's passes (2 CTAs of 256 threads x 4 chunks), and past a few rows per cluster that lost (H100, the residual
+// stream's forward and backward: 32768 x 4100 1516 -> 1716 us, 16384 x 6144 1090 -> 1135, 8192 x 7168 648 -> 655,
+// 16384 x 7168 1270 -> 1293), where rows past 7/8 of two passes won (4096 x 8192 394 -> 379, 16384 x 8192 1500 ->
+// 1482) and so did few rows at any fill (1 x 4100 14.1 -> 6.4, 528 x 6144 51.3 -> 44.3). At 3-4 passes it won at
+// every shape measured (4096 x 8200 418 -> 365, 8192 x 12000 1320 -> 960, 4096 x 16384 950 -> 640).
+inline constexpr int64_t kF32ClusterBackwardRowsPerSm = 4;
+inline constexpr int64_t kF32ClusterBackwardFullChunks = 7 * 2 * int64_t{kLoopedThreads} / 8;
+inline int64_t f32_cluster_backward_max_rows(int64_t chunks, const Device& dev) {
+  return f32_cluster_passes(chunks) == 2 && chunks <= kF32ClusterBackwardFullChunks
+             ? kF32ClusterBackwardRowsPerSm * dev.sm_count
+             : INT64_MAX;
+}
+inline bool f32_cluster_backward(int64_t rows, int64_t cols, Io io, bool quads, const Device& dev) {
+  return f32_cluster_vec(cols, io, quads, dev) && rows <= f32_cluster_backward_max_rows((cols + 3) / 4, dev);
+}
 // fp32 x with a 16-bit y takes the held forms wherever f32_shares_forward gives them, and kReadBack up to
 // kYDtypeSharesMaxChunks chunks (D <= 8192); longer rows read back take the 1024-thread
 // looped kernel (looped_forward_launch: two rows per SM, each read back from L1), which took 0.72x the shares' time at

@@ -640,7 +640,8 @@ TEST(Plan, Fp32ClusterForwardHoldsTheRowAcrossACluster) {
   }
 }
 
-// The fp32 forms' backward where f32_cluster_vec holds (every D 4097..16384 of whole vectors): the shares plan's row
+// The fp32 forms' backward where f32_cluster_backward holds (every D 4097..16384 of whole vectors; at 2 passes, D <=
+// 8192, for at most 4 rows per SM unless the row fills more than 7/8 of the two passes, D > 7168): the shares plan's row
 // on a cluster of kLoopedShares CTAs of kLoopedShareThreads, each thread holding its 2 (D <= 8192) or 4 chunks; as
 // many clusters as the device runs at once (f32_backward_active_clusters, or its SMs times the launch bound's CTAs
 // over kLoopedShares where unknown), at most the rows and the shares plan's partials, one gw partial each; a single
@@ -660,8 +661,14 @@ TEST(Plan, Fp32ClusterBackwardHoldsTheRowAcrossACluster) {
       ASSERT_TRUE(f32_cluster_vec(d, Io::kVector, true, h)) << d;
       const int64_t cap = dev != nullptr ? (passes == 2 ? 120 : 60) : int64_t{h.sm_count} * (passes == 2 ? 4 : 2) / 4;
       for (int64_t rows : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{59}, int64_t{60}, int64_t{61}, int64_t{132},
-                           int64_t{133}, int64_t{264}, int64_t{265}, int64_t{4096}, int64_t{1} << 30})
+                           int64_t{133}, int64_t{264}, int64_t{265}, int64_t{528}, int64_t{529}, int64_t{4096},
+                           int64_t{1} << 30})
         for (bool with_gw : {false, true}) {
+          const bool taken = passes == 4 || d > 7168 || rows <= 4 * int64_t{h.sm_count};
+          ASSERT_EQ(f32_cluster_backward(rows, d, Io::kVector, true, h), taken) << d << " " << rows;
+          ASSERT_FALSE(f32_cluster_backward(rows, d, Io::kVector, false, h)) << d;
+          ASSERT_FALSE(f32_cluster_backward(rows, d, Io::kElement, true, h)) << d;
+          ASSERT_FALSE(f32_cluster_backward(rows, d, Io::kVector, true, ampere())) << d;
           const Launch shares = mixed_backward_launch(rows, d, 4, Io::kVector, with_gw, h);
           const Launch l = f32_cluster_backward_launch(shares, rows, d, h);
           if (rows == 0) {

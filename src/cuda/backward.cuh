@@ -1633,7 +1633,7 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
                          : form == BackwardForm::kWeightF32 ? plan::weight_f32_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)
                                                             : plan::backward_launch(a.rows, a.cols, kEs, io, with_gw, dev);
   const bool f32_cluster = planned.row.cta_threads == plan::kLoopedShareThreads &&
-                           plan::f32_cluster_vec(a.cols, io, quads, dev);
+                           plan::f32_cluster_backward(a.rows, a.cols, io, quads, dev);
   if (f32_cluster) planned = plan::f32_cluster_backward_launch(planned, a.rows, a.cols, dev);
   // gw by column CTAs (plan::split_backward_launch) needs rstd, and gy unchanged while they read it.
   const plan::Launch l =
