@@ -1151,16 +1151,14 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
   float acc[kShares][kN], wh[kShares][kN];
   // kVec: the raw weight held, w' formed from it in each row, so that the first row's loads issue right behind the
   // weight's (w' formed here waited on each chunk's load in turn, before any x load: backward_f32_cluster_kernel).
-  Chunk<W> wraw[kVec ? kShares : 1];
+  Chunk<W> wraw[kShares];
+  if constexpr (kVec) weights_vec_raw_n<W>(p.w, t, kCta, p.chunks, p.cols, wraw);
 #pragma unroll
   for (int k = 0; k < kShares; ++k) {
     const int c = t + k * kCta;
 #pragma unroll
     for (int j = 0; j < kN; ++j) acc[k][j] = 0.0f;
-    if constexpr (kVec)
-      wraw[k] = c < p.chunks ? weights_vec_raw<W>(p.w, c, p.cols) : zero_chunk<W>();
-    else if (one_pass && c < p.chunks)
-      weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, wh[k]);
+    if (!kVec && one_pass && c < p.chunks) weights_any<W>(p.w, c, p.cols, p.vector_io, p.w_offset, wh[k]);
   }
   auto gy_of = [&](const G* gyr, int c) {
     if constexpr (kVec) return load_quad_whole(gyr, c * kN);
@@ -1361,14 +1359,12 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::f32_cluster_b
   // The raw weight of this thread's chunks, held; w' is formed from it where used, so that the first row's x and gy
   // loads issue right behind it (w' formed up front waited on each chunk's load in turn, before any x load).
   Chunk<W> wraw[kPasses];
+  weights_vec_raw_n<W>(p.w, v, kSum, p.chunks, p.cols, wraw);
   float acc[kPasses][kN];
 #pragma unroll
-  for (int j = 0; j < kPasses; ++j) {
-    const int c = v + j * kSum;
+  for (int j = 0; j < kPasses; ++j)
 #pragma unroll
     for (int e = 0; e < kN; ++e) acc[j][e] = 0.0f;
-    wraw[j] = c < p.chunks ? weights_vec_raw<W>(p.w, c, p.cols) : zero_chunk<W>();
-  }
   const bool has_w = p.w != nullptr;
   for (int64_t row = unit; row < p.rows; row += clusters) {
     const T* xr = p.x + row * p.x_stride;

@@ -1151,11 +1151,7 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
       for (int k0 = 0; k0 < kShares; k0 += kWGroup) {
         if constexpr (kLateW) {
           Chunk<W> wraw[kWGroup];
-#pragma unroll
-          for (int k = 0; k < kWGroup; ++k) {
-            const int c = t + (k0 + k) * kCta;
-            wraw[k] = c < p.chunks ? weights_vec_raw<W>(p.w, c, p.cols) : zero_chunk<W>();
-          }
+          weights_vec_raw_n<W>(p.w, t + k0 * kCta, kCta, p.chunks, p.cols, wraw);
 #pragma unroll
           for (int k = 0; k < kWGroup; ++k) held_weights(wraw[k], p.w != nullptr, p.w_offset, w[k0 + k]);
         }
@@ -1309,11 +1305,7 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::f32_cluster_c
 #pragma unroll
     for (int j0 = 0; j0 < kPasses; j0 += kWGroup) {
       Chunk<W> wraw[kWGroup];
-#pragma unroll
-      for (int j = 0; j < kWGroup; ++j) {
-        const int c = v + (j0 + j) * kSumThreads;
-        wraw[j] = c < p.chunks ? weights_vec_raw<W>(p.w, c, p.cols) : zero_chunk<W>();
-      }
+      weights_vec_raw_n<W>(p.w, v + j0 * kSumThreads, kSumThreads, p.chunks, p.cols, wraw);
 #pragma unroll
       for (int j = 0; j < kWGroup; ++j) {
         const int c = v + (j0 + j) * kSumThreads;

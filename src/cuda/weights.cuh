@@ -90,6 +90,18 @@ __device__ __forceinline__ Chunk<W> weights_vec_raw(const T* __restrict__ w, int
     return load_quad_whole(reinterpret_cast<const W*>(w), chunk * Chunk<T>::kN);
 }
 
+// weights_vec_raw of kCount chunks c0, c0 + step, .. (zero from `chunks` on): their loads issued together, before
+// anything waits on one of them.
+template <typename W, int kCount, typename T>
+__device__ __forceinline__ void weights_vec_raw_n(const T* __restrict__ w, int c0, int step, int chunks, int cols,
+                                                  Chunk<W> (&out)[kCount]) {
+#pragma unroll
+  for (int j = 0; j < kCount; ++j) {
+    const int c = c0 + j * step;
+    out[j] = c < chunks ? weights_vec_raw<W>(w, c, cols) : zero_chunk<W>();
+  }
+}
+
 // weights_any of a chunk that is a whole vector of the weight (the fp32 forms' kernels without element paths): a
 // weight of T by one 16-byte load, a 16-bit W by one 8-byte load.
 template <typename W, typename T>
