@@ -1628,7 +1628,9 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
   plan::Launch planned = mixed                                ? plan::mixed_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)
                          : form == BackwardForm::kWeightF32 ? plan::weight_f32_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)
                                                             : plan::backward_launch(a.rows, a.cols, kEs, io, with_gw, dev);
-  const bool f32_cluster = planned.row.cta_threads == plan::kLoopedShareThreads &&
+  // fp32 x's mixed forms alone: a 16-bit plain plan's rows band may run CTAs of kLoopedShareThreads too.
+  const bool f32_cluster = kEs == 4 && mixed && planned.row.band == plan::Band::kLooped &&
+                           planned.row.cta_threads == plan::kLoopedShareThreads &&
                            plan::f32_cluster_backward(a.rows, a.cols, io, quads, dev);
   if (f32_cluster) planned = plan::f32_cluster_backward_launch(planned, a.rows, a.cols, dev);
   // gw by column CTAs (plan::split_backward_launch) needs rstd, and gy unchanged while they read it.
