@@ -1170,11 +1170,12 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
       store16(p.gx + row * p.gx_stride + c * kN, g);
     else
       store_chunk(p.gx + row * p.gx_stride, c, p.cols, p.vector_io, g);
-    G* const gxx = static_cast<G*>(p.gx_x) + row * p.gx_x_stride;
-    if constexpr (kVec) {
-      if (p.gx_x != nullptr) store_quad_whole(gxx, c * kN, g);
-    } else if (p.gx_x != nullptr) {
-      store_quad(gxx, c * kN, p.cols, p.gx_x_vector, g);
+    if (p.gx_x != nullptr) {
+      G* const gxx = static_cast<G*>(p.gx_x) + row * p.gx_x_stride;
+      if constexpr (kVec)
+        store_quad_whole(gxx, c * kN, g);
+      else
+        store_quad(gxx, c * kN, p.cols, p.gx_x_vector, g);
     }
   };
   int parity = 0;
@@ -1628,10 +1629,9 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
   plan::Launch planned = mixed                                ? plan::mixed_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)
                          : form == BackwardForm::kWeightF32 ? plan::weight_f32_backward_launch(a.rows, a.cols, kEs, io, with_gw, dev)
                                                             : plan::backward_launch(a.rows, a.cols, kEs, io, with_gw, dev);
-  // fp32 x's mixed forms alone: a 16-bit plain plan's rows band may run CTAs of kLoopedShareThreads too.
-  const bool f32_cluster = kEs == 4 && mixed && planned.row.band == plan::Band::kLooped &&
-                           planned.row.cta_threads == plan::kLoopedShareThreads &&
-                           plan::f32_cluster_backward(a.rows, a.cols, io, quads, dev);
+  // fp32 x's mixed forms alone (mixed_backward_launch's shares plan); not by the plan's CTA size, which a 16-bit
+  // plain plan's rows band can have too.
+  const bool f32_cluster = kEs == 4 && mixed && plan::f32_cluster_backward(a.rows, a.cols, io, quads, dev);
   if (f32_cluster) planned = plan::f32_cluster_backward_launch(planned, a.rows, a.cols, dev);
   // gw by column CTAs (plan::split_backward_launch) needs rstd, and gy unchanged while they read it.
   const plan::Launch l =

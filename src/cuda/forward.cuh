@@ -1041,7 +1041,7 @@ __device__ __forceinline__ Chunk<float> load_h_chunk(const float* row, int chunk
   return h;
 }
 
-// Chunks c0, c0 + step, .. (kN of them) of row `row` in the held forms (every access a whole vector; rr: the row of
+// Chunks c0, c0 + step, .. (kChunks of them) of row `row` in the held forms (every access a whole vector; rr: the row of
 // the residual, or of x where kAdd is false): add_kernel's h = float(x) + residual, or x; 0 past the row's chunks.
 // Every load is issued before the first add, which waits on them (one add per chunk after its own loads made nvcc
 // issue the next chunk's loads only after it).
@@ -1249,9 +1249,10 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
 // forward_looped_add_f32_kernel's row (kAdd: the fp32 residual stream's h and y; else fp32 x with a 16-bit y) where
 // a summing thread has more than one chunk: a cluster of kLoopedShares CTAs of kLoopedShareThreads per row, thread t of
 // CTA q being summing thread v = q kLoopedShareThreads + t. It issues every load of its chunks v, v + 1024, ..
-// (kPasses at most) before the first add (held_h_chunks) and holds them to y, sums their squares in that order, and its warp's butterfly sum goes to every CTA of
-// the cluster (ClusterWarpSums), which adds the 32 warp sums in warp order: row_sum<1024, 1>'s bits, so rstd, h and y
-// are the other forms' (and the backward's recompute). No read-back of x or h; w' loaded after the reduction.
+// (kPasses at most) before the first add (held_h_chunks) and holds them to y, sums their squares in that order, and
+// its warp's butterfly sum goes to every CTA of the cluster (ClusterWarpSums), which adds the 32 warp sums in warp
+// order: row_sum<1024, 1>'s bits, so rstd, h and y are the other forms' (and the backward's recompute). No read-back
+// of x or h; w' loaded after the reduction, a group of chunks' loads before their y stores.
 // Every access is a whole vector (plan::f32_cluster_vec). One row per cluster, clusters walking rows past the grid.
 template <typename T, typename W, bool kAdd, int kPasses>
 __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::f32_cluster_ctas_per_sm(kPasses))

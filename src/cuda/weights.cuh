@@ -77,10 +77,10 @@ __device__ __forceinline__ void weights_any(const T* __restrict__ w, int chunk, 
     weights_elems(reinterpret_cast<const W*>(w), chunk * Chunk<T>::kN, cols, offset, out);
 }
 
-// weights_vec in two steps, so that a kernel can issue the loads of several chunks before it waits on any: the
-// chunk's raw weight (a weight of T: one 16-byte load; a 16-bit W: one 8-byte load into the chunk's low words; zero
-// without a weight), then w' from it (held_weights, with has_weight = w != nullptr). The chunk must be whole (the
-// held kernels' rows): no element path.
+// The raw weight of a chunk that is a whole vector of it (the fp32 forms' held kernels, no element path): a weight
+// of T by one 16-byte load, a 16-bit W by one 8-byte load into the chunk's low words, zero without a weight. w' comes
+// from it by held_weights (has_weight = w != nullptr), so a kernel can issue several chunks' loads before it waits
+// on any.
 template <typename W, typename T>
 __device__ __forceinline__ Chunk<W> weights_vec_raw(const T* __restrict__ w, int chunk, int cols) {
   if (w == nullptr) return zero_chunk<W>();
@@ -99,22 +99,6 @@ __device__ __forceinline__ void weights_vec_raw_n(const T* __restrict__ w, int c
   for (int j = 0; j < kCount; ++j) {
     const int c = c0 + j * step;
     out[j] = c < chunks ? weights_vec_raw<W>(w, c, cols) : zero_chunk<W>();
-  }
-}
-
-// weights_any of a chunk that is a whole vector of the weight (the fp32 forms' kernels without element paths): a
-// weight of T by one 16-byte load, a 16-bit W by one 8-byte load.
-template <typename W, typename T>
-__device__ __forceinline__ void weights_vec(const T* __restrict__ w, int chunk, int cols, float offset,
-                                            float (&out)[Chunk<T>::kN]) {
-  constexpr int kN = Chunk<T>::kN;
-  if constexpr (std::is_same_v<W, T>) {
-    weights_of(w, chunk, cols, true, offset, out);
-  } else if (w == nullptr) {
-#pragma unroll
-    for (int j = 0; j < kN; ++j) out[j] = 1.0f;
-  } else {
-    quad_weights(reinterpret_cast<const W*>(w), chunk * kN, cols, offset, out);
   }
 }
 
