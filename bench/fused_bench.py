@@ -32,6 +32,9 @@ Operations and implementations (bf16 x, residual and w, eps 1e-5, the same tenso
     compile        torch.compile of the fp32 formula rounded once to bf16
   quant fp8/block128, int8/block128: the same with one scale per 128 columns of a row (rms_norm_quant's
     group_size=128, row-major scales); the eager and compiled forms reduce max|y| over a (rows, D / 128, 128) view.
+  fused (no PDL)   diagnostic, not a peer, forward ops only: the fused op's operator called directly with
+    RMSNORM_FLAG_NO_PDL. With PDL our kernel is resident before the kernel ahead of it (the timing marker) has ended,
+    and CUPTI counts that wait in its kernel time; this column shows how much of a gap at a small shape that is.
 
 Timing as in bench/torch_ops_bench.py (its Bench class does it): kernel_us is the CUPTI span of one call's kernels
 with the L2 flushed before it, call_us the CUDA-event time per call; medians of --reps calls.
@@ -61,7 +64,9 @@ QUICK_SHAPES = [(1, 4096), (8192, 4096)]
 OPS = ["add forward", "add fwd+bwd", "quant fp8/row", "quant fp8/static", "quant int8/row", "quant fp8/block128",
        "quant int8/block128", "add f32res fwd", "add f32res fwd+bwd", "w f32 fwd", "f32 to bf16 fwd"]
 GROUP = 128
-IMPLS = ["fused", "2 passes", "eager", "compile"]
+IMPLS = ["fused", "2 passes", "eager", "compile", "fused (no PDL)"]
+DIAGNOSTIC = {"fused (no PDL)"}  # shown, never the verdict's "best other"
+FLAG_NO_PDL = 4  # RMSNORM_FLAG_NO_PDL (include/rmsnorm/rmsnorm.h)
 
 
 def eager_quant(torch, y, fp8, scale):
@@ -86,8 +91,29 @@ def eager_block_quant(torch, y, fp8, group):
     return q.view(rows, d), s.view(rows, d // group)
 
 
+def make_no_pdl(torch, rmsnorm, op):
+    """The forward op's operator with RMSNORM_FLAG_NO_PDL, arguments as `make`'s fused form takes them."""
+    ops = torch.ops.rmsnorm
+    f = FLAG_NO_PDL
+    if "fwd+bwd" in op:
+        raise NotImplementedError("forward ops only")
+    if op == "f32 to bf16 fwd":
+        return lambda x, r, w: ops.forward_inference(x, w, EPS, f | rmsnorm._Y_DTYPE_FLAG[torch.bfloat16])
+    if op == "w f32 fwd":
+        return lambda x, r, w: ops.forward_inference(x, w, EPS, f)
+    if op.startswith("add"):
+        return lambda x, r, w: ops.add_forward(x, r, w, EPS, f)[:2]
+    qdtype = torch.float8_e4m3fn if "fp8" in op else torch.int8
+    if "block" in op:
+        return lambda x, w, scale: ops.forward_block_quant(x, w, EPS, f, qdtype, GROUP, False, None)
+    static = "static" in op
+    return lambda x, w, scale: ops.forward_quant(x, w, EPS, f, qdtype, scale if static else None, None)
+
+
 def make(torch, rmsnorm, op, impl, cols):
     F = torch.nn.functional
+    if impl == "fused (no PDL)":
+        return make_no_pdl(torch, rmsnorm, op)
 
     def formula(h, w):
         hf = h.float()
@@ -195,13 +221,13 @@ def main():
     props = torch.cuda.get_device_properties(0)
     copy_us, copy_gbps = b.measure_copy()
     meta.update({"gpu": props.name, "cuda": torch.version.cuda, "torch": torch.__version__, "reps": args.reps,
-                 "copy_gbps": copy_gbps})
+                 "copy_gbps": copy_gbps, "l2_flush": b.flush_method})
     print(f"{props.name}, CUDA {torch.version.cuda}, torch {torch.__version__}, commit {meta['commit']}; "
           f"copy ceiling {copy_gbps:.0f} GB/s")
     dev = torch.device("cuda")
     ops = [o for o in args.ops.split(",") if o]
     cases = []
-    print(f"\n{'shape':<12} {'op':<17} {'impl':<9} {'kernel us':>9} {'call us':>9} {'GB/s':>8} {'%copy':>7}")
+    print(f"\n{'shape':<12} {'op':<17} {'impl':<14} {'kernel us':>9} {'call us':>9} {'GB/s':>8} {'%copy':>7}")
     for rows, cols in shapes:
         gen = torch.Generator(device=dev).manual_seed(rows * 7 + cols)
         x = torch.randn(rows, cols, dtype=torch.bfloat16, device=dev, generator=gen)
@@ -250,28 +276,32 @@ def main():
                          "stream_us": statistics.median(s[1] for s in spans),
                          "call_us": statistics.median(es), "gbps": nbytes / k / 1e3}
                     c["pct_copy"] = 100.0 * c["gbps"] / copy_gbps
-                    print(f"{f'{rows}x{cols}':<12} {op:<17} {impl:<9} {k:9.2f} {c['call_us']:9.2f} "
+                    print(f"{f'{rows}x{cols}':<12} {op:<17} {impl:<14} {k:9.2f} {c['call_us']:9.2f} "
                           f"{c['gbps']:8.1f} {c['pct_copy']:6.1f}%", flush=True)
                 except Exception as e:  # noqa: BLE001
                     torch.cuda.synchronize()
                     c = {"rows": rows, "cols": cols, "op": op, "impl": impl, "error": str(e).splitlines()[0][:200]}
-                    print(f"{f'{rows}x{cols}':<12} {op:<17} {impl:<9} ERROR {c['error']}", flush=True)
+                    print(f"{f'{rows}x{cols}':<12} {op:<17} {impl:<14} ERROR {c['error']}", flush=True)
                 cases.append(c)
                 torch._dynamo.reset()
     print()
-    lines = [f"{'shape':<12} {'op':<17} {'fused us':>9} {'%copy':>6} {'best other':>20} {'fused/best':>10}  verdict"]
+    lines = [f"{'shape':<12} {'op':<17} {'fused us':>9} {'%copy':>6} {'no PDL':>8} {'best other':>20} "
+             f"{'fused/best':>10}  verdict"]
     keyed = {}
     for c in cases:
         keyed.setdefault((c["rows"], c["cols"], c["op"]), {})[c["impl"]] = c
     for (rows, cols, op), by in keyed.items():
         fu = by.get("fused", {}).get("kernel_us")
-        others = [(v["kernel_us"], k) for k, v in by.items() if k != "fused" and "kernel_us" in v]
+        others = [(v["kernel_us"], k) for k, v in by.items()
+                  if k != "fused" and k not in DIAGNOSTIC and "kernel_us" in v]
+        nopdl = by.get("fused (no PDL)", {}).get("kernel_us")
+        nopdl_s = f"{nopdl:8.2f}" if nopdl is not None else f"{'-':>8}"
         best = min(others) if others else (None, "-")
         if fu is None or best[0] is None:
             lines.append(f"{f'{rows}x{cols}':<12} {op:<17} -")
             continue
         ratio = fu / best[0]
-        lines.append(f"{f'{rows}x{cols}':<12} {op:<17} {fu:9.2f} {by['fused']['pct_copy']:6.1f} "
+        lines.append(f"{f'{rows}x{cols}':<12} {op:<17} {fu:9.2f} {by['fused']['pct_copy']:6.1f} {nopdl_s} "
                      f"{f'{best[1]} {best[0]:.2f}':>20} {ratio:10.3f}  {'ahead' if ratio <= 1 else 'BEHIND'}")
     print("\n".join(lines))
     tob.write_json(args.json, {**meta, "cases": cases, "summary": lines})

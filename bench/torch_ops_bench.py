@@ -20,7 +20,9 @@ torch.autograd.grad(y, [x, w], gy): one forward and one backward per call).
 
 What is measured, per case:
   kernel_us  device time from the call's first kernel start (or the end of the marker before it, if later: see
-             call_spans) to its last kernel (or memset/memcpy) end, read from CUPTI through torch.profiler, with the L2 flushed (a 256 MiB buffer zeroed) before every call; a
+             call_spans) to its last kernel (or memset/memcpy) end, read from CUPTI through torch.profiler, with the
+             L2 flushed before every call (a 256 MiB buffer written with the L2 evict_last policy, then set back to
+             normal priority: bench/l2_flush.py says why; a zeroed buffer left Inductor's evict_last inputs cached); a
              torch.cuda._sleep marker before and after each call delimits its kernels and gives the GPU a head start,
              so that launch gaps inside a multi-kernel op are the GPU's, not Python's. Median of --reps calls.
   stream_us  the same calls' time from the end of the marker before (the previous kernel on the stream) to the last
@@ -123,7 +125,9 @@ class Bench:
         self.args = args
         self.dev = torch.device("cuda")
         self.dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-        self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=self.dev)
+        from l2_flush import make_flush  # bench/l2_flush.py
+
+        self.flush, self.flush_method = make_flush(torch, FLUSH_BYTES)
         self.cases = []
         self.impls = {}
         import rmsnorm
@@ -163,9 +167,6 @@ class Bench:
         raise ValueError(impl)
 
     # ---- timing ----------------------------------------------------------------------------
-
-    def flush(self):
-        self.flush_buf.zero_()
 
     def kernel_times(self, call):
         """Device span of each call's kernels (us), L2 flushed before each, from CUPTI."""
@@ -516,7 +517,8 @@ def main():
     meta.update({"gpu": props.name, "sms": props.multi_processor_count, "driver": driver_version(),
                  "cuda": torch.version.cuda, "torch": torch.__version__,
                  "liger": package_version("liger-kernel") if b.liger else None,
-                 "reps": args.reps, "eps": EPS, "l2_flush_bytes": FLUSH_BYTES})
+                 "reps": args.reps, "eps": EPS, "l2_flush_bytes": FLUSH_BYTES,
+                 "l2_flush": b.flush_method})
     copy_us, copy_gbps = b.measure_copy()
     meta["copy_1gib_us"], meta["copy_gbps"] = copy_us, copy_gbps
     print(f"{props.name}, driver {meta['driver']}, CUDA {torch.version.cuda}, torch {torch.__version__}, "
