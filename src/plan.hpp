@@ -361,7 +361,8 @@ struct Device {
   int cc_major = 9;
   size_t max_smem_optin = 227 * 1024;  // per CTA, bytes
   size_t smem_per_sm = 228 * 1024;     // per SM, bytes
-  int max_cluster = 8;                 // largest cluster of kClusterTpr-thread CTAs the device co-schedules
+  int max_cluster = 8;                 // largest cluster of kClusterTpr-thread CTAs the device co-schedules, it and
+                                       // every smaller size, for both cluster kernels
   bool sm90_code = false;              // the kernels carry compute_90 code (programmatic dependent launch)
   // Clusters of 2, 4, 8, 16 CTAs (index log2 - 1) the device runs at once
   // with the forward / backward cluster kernels (cudaOccupancyMaxActiveClusters);
@@ -371,6 +372,9 @@ struct Device {
   // Clusters of kLoopedShares CTAs of backward_f32_cluster_kernel the device runs at once, at 2 and at
   // kF32ClusterMaxPasses passes (f32_cluster_backward_index); 0: unknown (from the SM count and the launch bound).
   int f32_backward_active_clusters[2] = {0, 0};
+  // The fp32 forms' cluster kernels run here (false where cudaOccupancyMaxActiveClusters gives 0 clusters of
+  // kLoopedShares CTAs of backward_f32_cluster_kernel at either pass count): f32_cluster_vec then holds nowhere.
+  bool f32_clusters = true;
 };
 
 // Index of a cluster size in Device::*_active_clusters (2 -> 0 ... 16 -> 3).
@@ -578,11 +582,12 @@ inline bool f32_shares_vec(int64_t cols, Io io, bool quads) {
 }
 inline int64_t f32_shares_held_rows(const Device& dev) { return int64_t{dev.sm_count} * kLoopedShareHeldCtasPerSm; }
 // F32Forward::kCluster's rows: more than one pass of whole vectors (as f32_shares_vec), at most kF32ClusterMaxPasses,
-// on a device that co-schedules clusters of kLoopedShares CTAs (max_cluster is 1 without sm_90 code); at 2 passes,
-// at most f32_cluster_max_rows of them.
+// on a device that co-schedules clusters of kLoopedShares CTAs (max_cluster is 1 without sm_90 code) of these
+// kernels (Device::f32_clusters); at 2 passes, at most f32_cluster_max_rows of them.
 inline bool f32_cluster_vec(int64_t cols, Io io, bool quads, const Device& dev) {
   return io == Io::kVector && quads && cols % 4 == 0 && cols / 4 > kLoopedThreads &&
-         cols / 4 <= int64_t{kF32ClusterMaxPasses} * kLoopedThreads && dev.max_cluster >= kLoopedShares;
+         cols / 4 <= int64_t{kF32ClusterMaxPasses} * kLoopedThreads && dev.max_cluster >= kLoopedShares &&
+         dev.f32_clusters;
 }
 inline int64_t f32_cluster_max_rows(int64_t chunks, const Device& dev) {
   return f32_cluster_passes(chunks) == 2 ? int64_t{dev.sm_count} : INT64_MAX;

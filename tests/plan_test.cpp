@@ -28,6 +28,13 @@ Device hopper(int max_cluster = 8) {
   d.max_cluster = max_cluster;
   return d;
 }
+// An sm_90 device whose queries gave no co-scheduled cluster of the fp32 forms' backward kernel (device.cu then
+// clears f32_clusters).
+Device hopper_without_f32_clusters() {
+  Device d = hopper(16);
+  d.f32_clusters = false;
+  return d;
+}
 Device ampere() {
   Device d;
   d.sm_count = 108;
@@ -96,7 +103,8 @@ std::string check_row_plan(const RowPlan& p, int64_t d, int esize, const Device&
 }
 
 TEST(Plan, EveryDInEveryBandIsCoveredAndMinimal) {
-  const Device devs[] = {hopper(8), hopper(16), ampere()};
+  // Clusters of 2 and 4 at most: what device.cu leaves of max_cluster where larger sizes are not co-scheduled.
+  const Device devs[] = {hopper(8), hopper(16), hopper(4), hopper(2), ampere()};
   for (const Device& dev : devs) {
     for (int esize : {2, 4}) {
       for (int64_t d = 1; d <= kMaxD; ++d) {
@@ -598,8 +606,8 @@ TEST(Plan, Fp32SharesHeldRows) {
 // kLoopedShares; at D <= 8192 for at most one row per SM): a cluster of kLoopedShares CTAs of kLoopedShareThreads
 // per row (the looped row's summing threads, one each), each thread holding its 2 chunks (D <= 8192) or 4; one row
 // per cluster up to kMaxGrid CTAs; the launch bound at 2048 or kLoopedShareLateThreadsPerSm threads per SM. Not
-// where the device runs no clusters of 4 (sm_80, or a build without compute_90 code: max_cluster 1), nor past 4
-// passes, nor at one pass (the held forms).
+// where the device runs no clusters of 4 (sm_80, or a build without compute_90 code: max_cluster 1; or none of the
+// fp32 forms' kernels: f32_clusters false), nor past 4 passes, nor at one pass (the held forms).
 TEST(Plan, Fp32ClusterForwardHoldsTheRowAcrossACluster) {
   static_assert(kLoopedShares * kLoopedShareThreads == kLoopedThreads, "one summing thread per thread");
   static_assert(kF32ClusterMaxPasses == 4, "D <= 16384");
@@ -608,8 +616,8 @@ TEST(Plan, Fp32ClusterForwardHoldsTheRowAcrossACluster) {
   ASSERT_EQ(f32_shares_cta(4100 / 4, F32Forward::kCluster), kLoopedShareThreads);
   for (int64_t d = 4 * kLoopedThreads - 8; d <= 16 * kLoopedThreads + 8; ++d) {
     const int64_t chunks = (d + 3) / 4;
-    for (const Device& dev : {hopper(), hopper(16), hopper(2), ampere()}) {
-      const bool vec = d % 4 == 0 && d > 4096 && d <= 16384 && dev.max_cluster >= kLoopedShares;
+    for (const Device& dev : {hopper(), hopper(16), hopper(4), hopper(2), hopper_without_f32_clusters(), ampere()}) {
+      const bool vec = d % 4 == 0 && d > 4096 && d <= 16384 && dev.max_cluster >= kLoopedShares && dev.f32_clusters;
       ASSERT_EQ(f32_cluster_vec(d, Io::kVector, true, dev), vec) << d;
       ASSERT_FALSE(f32_cluster_vec(d, Io::kVector, false, dev)) << d;
       ASSERT_FALSE(f32_cluster_vec(d, Io::kElement, true, dev)) << d;
@@ -669,6 +677,8 @@ TEST(Plan, Fp32ClusterBackwardHoldsTheRowAcrossACluster) {
           ASSERT_FALSE(f32_cluster_backward(rows, d, Io::kVector, false, h)) << d;
           ASSERT_FALSE(f32_cluster_backward(rows, d, Io::kElement, true, h)) << d;
           ASSERT_FALSE(f32_cluster_backward(rows, d, Io::kVector, true, ampere())) << d;
+          ASSERT_FALSE(f32_cluster_backward(rows, d, Io::kVector, true, hopper_without_f32_clusters())) << d;
+          ASSERT_FALSE(f32_cluster_backward(rows, d, Io::kVector, true, hopper(2))) << d;
           const Launch shares = mixed_backward_launch(rows, d, 4, Io::kVector, with_gw, h);
           const Launch l = f32_cluster_backward_launch(shares, rows, d, h);
           if (rows == 0) {
@@ -737,7 +747,9 @@ TEST(Plan, ResidualF32ForwardIsTheLoopedRowInShares) {
             ASSERT_EQ(l.row.cta_threads, form == F32Forward::kHeld ? kLoopedShareThreads : small) << d;
             ASSERT_EQ(l.row.cta_threads, f32_shares_cta(chunks, form)) << d;
             // A smaller CTA's shares hold every chunk: the kernel walks one pass of them.
-            if (l.row.cta_threads < kLoopedShareThreads) ASSERT_LE(chunks, int64_t{kLoopedShares} * l.row.cta_threads);
+            if (l.row.cta_threads < kLoopedShareThreads) {
+              ASSERT_LE(chunks, int64_t{kLoopedShares} * l.row.cta_threads);
+            }
             ASSERT_EQ(l.grid, f.grid) << d;
             ASSERT_EQ(l.io, io) << d;
             ASSERT_EQ(l.smem, 0u) << d;
@@ -1393,7 +1405,9 @@ TEST(Plan, BackwardPairedIoAndRows) {
         ASSERT_EQ(backward_paired_rows(l.io, d, esize), d % vec == 0) << d;
         // One kernel per offset: the 16-bit rows of D 1025..2048 (64 threads x 4 chunks) and no others.
         const bool per_offset = backward_paired_per_offset(tpr, cpt, esize);
-        if (l.kernel == Kernel::kBackwardRowsShifted) ASSERT_EQ(per_offset, esize == 2 && d > 1024 && d <= 2048) << d;
+        if (l.kernel == Kernel::kBackwardRowsShifted) {
+          ASSERT_EQ(per_offset, esize == 2 && d > 1024 && d <= 2048) << d;
+        }
         ASSERT_FALSE(backward_paired_rows(Io::kElement, d, esize)) << d;
         ASSERT_FALSE(backward_paired_rows(Io::kPairedRows, d, esize)) << d;
       }

@@ -347,11 +347,23 @@ rmsnorm_status_t device_properties(int device, plan::Device* out) {
                                        plan::backward_launch(2, cols, 2, plan::Io::kVector, true, d).smem,
                                        &d.backward_active_clusters[k]));
     }
+    // A size the device does not co-schedule (0 clusters: a partition with few SMs per GPC, say) is never
+    // planned, nor any larger one: their rows take the looped band, where a launch of that size would fail.
+    int usable = 1;
+    for (int cs = 2; cs <= d.max_cluster; cs *= 2) {
+      const int k = plan::cluster_index(cs);
+      if (d.forward_active_clusters[k] <= 0 || d.backward_active_clusters[k] <= 0) break;
+      usable = cs;
+    }
+    d.max_cluster = usable;
     if (d.max_cluster >= plan::kLoopedShares)
-      for (int passes : {2, plan::kF32ClusterMaxPasses})
-        RMSNORM_CUDA_TRY(active_clusters(f32_cluster_backward_kernel_handle(passes), plan::kLoopedShares, 0,
-                                         &d.f32_backward_active_clusters[plan::f32_cluster_backward_index(passes)],
+      for (int passes : {2, plan::kF32ClusterMaxPasses}) {
+        int& n = d.f32_backward_active_clusters[plan::f32_cluster_backward_index(passes)];
+        RMSNORM_CUDA_TRY(active_clusters(f32_cluster_backward_kernel_handle(passes), plan::kLoopedShares, 0, &n,
                                          plan::kLoopedShareThreads));
+        // The forward's cluster kernel holds fewer registers than the backward's: where these run, it does.
+        if (n <= 0) d.f32_clusters = false;
+      }
   }
   cache[device] = d;
   *out = d;
