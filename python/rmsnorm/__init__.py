@@ -17,6 +17,7 @@ import operator
 import os
 import warnings
 from collections.abc import Sequence
+from typing import Optional  # TorchScript reads annotations; it takes no "X | None"
 
 import torch
 import torch.autograd.forward_ad as _fwad
@@ -812,6 +813,38 @@ def add_rms_norm_quant(
     return (q.view(shape), scales, h.view(shape)) if k > 1 else (q, scales, h)
 
 
+if cpp_autograd:
+
+    def _scripted_op(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, flags: int) -> torch.Tensor:
+        """RMSNorm under torch.jit.script: the differentiable operator (the C++ autograd node) that eager uses."""
+        return torch.ops.rmsnorm.forward_autograd(x, weight, eps, flags)
+
+else:
+
+    def _scripted_op(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, flags: int) -> torch.Tensor:
+        """Without the C++ autograd node: rmsnorm::forward, differentiable through its registered autograd (the
+        same formula; more host time per call)."""
+        return torch.ops.rmsnorm.forward(x, weight, eps, flags)[0]
+
+
+def _scripted_formula(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, flags: int, k: int) -> torch.Tensor:
+    """The shapes the library does not take (an empty last dim, no normalized dims, no elements), under
+    torch.jit.script: _forward_formula's arithmetic in torch ops."""
+    xf = x.float()
+    dims = [d for d in range(x.dim() - k, x.dim())]
+    xh = xf * torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)
+    if (flags & 2) != 0:  # FLAG_ROUND_XHAT
+        xh = xh.to(x.dtype).float()
+    if weight is not None:
+        wf = weight.float()
+        xh = xh * (wf + 1.0 if (flags & 1) != 0 else wf)  # FLAG_WEIGHT_OFFSET
+    return xh.to(x.dtype)
+
+
+if (FLAG_WEIGHT_OFFSET, FLAG_ROUND_XHAT, _DEFAULT_EPS) != (1, 2, 1.1920928955078125e-07):
+    raise ImportError("rmsnorm: RMSNorm._scripted_forward's constants differ from the module's")
+
+
 class RMSNorm(torch.nn.RMSNorm):
     """``torch.nn.RMSNorm`` on the rmsnorm library: the same constructor, parameter and state dict (an
     ``nn.RMSNorm`` state dict loads into it and back), plus the library's ``weight_offset`` and ``round_xhat``
@@ -842,10 +875,43 @@ class RMSNorm(torch.nn.RMSNorm):
                 torch.nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            return self._scripted_forward(x)
+        return self._eager_forward(x)
+
+    @torch.jit.unused
+    def _eager_forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(
             x, self.normalized_shape, self.weight, self.eps, weight_offset=self.weight_offset,
             round_xhat=self.round_xhat,
         )
+
+    def _scripted_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """forward under torch.jit.script, which cannot compile rms_norm: the same operator on the same arguments
+        (so the same bits and gradients), the shape checked here, the rest of the argument rules by the operator.
+        An empty last dim is F.rms_norm's, as in rms_norm."""
+        # TorchScript takes no module-level Python numbers: _DEFAULT_EPS, FLAG_WEIGHT_OFFSET and FLAG_ROUND_XHAT are
+        # written out (a check after _scripted_formula ties them).
+        k = len(self.normalized_shape)
+        shape_ok = x.dim() >= k
+        if shape_ok:
+            i = x.dim() - k
+            for n in self.normalized_shape:
+                if x.shape[i] != n:
+                    shape_ok = False
+                i += 1
+        if not shape_ok:
+            raise RuntimeError("rmsnorm.RMSNorm: the input's last dims are not normalized_shape")
+        eps_opt = self.eps
+        eps = eps_opt if eps_opt is not None else 1.1920928955078125e-07
+        flags = (1 if self.weight_offset else 0) | (2 if self.round_xhat else 0)
+        w = self.weight
+        if x.numel() == 0 or x.shape[-1] == 0 or k == 0:
+            return _scripted_formula(x, w, eps, flags, k)
+        if k > 1:
+            return _scripted_op(x.flatten(x.dim() - k), w.flatten() if w is not None else None, eps, flags).view(
+                x.shape)
+        return _scripted_op(x, w, eps, flags)
 
     def extra_repr(self) -> str:
         s = super().extra_repr()

@@ -5,6 +5,8 @@ weight under 16-bit activations."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -245,6 +247,60 @@ def test_jit_trace(device):
         with torch.no_grad():
             a, b = module(*args), traced(*args)
             assert torch.equal(a[0] if isinstance(a, tuple) else a, b[0] if isinstance(b, tuple) else b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_jit_script(device):
+    """torch.jit.script compiles RMSNorm (nn.RMSNorm scripts, so a swapped-in one must): the scripted module runs the
+    eager module's operator, so its y and gradients are eager's bit for bit, for every constructor option, several
+    normalized dims, no weight, eps None, and 16-bit input; it survives torch.jit.save and load; an input whose last
+    dims are not normalized_shape raises (torch.jit.Error, as scripted code reports a raise); an empty last dim gives
+    eager's (F.rms_norm's) empty result."""
+    gen = torch.Generator(device=device).manual_seed(7)
+    cases = [
+        dict(shape=64),
+        dict(shape=64, eps=1e-5, weight_offset=True),
+        dict(shape=96, round_xhat=True, dtype=torch.bfloat16),
+        dict(shape=32, elementwise_affine=False, dtype=torch.float16),
+        dict(shape=(4, 16), eps=1e-6),
+    ]
+    for case in cases:
+        case = dict(case)
+        shape, dtype = case.pop("shape"), case.pop("dtype", torch.float32)
+        norm = rmsnorm.RMSNorm(shape, device=device, dtype=dtype, **case)
+        if norm.weight is not None:
+            with torch.no_grad():
+                norm.weight.copy_(randn(*norm.weight.shape, dtype=dtype, device=device, gen=gen))
+        scripted = torch.jit.script(norm)
+        # The library's operator, not a formula in torch ops (the empty-row formula is the graph's other branch).
+        graph = str(scripted.inlined_graph)
+        assert ("rmsnorm::forward_autograd" if rmsnorm.cpp_autograd else "rmsnorm::forward(") in graph, case
+        buf = io.BytesIO()
+        torch.jit.save(scripted, buf)
+        buf.seek(0)
+        loaded = torch.jit.load(buf, map_location=device)
+        lead = (5, 3)
+        x = randn(*lead, *((shape,) if isinstance(shape, int) else shape), dtype=dtype, device=device,
+                  gen=gen).requires_grad_()
+        gy = randn(*x.shape, dtype=dtype, device=device, gen=gen)
+        results = []
+        for m in (norm, scripted, loaded):
+            y = m(x)
+            params = [p for p in m.parameters()]
+            grads = torch.autograd.grad(y, [x] + params, gy)
+            results.append([y.detach()] + [g for g in grads])
+        for got in results[1:]:
+            assert len(got) == len(results[0]), case
+            for a, b in zip(results[0], got):
+                assert a.dtype == b.dtype and torch.equal(a, b), case
+        with torch.no_grad():
+            assert torch.equal(scripted(x), norm(x)), case
+        with pytest.raises(torch.jit.Error, match="normalized_shape"):  # how TorchScript reports a raise
+            scripted(randn(5, 7, device=device, dtype=dtype))
+    empty = rmsnorm.RMSNorm(0, device=device)
+    x0 = randn(4, 0, device=device)
+    y0 = torch.jit.script(empty)(x0)
+    assert y0.shape == (4, 0) and torch.equal(y0, empty(x0))
 
 
 class LlamaRMSNorm(torch.nn.Module):
