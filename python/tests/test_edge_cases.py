@@ -251,11 +251,11 @@ def test_jit_trace(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_jit_script(device):
-    """torch.jit.script compiles RMSNorm (nn.RMSNorm scripts, so a swapped-in one must): the scripted module runs the
-    eager module's operator, so its y and gradients are eager's bit for bit, for every constructor option, several
-    normalized dims, no weight, eps None, and 16-bit input; it survives torch.jit.save and load; an input whose last
-    dims are not normalized_shape raises (torch.jit.Error, as scripted code reports a raise); an empty last dim gives
-    eager's (F.rms_norm's) empty result."""
+    """torch.jit.script compiles RMSNorm, alone and inside a model (nn.RMSNorm scripts, so a swapped-in one must):
+    the scripted module runs the eager module's operator, so its y and gradients are eager's bit for bit, for every
+    constructor option, several normalized dims, no weight, eps None, and 16-bit input; it survives torch.jit.save
+    and load; an input whose last dims are not normalized_shape raises (torch.jit.Error, as scripted code reports a
+    raise); an empty last dim gives eager's (F.rms_norm's) empty result."""
     gen = torch.Generator(device=device).manual_seed(7)
     cases = [
         dict(shape=64),
@@ -297,6 +297,10 @@ def test_jit_script(device):
             assert torch.equal(scripted(x), norm(x)), case
         with pytest.raises(torch.jit.Error, match="normalized_shape"):  # how TorchScript reports a raise
             scripted(randn(5, 7, device=device, dtype=dtype))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), rmsnorm.RMSNorm(64, eps=1e-6)).to(device)
+    xm = randn(6, 64, device=device, gen=gen)
+    with torch.no_grad():
+        assert torch.equal(torch.jit.script(model)(xm), model(xm))
     empty = rmsnorm.RMSNorm(0, device=device)
     x0 = randn(4, 0, device=device)
     y0 = torch.jit.script(empty)(x0)
