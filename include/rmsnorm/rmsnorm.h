@@ -4,7 +4,14 @@
  * C ABI (C99). Every entry point validates all of its arguments before it
  * touches memory: on any failure it returns a status, sets a per-thread
  * message naming the argument and the reason (rmsnorm_last_error), and writes
- * nothing.
+ * nothing. The one exception is a CUDA error reported by a launch after the
+ * first of a call that launches several kernels (the backward's gw finalize
+ * after its main kernel; the forward of rows whose alignment changes from row
+ * to row, one launch per alignment class): the status is then
+ * RMSNORM_STATUS_CUDA_ERROR, and what the kernels before it wrote stays
+ * written. Such an error comes from the device (an asynchronous fault of
+ * earlier work, say), not from the arguments, which are all validated before
+ * the first launch.
  *
  * Maths (per row of length D = cols, all arithmetic in fp32):
  *   w' = w (exactly: a -0 weight gives -0), or 1 + w with RMSNORM_FLAG_WEIGHT_OFFSET, or 1 with weight == NULL
