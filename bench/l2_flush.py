@@ -35,21 +35,20 @@ def make_flush(torch, nbytes):
     per = _LINES_PER_PROGRAM * LINE_BYTES
     nbytes = -(-nbytes // per) * per
     buf = torch.empty(nbytes // 4, dtype=torch.int32, device="cuda")
-    try:
-        kernels = _kernels()
-    except Exception as e:  # noqa: BLE001  (no Triton, or one that cannot build them: the zeroing flush)
-        return buf.zero_, f"zero (no Triton: {type(e).__name__}: {e})"
-    fill, demote = kernels
     sink = torch.empty(nbytes // per, dtype=torch.int32, device="cuda")
     zeros = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    try:
+        fill, demote = _kernels()
 
-    def flush():
-        fill[(buf.numel() // _FILL_BLOCK,)](buf, BLOCK=_FILL_BLOCK)
-        demote[(sink.numel(),)](buf, sink, BLOCK=_LINES_PER_PROGRAM)
-        zeros.zero_()
+        def flush():
+            fill[(buf.numel() // _FILL_BLOCK,)](buf, BLOCK=_FILL_BLOCK)
+            demote[(sink.numel(),)](buf, sink, BLOCK=_LINES_PER_PROGRAM)
+            zeros.zero_()
 
-    flush()  # compiles the Triton kernels now, outside any timed region
-    torch.cuda.synchronize()
+        flush()  # Triton compiles the kernels at their first launch: here, outside any timed region
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001  (no Triton, or one that cannot build or launch them: the zeroing flush)
+        return buf.zero_, f"zero (no Triton: {type(e).__name__}: {e})"
     return flush, "evict_last fill + demote + zero"
 
 

@@ -21,8 +21,9 @@ torch.autograd.grad(y, [x, w], gy): one forward and one backward per call).
 What is measured, per case:
   kernel_us  device time from the call's first kernel start (or the end of the marker before it, if later: see
              call_spans) to its last kernel (or memset/memcpy) end, read from CUPTI through torch.profiler, with the
-             L2 flushed before every call (a 256 MiB buffer written with the L2 evict_last policy, then set back to
-             normal priority: bench/l2_flush.py says why; a zeroed buffer left Inductor's evict_last inputs cached); a
+             L2 flushed before every call (a 256 MiB buffer written with the L2 evict_last policy and set back to
+             normal priority, then another 256 MiB zeroed: bench/l2_flush.py says why; zeroing alone left Inductor's
+             evict_last inputs cached); a
              torch.cuda._sleep marker before and after each call delimits its kernels and gives the GPU a head start,
              so that launch gaps inside a multi-kernel op are the GPU's, not Python's. Median of --reps calls.
   stream_us  the same calls' time from the end of the marker before (the previous kernel on the stream) to the last
@@ -517,7 +518,7 @@ def main():
     meta.update({"gpu": props.name, "sms": props.multi_processor_count, "driver": driver_version(),
                  "cuda": torch.version.cuda, "torch": torch.__version__,
                  "liger": package_version("liger-kernel") if b.liger else None,
-                 "reps": args.reps, "eps": EPS, "l2_flush_bytes": FLUSH_BYTES,
+                 "reps": args.reps, "eps": EPS, "l2_flush_bytes": FLUSH_BYTES,  # per buffer
                  "l2_flush": b.flush_method})
     copy_us, copy_gbps = b.measure_copy()
     meta["copy_1gib_us"], meta["copy_gbps"] = copy_us, copy_gbps

@@ -7,7 +7,8 @@
  * nothing. The one exception is a CUDA error reported by a launch after the
  * first of a call that launches several kernels (the backward's gw finalize
  * after its main kernel; the forward of rows whose alignment changes from row
- * to row, one launch per alignment class): the status is then
+ * to row, one launch per alignment class; a residual add that runs as its
+ * own kernel, writing h, before the norm's): the status is then
  * RMSNORM_STATUS_CUDA_ERROR, and what the kernels before it wrote stays
  * written. Such an error comes from the device (an asynchronous fault of
  * earlier work, say), not from the arguments, which are all validated before

@@ -828,8 +828,8 @@ else:
 
 
 def _scripted_formula(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, flags: int, k: int) -> torch.Tensor:
-    """The shapes the library does not take (an empty last dim, no normalized dims, no elements), under
-    torch.jit.script: _forward_formula's arithmetic in torch ops."""
+    """Inputs with no elements (an empty last dim: F.rms_norm's empty result), under torch.jit.script:
+    _forward_formula's arithmetic in torch ops over the last k >= 1 dims."""
     xf = x.float()
     dims = [d for d in range(x.dim() - k, x.dim())]
     xh = xf * torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)
@@ -841,7 +841,8 @@ def _scripted_formula(x: torch.Tensor, weight: Optional[torch.Tensor], eps: floa
     return xh.to(x.dtype)
 
 
-if (FLAG_WEIGHT_OFFSET, FLAG_ROUND_XHAT, _DEFAULT_EPS) != (1, 2, 1.1920928955078125e-07):
+if (FLAG_WEIGHT_OFFSET, FLAG_ROUND_XHAT, _DEFAULT_EPS, _FLOAT32_MAX) != (1, 2, 1.1920928955078125e-07,
+                                                                        3.4028234663852886e38):
     raise ImportError("rmsnorm: RMSNorm._scripted_forward's constants differ from the module's")
 
 
@@ -889,10 +890,13 @@ class RMSNorm(torch.nn.RMSNorm):
     def _scripted_forward(self, x: torch.Tensor) -> torch.Tensor:
         """forward under torch.jit.script, which cannot compile rms_norm: the same operator on the same arguments
         (so the same bits and gradients), the shape checked here, the rest of the argument rules by the operator.
-        An empty last dim is F.rms_norm's, as in rms_norm."""
-        # TorchScript takes no module-level Python numbers: _DEFAULT_EPS, FLAG_WEIGHT_OFFSET and FLAG_ROUND_XHAT are
-        # written out (a check after _scripted_formula ties them).
+        An input with no elements takes the formula in torch ops with the operator's checks, as in rms_norm.
+        swap_rmsnorm's subclasses (hf.py), which override forward, do not script."""
+        # TorchScript takes no module-level Python numbers: _DEFAULT_EPS, FLAG_WEIGHT_OFFSET, FLAG_ROUND_XHAT and
+        # _FLOAT32_MAX are written out (a check after _scripted_formula ties them).
         k = len(self.normalized_shape)
+        if k == 0:  # as rms_norm and nn.RMSNorm refuse it
+            raise RuntimeError("rmsnorm.RMSNorm: normalized_shape must have at least one dim")
         shape_ok = x.dim() >= k
         if shape_ok:
             i = x.dim() - k
@@ -906,7 +910,17 @@ class RMSNorm(torch.nn.RMSNorm):
         eps = eps_opt if eps_opt is not None else 1.1920928955078125e-07
         flags = (1 if self.weight_offset else 0) | (2 if self.round_xhat else 0)
         w = self.weight
-        if x.numel() == 0 or x.shape[-1] == 0 or k == 0:
+        if x.numel() == 0:
+            # The operator's checks, which this path does not reach (rms_norm's _check_rms_norm_args, _check_eps).
+            half = x.dtype == torch.float16 or x.dtype == torch.bfloat16
+            if not half and x.dtype != torch.float32:
+                raise RuntimeError("rmsnorm.RMSNorm: the input must be float32, float16 or bfloat16")
+            if w is not None:  # a nested if: TorchScript compiles the second test only where a weight exists
+                if w.dtype != x.dtype and not (half and w.dtype == torch.float32):
+                    raise RuntimeError("rmsnorm.RMSNorm: the weight must have the input's dtype, or float32 with a "
+                                       "16-bit input")
+            if not 0.0 <= eps <= 3.4028234663852886e38:  # _FLOAT32_MAX
+                raise RuntimeError("rmsnorm.RMSNorm: eps must be >= 0 and finite as a float32")
             return _scripted_formula(x, w, eps, flags, k)
         if k > 1:
             return _scripted_op(x.flatten(x.dim() - k), w.flatten() if w is not None else None, eps, flags).view(

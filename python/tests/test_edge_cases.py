@@ -305,6 +305,15 @@ def test_jit_script(device):
     x0 = randn(4, 0, device=device)
     y0 = torch.jit.script(empty)(x0)
     assert y0.shape == (4, 0) and torch.equal(y0, empty(x0))
+    # What eager refuses, the scripted module refuses: no normalized dims, and (on the empty-input path, which
+    # does not reach the operator) a negative eps or an integer input.
+    for bad, arg in ((rmsnorm.RMSNorm(()), randn(3, 4, device=device)),
+                     (rmsnorm.RMSNorm(0, eps=-1.0, device=device), x0),
+                     (rmsnorm.RMSNorm(0, elementwise_affine=False), torch.zeros(4, 0, dtype=torch.int64, device=device))):
+        with pytest.raises((RuntimeError, TypeError)):  # eager names a wrong dtype with TypeError
+            bad(arg)
+        with pytest.raises(torch.jit.Error):
+            torch.jit.script(bad)(arg)
 
 
 class LlamaRMSNorm(torch.nn.Module):
