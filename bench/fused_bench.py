@@ -66,7 +66,6 @@ OPS = ["add forward", "add fwd+bwd", "quant fp8/row", "quant fp8/static", "quant
 GROUP = 128
 IMPLS = ["fused", "2 passes", "eager", "compile", "fused (no PDL)"]
 DIAGNOSTIC = {"fused (no PDL)"}  # shown, never the verdict's "best other"
-FLAG_NO_PDL = 4  # RMSNORM_FLAG_NO_PDL (include/rmsnorm/rmsnorm.h)
 
 
 def eager_quant(torch, y, fp8, scale):
@@ -94,7 +93,7 @@ def eager_block_quant(torch, y, fp8, group):
 def make_no_pdl(torch, rmsnorm, op):
     """The forward op's operator with RMSNORM_FLAG_NO_PDL, arguments as `make`'s fused form takes them."""
     ops = torch.ops.rmsnorm
-    f = FLAG_NO_PDL
+    f = tob.FLAG_NO_PDL
     if "fwd+bwd" in op:
         raise NotImplementedError("forward ops only")
     if op == "f32 to bf16 fwd":

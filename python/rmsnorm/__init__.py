@@ -827,20 +827,6 @@ else:
         return torch.ops.rmsnorm.forward(x, weight, eps, flags)[0]
 
 
-def _scripted_formula(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, flags: int, k: int) -> torch.Tensor:
-    """Inputs with no elements (an empty last dim: F.rms_norm's empty result), under torch.jit.script:
-    _forward_formula's arithmetic in torch ops over the last k >= 1 dims."""
-    xf = x.float()
-    dims = [d for d in range(x.dim() - k, x.dim())]
-    xh = xf * torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)
-    if (flags & 2) != 0:  # FLAG_ROUND_XHAT
-        xh = xh.to(x.dtype).float()
-    if weight is not None:
-        wf = weight.float()
-        xh = xh * (wf + 1.0 if (flags & 1) != 0 else wf)  # FLAG_WEIGHT_OFFSET
-    return xh.to(x.dtype)
-
-
 if (FLAG_WEIGHT_OFFSET, FLAG_ROUND_XHAT, _DEFAULT_EPS, _FLOAT32_MAX) != (1, 2, 1.1920928955078125e-07,
                                                                         3.4028234663852886e38):
     raise ImportError("rmsnorm: RMSNorm._scripted_forward's constants differ from the module's")
@@ -890,10 +876,10 @@ class RMSNorm(torch.nn.RMSNorm):
     def _scripted_forward(self, x: torch.Tensor) -> torch.Tensor:
         """forward under torch.jit.script, which cannot compile rms_norm: the same operator on the same arguments
         (so the same bits and gradients), the shape checked here, the rest of the argument rules by the operator.
-        An input with no elements takes the formula in torch ops with the operator's checks, as in rms_norm.
+        An input with no elements gets an empty result after the operator's checks, as in rms_norm.
         swap_rmsnorm's subclasses (hf.py), which override forward, do not script."""
         # TorchScript takes no module-level Python numbers: _DEFAULT_EPS, FLAG_WEIGHT_OFFSET, FLAG_ROUND_XHAT and
-        # _FLOAT32_MAX are written out (a check after _scripted_formula ties them).
+        # _FLOAT32_MAX are written out (a check after _scripted_op ties them).
         k = len(self.normalized_shape)
         if k == 0:  # as rms_norm and nn.RMSNorm refuse it
             raise RuntimeError("rmsnorm.RMSNorm: normalized_shape must have at least one dim")
@@ -921,7 +907,9 @@ class RMSNorm(torch.nn.RMSNorm):
                                        "16-bit input")
             if not 0.0 <= eps <= 3.4028234663852886e38:  # _FLOAT32_MAX
                 raise RuntimeError("rmsnorm.RMSNorm: eps must be >= 0 and finite as a float32")
-            return _scripted_formula(x, w, eps, flags, k)
+            # No value to compute: a product that keeps x and the weight in the graph, so that their gradients are
+            # eager's (empty, and zeros).
+            return (x.float() * w.float()).to(x.dtype) if w is not None else x.clone()
         if k > 1:
             return _scripted_op(x.flatten(x.dim() - k), w.flatten() if w is not None else None, eps, flags).view(
                 x.shape)

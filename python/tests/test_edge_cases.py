@@ -305,6 +305,13 @@ def test_jit_script(device):
     x0 = randn(4, 0, device=device)
     y0 = torch.jit.script(empty)(x0)
     assert y0.shape == (4, 0) and torch.equal(y0, empty(x0))
+    # No rows: eager's empty y and gradients (zeros for the weight), as the scripted module's.
+    norows = rmsnorm.RMSNorm(8, device=device, weight_offset=True)
+    xr = randn(0, 8, device=device).requires_grad_()
+    got = [(lambda y: (y, *torch.autograd.grad(y, [xr, norows.weight], torch.ones_like(y))))(m(xr))
+           for m in (norows, torch.jit.script(norows))]
+    for a, b in zip(*got):
+        assert a.shape == b.shape and torch.equal(a, b)
     # What eager refuses, the scripted module refuses: no normalized dims, and (on the empty-input path, which
     # does not reach the operator) a negative eps or an integer input.
     for bad, arg in ((rmsnorm.RMSNorm(()), randn(3, 4, device=device)),
