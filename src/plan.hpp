@@ -553,6 +553,16 @@ RMSNORM_HD constexpr size_t split_gw_smem(int cta_threads, int lanes, int esize)
 // SM; else `direct`.
 Launch split_backward_launch(const Launch& direct, int64_t rows, const Device& dev);
 
+// The rows band's 16-byte forward where D is the row's threads times their chunks times the chunk width (so
+// every chunk of every thread lies in the row: the band's powers of two) and the grid is the row groups (below
+// kMaxGrid): forward_rows_direct_kernel<..., kExact> then needs no chunk guard and no row loop. The same chunks,
+// sums and order as the kernel without it: the bits do not change.
+inline bool forward_rows_exact(const Launch& l, int64_t rows, int64_t cols, int esize) {
+  return l.kernel == Kernel::kForwardRows &&
+         cols == int64_t{l.row.threads_per_row} * l.row.chunks_per_thread * vec_elems(esize) &&
+         l.grid * int64_t{l.row.rows_per_cta} >= rows;
+}
+
 // Residual add (rmsnorm_add_forward). The rows band's 16-byte forward fuses
 // it (forward_rows_direct_kernel<..., kAdd>): each thread adds, stores h and
 // normalizes its own chunks. Every other kernel of a forward_launch (asked

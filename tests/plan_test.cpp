@@ -319,6 +319,35 @@ TEST(Plan, ForwardRowsOneGroupPerCta) {
   }
 }
 
+// forward_rows_exact: exactly the rows-band 16-byte launches whose D is the row's threads x chunks x chunk width
+// (each thread's chunks all in the row: the band's powers of two, one per threads-per-row and chunks-per-thread
+// pair), and only where the grid is the row groups (past kMaxGrid the CTAs loop: not exact).
+TEST(Plan, ForwardRowsExactWhereEveryChunkIsInTheRow) {
+  for (const Device& dev : {hopper(), ampere()}) {
+    for (int esize : {2, 4}) {
+      std::set<std::pair<int, int>> geometries;
+      for (int64_t d = 1; d <= kMaxD; ++d) {
+        for (Io io : {Io::kVector, Io::kElement, Io::kPaired}) {
+          const Launch f = forward_launch(7, d, esize, io, dev);
+          const bool whole = f.kernel == Kernel::kForwardRows &&
+                             d == int64_t{f.row.threads_per_row} * f.row.chunks_per_thread * vec_elems(esize);
+          ASSERT_EQ(forward_rows_exact(f, 7, d, esize), whole) << d << " esize " << esize;
+          if (!whole) continue;
+          ASSERT_EQ(d & (d - 1), 0) << d;  // a power of two
+          ASSERT_EQ(f.row.chunks, int64_t{f.row.threads_per_row} * f.row.chunks_per_thread) << d;
+          ASSERT_TRUE(geometries.emplace(f.row.threads_per_row, f.row.chunks_per_thread).second) << d;
+          const int64_t cap = int64_t{1} << 24;  // the planner's largest grid
+          const int64_t past = (cap + 1) * f.row.rows_per_cta;  // more row groups than CTAs
+          EXPECT_FALSE(forward_rows_exact(forward_launch(past, d, esize, io, dev), past, d, esize)) << d;
+          const int64_t fill = cap * f.row.rows_per_cta;
+          EXPECT_TRUE(forward_rows_exact(forward_launch(fill, d, esize, io, dev), fill, d, esize)) << d;
+        }
+      }
+      EXPECT_EQ(geometries.size(), 10u) << "esize " << esize;  // 32 ... 16384 at 16-bit, 16 ... 8192 at fp32
+    }
+  }
+}
+
 // kBackwardRowsSplit (plan::split_backward_launch): only a direct backward with gw and several partials of at
 // most kSplitMaxSlots rows, a gw thread reading at most kSplitMaxRowsPerThread rows, row groups and gw CTAs on one
 // CTA per SM; the geometry the kernel assumes (split_gw_columns); no workspace and no finalize; the partials kept

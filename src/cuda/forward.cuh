@@ -394,12 +394,18 @@ __device__ __forceinline__ void store_direct(T* __restrict__ yr, const Chunk<T> 
 // W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x, not quantized) float, passed in p.w and
 // held as HeldWeight chunks. kCpt: the plan's chunks per thread. kSumTpr = 2 kTpr: the sum of squares as by a
 // row of kSumTpr threads of 2 chunks, each thread two of them (plan::quant_sum_pairs, row_sum_pairs).
+// kExact (plan::forward_rows_exact, the plain y only: x_hat not rounded, no weight offset): every chunk of each
+// thread lies in the row and each CTA takes one row group, so the kernel carries no chunk guard, no row loop and
+// one store form. At 128 x 4096 bf16 the three together took 0.16 us off 2.66 us of kernel time (H100, the
+// benchmarks' flush; any one of them alone at most 0.04: docs/performance.md, "Forward rows kernel: exact rows").
 template <typename T, int kTpr, int kCpt, bool kPartial, bool kAdd, QuantKind kQ = QuantKind::kNone, typename W = T,
-          int kSumTpr = kTpr>
+          int kSumTpr = kTpr, bool kExact = false>
 __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr, kCpt, plan::Kernel::kForwardRows))
     forward_rows_direct_kernel(const ForwardParamsOf<T, kQ != QuantKind::kNone> p) {
   constexpr bool kQuant = kQ != QuantKind::kNone;
   static_assert(std::is_same_v<W, T> || !kQuant, "an fp32 weight: the plain and the add forward");
+  static_assert(!kExact || (!kPartial && !kAdd && !kQuant && std::is_same_v<W, T> && kSumTpr == kTpr),
+                "plan: forward_rows_exact is the plain forward's");
   static_assert(kSumTpr == kTpr || (kSumTpr == 2 * kTpr && kSumTpr == plan::kFewChunksTpr &&
                                     kCpt == plan::kMaxChunksPerThread && kQuant && !quant_per_block(kQ)),
                 "plan: quant_sum_pairs");
@@ -420,7 +426,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   int parity = 0;
   for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
     const int64_t row = g * kSlots + m.slot;
-    const bool valid = row < p.rows;
+    const bool valid = (kExact && kSlots == 1) || row < p.rows;  // kExact: g < groups == rows
     // Chunks this thread does not hold (past the row, or a row past the end) read as x = 0 and w = 1, so
     // that every chunk goes through the same straight-line code: the extra terms add +0 to the sum of
     // squares, which leaves its bits as they are, and their y is never stored.
@@ -464,7 +470,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
-        const bool own = valid && c < p.chunks;
+        const bool own = valid && (kExact || c < p.chunks);
         xr[it] = zero_chunk<T>();
         wr[it] = one_weight<T, W>();
         if (own) xr[it] = load_row_chunk<kPartial>(xrow, c, p.cols);
@@ -500,13 +506,16 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
       // A null weight was loaded as 1: no offset then.
       const float offset = p.w != nullptr ? p.w_offset : 0.0f;
       const bool add_offset = offset != 0.0f;  // -0.0f == 0.0f
-      if (p.round_xhat)
+      if constexpr (kExact)
+        store_direct<T, false, false, false>(yrow, xr, wr, offset, r, m, kTpr * kCpt, p.cols);
+      else if (p.round_xhat)
         store_direct<T, true, true, kPartial>(yrow, xr, wr, offset, r, m, p.chunks, p.cols);
       else if (add_offset)
         store_direct<T, false, true, kPartial>(yrow, xr, wr, offset, r, m, p.chunks, p.cols);
       else
         store_direct<T, false, false, kPartial>(yrow, xr, wr, offset, r, m, p.chunks, p.cols);
     }
+    if constexpr (kExact) break;  // the grid is the row groups
   }
 }
 
@@ -1534,6 +1543,9 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
                                [&](const ForwardArgs& b) { return launch_forward<T>(b, dev, stream); });
   }
   const ForwardParams<T> p = forward_params<T>(a, l);
+  // The exact-rows kernel stores the plain y only: x_hat not rounded, w' = w (or no weight).
+  const bool exact = !add && !a.weight_f32 && !a.round_xhat && (a.weight == nullptr || !a.weight_offset) &&
+                     plan::forward_rows_exact(l, a.rows, a.cols, kEs);
   auto launch = [&](auto kernel, int cta_threads) { return launch_planned(kernel, cta_threads, l, pdl, stream, p); };
   using plan::Kernel;
   switch (l.kernel) {
@@ -1557,6 +1569,8 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
           using W = decltype(wtag);
           if (l.kernel != Kernel::kForwardRows) return launch(forward_kernel<T, kTpr, kCpt, false, false, W>, kCta);
           const bool partial = a.cols % Chunk<T>::kN != 0;
+          if constexpr (std::is_same_v<W, T>)
+            if (exact) return launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, false, QuantKind::kNone, T, kTpr, true>, kCta);
           if (add)
             return partial ? launch(forward_rows_direct_kernel<T, kTpr, kCpt, true, true, QuantKind::kNone, W>, kCta)
                            : launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, true, QuantKind::kNone, W>, kCta);
