@@ -2047,8 +2047,8 @@ TEST_F(Cuda, AlignmentDoesNotChangeBits) {
     for (int64_t r = 0; r < from.rows; ++r)
       for (int64_t k = 0; k < from.cols; ++k) to.set(r, k, from.get(r, k));
   };
-  for (int64_t d : {int64_t{33}, int64_t{128}, int64_t{512}, int64_t{1000}, int64_t{4095}, int64_t{4096}, int64_t{8200}, int64_t{20000},
-                    int64_t{300000}}) {
+  for (int64_t d : {int64_t{33}, int64_t{128}, int64_t{512}, int64_t{1000}, int64_t{4095}, int64_t{4096},
+                    int64_t{8200}, int64_t{20000}, int64_t{300000}}) {
     for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32}) {
       Case a;
       a.dtype = dt;

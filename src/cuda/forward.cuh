@@ -394,9 +394,9 @@ __device__ __forceinline__ void store_direct(T* __restrict__ yr, const Chunk<T> 
 // W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x, not quantized) float, passed in p.w and
 // held as HeldWeight chunks. kCpt: the plan's chunks per thread. kSumTpr = 2 kTpr: the sum of squares as by a
 // row of kSumTpr threads of 2 chunks, each thread two of them (plan::quant_sum_pairs, row_sum_pairs).
-// kExact (plan::forward_rows_exact, the plain y only: x_hat not rounded, no weight offset; W either): every chunk of each
-// thread lies in the row and each CTA takes one row group, so the kernel carries no chunk guard, no row loop and
-// one store form. At 128 x 4096 bf16 the three together took 0.16 us off 2.66 us of kernel time (H100, the
+// kExact (plan::forward_rows_exact, the plain y only: x_hat not rounded, no weight offset; W either): every chunk
+// of each thread lies in the row and each CTA takes one row group, so the kernel carries no chunk guard, no row
+// loop and one store form. At 128 x 4096 bf16 the three together took 0.16 us off 2.66 us of kernel time (H100, the
 // benchmarks' flush; any one of them alone at most 0.04: docs/performance.md, "Exact rows").
 template <typename T, int kTpr, int kCpt, bool kPartial, bool kAdd, QuantKind kQ = QuantKind::kNone, typename W = T,
           int kSumTpr = kTpr, bool kExact = false>
@@ -1569,7 +1569,9 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
           using W = decltype(wtag);
           if (l.kernel != Kernel::kForwardRows) return launch(forward_kernel<T, kTpr, kCpt, false, false, W>, kCta);
           const bool partial = a.cols % Chunk<T>::kN != 0;
-          if (exact) return launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, false, QuantKind::kNone, W, kTpr, true>, kCta);
+          if (exact)
+            return launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, false, QuantKind::kNone, W, kTpr, true>,
+                          kCta);
           if (add)
             return partial ? launch(forward_rows_direct_kernel<T, kTpr, kCpt, true, true, QuantKind::kNone, W>, kCta)
                            : launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, true, QuantKind::kNone, W>, kCta);
