@@ -50,6 +50,10 @@ struct ForwardParams {
   int64_t h_stride = 0;
 };
 
+// The exact-rows direct forward's y form (plan::forward_rows_exact): kNone, the general kernel (the form a run-time
+// branch); kPlain T(x r w); kOffset T(x r (w + offset)); kRound T(T(x r) (w + offset)).
+enum class ExactForm { kNone, kPlain, kOffset, kRound };
+
 // The kQuant kernels' parameters: q in place of y. A separate type, so that the
 // plain kernels' parameters stay as they were: with QuantParams inside
 // ForwardParams, nvcc compiled the plain fp32 rows kernel differently
@@ -394,18 +398,19 @@ __device__ __forceinline__ void store_direct(T* __restrict__ yr, const Chunk<T> 
 // W: the weight's dtype, T or (RMSNORM_FLAG_WEIGHT_F32 with 16-bit x, not quantized) float, passed in p.w and
 // held as HeldWeight chunks. kCpt: the plan's chunks per thread. kSumTpr = 2 kTpr: the sum of squares as by a
 // row of kSumTpr threads of 2 chunks, each thread two of them (plan::quant_sum_pairs, row_sum_pairs).
-// kExact (plan::forward_rows_exact, the plain y only: x_hat not rounded, no weight offset; W either): every chunk
-// of each thread lies in the row and each CTA takes one row group, so the kernel carries no chunk guard, no row
-// loop and one store form. At 128 x 4096 bf16 the three together took 0.16 us off 2.66 us of kernel time (H100, the
+// kExact (plan::forward_rows_exact; not kNone: the y form, fixed for the instance): every chunk of each thread lies
+// in the row and each CTA takes one row group, so the kernel carries no chunk guard, no row loop and one store
+// form. At 128 x 4096 bf16 the three together took 0.16 us off 2.66 us of kernel time (H100, the
 // benchmarks' flush; any one of them alone at most 0.04: docs/performance.md, "Exact rows").
 template <typename T, int kTpr, int kCpt, bool kPartial, bool kAdd, QuantKind kQ = QuantKind::kNone, typename W = T,
-          int kSumTpr = kTpr, bool kExact = false>
+          int kSumTpr = kTpr, ExactForm kExact = ExactForm::kNone>
 __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr, kCpt, plan::Kernel::kForwardRows))
     forward_rows_direct_kernel(const ForwardParamsOf<T, kQ != QuantKind::kNone> p) {
   constexpr bool kQuant = kQ != QuantKind::kNone;
   static_assert(std::is_same_v<W, T> || !kQuant, "an fp32 weight: the plain and the add forward");
-  static_assert(!kExact || (!kPartial && !kAdd && !kQuant && kSumTpr == kTpr),
-                "plan: forward_rows_exact is the plain forward's");
+  constexpr bool kIsExact = kExact != ExactForm::kNone;
+  static_assert(!kIsExact || (!kPartial && !kQuant && kSumTpr == kTpr),
+                "plan: forward_rows_exact is the plain and the add forward's");
   static_assert(kSumTpr == kTpr || (kSumTpr == 2 * kTpr && kSumTpr == plan::kFewChunksTpr &&
                                     kCpt == plan::kMaxChunksPerThread && kQuant && !quant_per_block(kQ)),
                 "plan: quant_sum_pairs");
@@ -426,7 +431,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   int parity = 0;
   for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
     const int64_t row = g * kSlots + m.slot;
-    const bool valid = (kExact && kSlots == 1) || row < p.rows;  // kExact: g < groups == rows
+    const bool valid = (kIsExact && kSlots == 1) || row < p.rows;  // exact: g < groups == rows
     // Chunks this thread does not hold (past the row, or a row past the end) read as x = 0 and w = 1, so
     // that every chunk goes through the same straight-line code: the extra terms add +0 to the sum of
     // squares, which leaves its bits as they are, and their y is never stored.
@@ -439,7 +444,8 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
         wr[it] = one_weight<T, W>();
-        if (valid && c < p.chunks && wp != nullptr) wr[it] = load_row_weight<kPartial, T, W>(wp, c, p.cols);
+        if (valid && (kIsExact || c < p.chunks) && wp != nullptr)
+          wr[it] = load_row_weight<kPartial, T, W>(wp, c, p.cols);
       }
     };
     if constexpr (kAdd) {
@@ -453,7 +459,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
-        const bool own = valid && c < p.chunks;
+        const bool own = valid && (kIsExact || c < p.chunks);
         xr[it] = zero_chunk<T>();
         rr[it] = zero_chunk<T>();
         if (own) xr[it] = load_row_chunk<kPartial>(xrow, c, p.cols);
@@ -463,14 +469,14 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
         xr[it] = add_chunks(xr[it], rr[it]);
-        if (valid && c < p.chunks) store_row_chunk<kPartial>(hrow, c, p.cols, xr[it]);
+        if (valid && (kIsExact || c < p.chunks)) store_row_chunk<kPartial>(hrow, c, p.cols, xr[it]);
       }
       load_w();
     } else {
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
         const int c = m.chunk(it);
-        const bool own = valid && (kExact || c < p.chunks);
+        const bool own = valid && (kIsExact || c < p.chunks);
         xr[it] = zero_chunk<T>();
         wr[it] = one_weight<T, W>();
         if (own) xr[it] = load_row_chunk<kPartial>(xrow, c, p.cols);
@@ -506,8 +512,12 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
       // A null weight was loaded as 1: no offset then.
       const float offset = p.w != nullptr ? p.w_offset : 0.0f;
       const bool add_offset = offset != 0.0f;  // -0.0f == 0.0f
-      if constexpr (kExact)
+      if constexpr (kExact == ExactForm::kPlain)
         store_direct<T, false, false, false>(yrow, xr, wr, offset, r, m, kTpr * kCpt, p.cols);
+      else if constexpr (kExact == ExactForm::kOffset)
+        store_direct<T, false, true, false>(yrow, xr, wr, offset, r, m, kTpr * kCpt, p.cols);
+      else if constexpr (kExact == ExactForm::kRound)
+        store_direct<T, true, true, false>(yrow, xr, wr, offset, r, m, kTpr * kCpt, p.cols);
       else if (p.round_xhat)
         store_direct<T, true, true, kPartial>(yrow, xr, wr, offset, r, m, p.chunks, p.cols);
       else if (add_offset)
@@ -515,7 +525,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
       else
         store_direct<T, false, false, kPartial>(yrow, xr, wr, offset, r, m, p.chunks, p.cols);
     }
-    if constexpr (kExact) break;  // the grid is the row groups
+    if constexpr (kIsExact) break;  // the grid is the row groups
   }
 }
 
@@ -1543,9 +1553,14 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
                                [&](const ForwardArgs& b) { return launch_forward<T>(b, dev, stream); });
   }
   const ForwardParams<T> p = forward_params<T>(a, l);
-  // The exact-rows kernel stores the plain y only: x_hat not rounded, w' = w (or no weight).
-  const bool exact = !add && !a.round_xhat && (a.weight == nullptr || !a.weight_offset) &&
-                     plan::forward_rows_exact(l, a.rows, a.cols, kEs);
+  // The exact-rows kernel's y form. Rounding x_hat to fp32 changes nothing, so fp32 x's round_xhat is the plain
+  // or the offset form (the general kernel's rounded form adds the offset, which is -0 where there is none).
+  const bool offset = a.weight != nullptr && a.weight_offset;
+  const bool round = a.round_xhat && !std::is_same_v<T, float>;
+  const ExactForm exact = !plan::forward_rows_exact(l, a.rows, a.cols, kEs) ? ExactForm::kNone
+                          : round                                                   ? ExactForm::kRound
+                          : offset                                                  ? ExactForm::kOffset
+                                                                                    : ExactForm::kPlain;
   auto launch = [&](auto kernel, int cta_threads) { return launch_planned(kernel, cta_threads, l, pdl, stream, p); };
   using plan::Kernel;
   switch (l.kernel) {
@@ -1569,12 +1584,29 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
           using W = decltype(wtag);
           if (l.kernel != Kernel::kForwardRows) return launch(forward_kernel<T, kTpr, kCpt, false, false, W>, kCta);
           const bool partial = a.cols % Chunk<T>::kN != 0;
-          if (exact)
-            return launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, false, QuantKind::kNone, W, kTpr, true>,
-                          kCta);
+          using E = ExactForm;
+          // The add forward: its plain form with the weight in x's dtype.
+          if constexpr (std::is_same_v<W, T>)
+            if (add && exact == E::kPlain)
+              return launch(
+                  forward_rows_direct_kernel<T, kTpr, kCpt, false, true, QuantKind::kNone, T, kTpr, E::kPlain>, kCta);
           if (add)
             return partial ? launch(forward_rows_direct_kernel<T, kTpr, kCpt, true, true, QuantKind::kNone, W>, kCta)
                            : launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, true, QuantKind::kNone, W>, kCta);
+          if (exact == E::kPlain)
+            return launch(
+                forward_rows_direct_kernel<T, kTpr, kCpt, false, false, QuantKind::kNone, W, kTpr, E::kPlain>, kCta);
+          // The rounded and offset forms with the weight in x's dtype (the fp32 weight's keep the general kernel).
+          if constexpr (std::is_same_v<W, T>) {
+            if (exact == E::kOffset)
+              return launch(
+                  forward_rows_direct_kernel<T, kTpr, kCpt, false, false, QuantKind::kNone, T, kTpr, E::kOffset>, kCta);
+            if constexpr (!std::is_same_v<T, float>)
+              if (exact == E::kRound)
+                return launch(
+                    forward_rows_direct_kernel<T, kTpr, kCpt, false, false, QuantKind::kNone, T, kTpr, E::kRound>,
+                    kCta);
+          }
           return partial ? launch(forward_rows_direct_kernel<T, kTpr, kCpt, true, false, QuantKind::kNone, W>, kCta)
                          : launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, false, QuantKind::kNone, W>, kCta);
         };
