@@ -2049,45 +2049,52 @@ TEST_F(Cuda, AlignmentDoesNotChangeBits) {
   };
   for (int64_t d : {int64_t{33}, int64_t{128}, int64_t{512}, int64_t{1000}, int64_t{4095}, int64_t{4096},
                     int64_t{8200}, int64_t{20000}, int64_t{300000}}) {
-    for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32}) {
-      Case a;
-      a.dtype = dt;
-      a.cols = d;
-      a.rows = d > 10000 ? 9 : 37;
-      a.gw_mode = RMSNORM_GW_STORE_F32;
-      const Inputs in_a = make_inputs(a, rng);
-      HostMatrix y_a;
-      std::vector<float> r_a;
-      gpu_forward(a, in_a, &y_a, &r_a);
-      ASSERT_FALSE(HasFatalFailure());
-      BackwardOut b_a;
-      gpu_backward(a, in_a, r_a, &b_a, rng);
-      ASSERT_FALSE(HasFatalFailure());
-      for (Layout lay : {Layout::kOffset, Layout::kPadded}) {
-        Case o = a;
-        o.layout = lay;
-        SCOPED_TRACE(describe(o));
-        Inputs in_o;
-        in_o.x = HostMatrix(dt, o.rows, d, stride_of(o), offset_of(o));
-        in_o.gy = HostMatrix(dt, o.rows, d, stride_of(o), offset_of(o));
-        in_o.w = HostMatrix(dt, 1, d, d, offset_of(o));
-        copy_values(in_a.x, in_o.x);
-        copy_values(in_a.gy, in_o.gy);
-        copy_values(in_a.w, in_o.w);
-        HostMatrix y_o;
-        std::vector<float> r_o;
-        gpu_forward(o, in_o, &y_o, &r_o);
+    // The y forms (plain, weight offset, offset and rounded x_hat) where the aligned operands take the exact-rows
+    // instances (the powers of two), against the element path's general kernel.
+    const int forms = (d & (d - 1)) == 0 ? 3 : 1;
+    for (int form = 0; form < forms; ++form) {
+      for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32}) {
+        Case a;
+        a.dtype = dt;
+        a.cols = d;
+        a.rows = d > 10000 ? 9 : 37;
+        a.gw_mode = RMSNORM_GW_STORE_F32;
+        a.weight_offset = form >= 1;
+        a.round_xhat = form == 2;
+        const Inputs in_a = make_inputs(a, rng);
+        HostMatrix y_a;
+        std::vector<float> r_a;
+        gpu_forward(a, in_a, &y_a, &r_a);
         ASSERT_FALSE(HasFatalFailure());
-        BackwardOut b_o;
-        gpu_backward(o, in_o, r_o, &b_o, rng);
+        BackwardOut b_a;
+        gpu_backward(a, in_a, r_a, &b_a, rng);
         ASSERT_FALSE(HasFatalFailure());
-        ASSERT_EQ(0, std::memcmp(r_a.data(), r_o.data(), r_a.size() * sizeof(float))) << "rstd differs";
-        for (int64_t r = 0; r < o.rows; ++r)
-          for (int64_t k = 0; k < d; ++k) {
-            ASSERT_EQ(y_a.get(r, k), y_o.get(r, k)) << "y differs, row " << r << " col " << k;
-            ASSERT_EQ(b_a.gx.get(r, k), b_o.gx.get(r, k)) << "gx differs, row " << r << " col " << k;
-          }
-        ASSERT_EQ(b_a.gw, b_o.gw) << "gw differs";
+        for (Layout lay : {Layout::kOffset, Layout::kPadded}) {
+          Case o = a;
+          o.layout = lay;
+          SCOPED_TRACE(describe(o));
+          Inputs in_o;
+          in_o.x = HostMatrix(dt, o.rows, d, stride_of(o), offset_of(o));
+          in_o.gy = HostMatrix(dt, o.rows, d, stride_of(o), offset_of(o));
+          in_o.w = HostMatrix(dt, 1, d, d, offset_of(o));
+          copy_values(in_a.x, in_o.x);
+          copy_values(in_a.gy, in_o.gy);
+          copy_values(in_a.w, in_o.w);
+          HostMatrix y_o;
+          std::vector<float> r_o;
+          gpu_forward(o, in_o, &y_o, &r_o);
+          ASSERT_FALSE(HasFatalFailure());
+          BackwardOut b_o;
+          gpu_backward(o, in_o, r_o, &b_o, rng);
+          ASSERT_FALSE(HasFatalFailure());
+          ASSERT_EQ(0, std::memcmp(r_a.data(), r_o.data(), r_a.size() * sizeof(float))) << "rstd differs";
+          for (int64_t r = 0; r < o.rows; ++r)
+            for (int64_t k = 0; k < d; ++k) {
+              ASSERT_EQ(y_a.get(r, k), y_o.get(r, k)) << "y differs, row " << r << " col " << k;
+              ASSERT_EQ(b_a.gx.get(r, k), b_o.gx.get(r, k)) << "gx differs, row " << r << " col " << k;
+            }
+          ASSERT_EQ(b_a.gw, b_o.gw) << "gw differs";
+        }
       }
     }
   }
