@@ -28,8 +28,9 @@
 //             and at fp32 769..1024 chunks (D 3073..4096), else 4;
 //             tpr = smallest power of two >= ceil(ceil(D / vec) / cpt) (cpt 4: 1..64, 256, 512; cpt 2: 8, 32, 256,
 //             and 512 at fp32);
-//             D = tpr x cpt x vec (the powers of two 32..16384, fp32 16..8192): kForwardRows's exact instance
-//             for the plain y (forward_rows_exact);
+//             D = tpr x cpt x vec (the powers of two 32..16384, fp32 16..8192): kForwardRows's exact instances
+//             (forward_rows_exact): the plain y, the weight offset's and the rounded x_hat's (w in x's dtype),
+//             and the residual add's plain y;
 //             CTA = max(tpr, 256) fwd / max(tpr, 512) bwd threads   (each row's aligned blocks staged, gx in
 //                                                                    aligned blocks where tpr <= 32, or where
 //                                                                    every operand shares one offset in every
