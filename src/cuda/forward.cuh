@@ -512,12 +512,9 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
       // A null weight was loaded as 1: no offset then.
       const float offset = p.w != nullptr ? p.w_offset : 0.0f;
       const bool add_offset = offset != 0.0f;  // -0.0f == 0.0f
-      if constexpr (kExact == ExactForm::kPlain)
-        store_direct<T, false, false, false>(yrow, xr, wr, offset, r, m, kTpr * kCpt, p.cols);
-      else if constexpr (kExact == ExactForm::kOffset)
-        store_direct<T, false, true, false>(yrow, xr, wr, offset, r, m, kTpr * kCpt, p.cols);
-      else if constexpr (kExact == ExactForm::kRound)
-        store_direct<T, true, true, false>(yrow, xr, wr, offset, r, m, kTpr * kCpt, p.cols);
+      if constexpr (kIsExact)  // the form's store: x_hat rounded (kRound), the offset added (kOffset, kRound)
+        store_direct<T, kExact == ExactForm::kRound, kExact != ExactForm::kPlain, false>(yrow, xr, wr, offset, r, m,
+                                                                                       kTpr * kCpt, p.cols);
       else if (p.round_xhat)
         store_direct<T, true, true, kPartial>(yrow, xr, wr, offset, r, m, p.chunks, p.cols);
       else if (add_offset)
