@@ -1,7 +1,7 @@
 """What users pass beyond the common call, checked against what torch itself does or what the docs say: a meta
 tensor among real ones, forward-mode AD, an empty last dim, numpy and float sizes, an eps beyond float32, the
-weight's shape with several normalized dims, the residual's dtype, torch.fx, and a Llama-style norm with an fp32
-weight under 16-bit activations."""
+weight's shape with several normalized dims, the residual's dtype, torch.fx, dispatch modes, make_fx and export, and
+a Llama-style norm with an fp32 weight under 16-bit activations."""
 
 from __future__ import annotations
 
@@ -214,6 +214,53 @@ class _AddNorm(torch.nn.Module):
 
     def forward(self, x, residual):
         return rmsnorm.add_rms_norm(x, residual, x.shape[-1], self.weight)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dispatch_modes_fake_tensors_make_fx_and_export_see_the_op(device):
+    """The eager paths call the ops' C++ entries, not their OpOverloads (rms_norm's host cost): torch's dispatch
+    modes, fake tensors, make_fx and torch.export must still see one rmsnorm op, and a mode must not change y."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    d = 64
+    x = randn(3, d, device=device)
+    w = randn(d, device=device)
+    with torch.no_grad():
+        expected = rmsnorm.rms_norm(x, (d,), w)
+        with Log() as log:
+            y = rmsnorm.rms_norm(x, (d,), w)
+    assert log.ops == ["rmsnorm.forward_inference.default"]
+    assert torch.equal(y, expected)
+    wl = w.clone().requires_grad_()
+    with Log() as log:
+        y = rmsnorm.rms_norm(x, (d,), wl)
+    assert log.ops == ["rmsnorm.forward.default"]
+    assert torch.equal(y.detach(), expected)
+
+    with FakeTensorMode() as mode:
+        yf = rmsnorm.rms_norm(mode.from_tensor(x), (d,), mode.from_tensor(w))
+    assert yf.shape == x.shape and yf.dtype == x.dtype
+
+    g = make_fx(lambda x, w: rmsnorm.rms_norm(x, (d,), w))(x, w)
+    targets = [n.target for n in g.graph.nodes if n.op == "call_function"]
+    assert targets == [torch.ops.rmsnorm.forward_inference.default]
+
+    norm = rmsnorm.RMSNorm(d, device=device)
+    ep = torch.export.export(norm, (x,))
+    ops = [n.target for n in ep.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
+    assert ops == [torch.ops.rmsnorm.forward.default]
+    assert torch.equal(ep.module()(x), norm(x))
 
 
 @pytest.mark.parametrize("device", DEVICES)
