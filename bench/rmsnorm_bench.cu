@@ -654,6 +654,7 @@ struct Shape {
   const char* group;
   int64_t offset_elems;  // base of x, y, gy, gx moved by this many elements (misaligned)
   bool two_pass;         // also time the two-pass backward here
+  int64_t pad_elems = 0;  // rows this many elements apart beyond D (a column slice of a wider tensor): misaligned rows
 };
 
 // The BRIEF's / issues' default list, then "extra" shapes: the default list
@@ -678,6 +679,7 @@ const Shape kShapes[] = {
     {1048576, 128, RMSNORM_DTYPE_BF16, "extra", 0, false},
     {8192, 4096, RMSNORM_DTYPE_BF16, "slow_path", 1, false},
     {8192, 4095, RMSNORM_DTYPE_BF16, "slow_path", 0, false},
+    {8192, 4096, RMSNORM_DTYPE_BF16, "slow_path", 0, false, 1},
 };
 
 struct DecodeShape {
@@ -691,19 +693,20 @@ std::string shape_label(int64_t rows, int64_t cols, rmsnorm_dtype_t dtype) {
   return std::to_string(rows) + "x" + std::to_string(cols) + " " + dtype_name(dtype);
 }
 
-// --shape ROWSxCOLS:DTYPE[:offset] (e.g. 32768x4096:f16, 8192x4096:bf16:offset): a case of group "custom",
-// aligned, or with every operand's base moved by one element (an odd COLS gives misaligned rows either way).
+// --shape ROWSxCOLS:DTYPE[:offset|:padded] (e.g. 32768x4096:f16, 8192x4096:bf16:offset): a case of group "custom",
+// aligned, with every operand's base moved by one element, or with rows COLS + 1 elements apart (an odd COLS gives
+// misaligned rows in every layout).
 Shape parse_shape(const std::string& spec) {
   long long r = 0, c = 0;
   char dt[8] = {}, layout[16] = {};
   const int n = std::sscanf(spec.c_str(), "%lldx%lld:%7[a-z0-9]:%15s", &r, &c, dt, layout);
   if (n < 3 || r < 1 || c < 1)
-    die("--shape: expected ROWSxCOLS:DTYPE[:offset] (DTYPE f32, f16 or bf16), got '" + spec + "'");
+    die("--shape: expected ROWSxCOLS:DTYPE[:offset|:padded] (DTYPE f32, f16 or bf16), got '" + spec + "'");
   const std::string d = dt, l = n == 4 ? layout : "";
   if (d != "f32" && d != "f16" && d != "bf16") die("--shape: unknown dtype in '" + spec + "'");
-  if (!l.empty() && l != "offset") die("--shape: unknown layout '" + l + "' (only offset)");
+  if (!l.empty() && l != "offset" && l != "padded") die("--shape: unknown layout '" + l + "' (offset or padded)");
   const rmsnorm_dtype_t dtype = d == "f32" ? RMSNORM_DTYPE_F32 : d == "f16" ? RMSNORM_DTYPE_F16 : RMSNORM_DTYPE_BF16;
-  return Shape{r, c, dtype, "custom", l == "offset" ? 1 : 0, false};
+  return Shape{r, c, dtype, "custom", l == "offset" ? 1 : 0, false, l == "padded" ? 1 : 0};
 }
 
 bool selected(int64_t rows, int64_t cols, rmsnorm_dtype_t dtype, const char* group) {
@@ -766,7 +769,7 @@ struct QuantBuffers {
 
 void run_shape(const Shape& sh, cudaStream_t stream, const rmsnorm_backend_t& be) {
   const size_t esize = rmsnorm_dtype_size(sh.dtype);
-  const int64_t stride = sh.cols;
+  const int64_t stride = sh.cols + sh.pad_elems;
   const size_t elems = static_cast<size_t>(sh.rows) * static_cast<size_t>(stride) + static_cast<size_t>(sh.offset_elems);
   const double fwd_bytes = static_cast<double>(2 * sh.rows * sh.cols * static_cast<int64_t>(esize) + sh.cols * static_cast<int64_t>(esize));
   const double vjp_bytes =
@@ -811,9 +814,10 @@ void run_shape(const Shape& sh, cudaStream_t stream, const rmsnorm_backend_t& be
   RMSNORM_BENCH_CUDA(cudaStreamSynchronize(stream));
 
   auto at = [&](const DeviceBuffer& b) -> char* { return static_cast<char*>(b.get()) + sh.offset_elems * esize; };
-  // base+Nelem: every row start off 16 bytes; unaligned_rows: the first row
-  // aligned, the others not (D * esize % 16 != 0). Both take the element path.
-  const std::string variant = sh.offset_elems != 0                              ? "base+" + std::to_string(sh.offset_elems) + "elem"
+  // base+Nelem: every row start off 16 bytes; unaligned_rows: the first row aligned, the others not (the row
+  // stride's bytes not a multiple of 16: D * esize, or with stride+Nelem D + N elements).
+  const std::string variant = sh.offset_elems != 0  ? "base+" + std::to_string(sh.offset_elems) + "elem"
+                              : sh.pad_elems != 0 ? "stride+" + std::to_string(sh.pad_elems) + "elem"
                               : (sh.cols * static_cast<int64_t>(esize)) % 16 != 0 ? "unaligned_rows"
                                                                                   : "aligned";
 
@@ -1152,8 +1156,9 @@ void usage() {
       "  --reps N        timed calls per case (default 100; >= 50 for numbers you report)\n"
       "  --quick         20 reps, 5 copy reps, short warm-up, default shapes only (smoke run)\n"
       "  --shapes S      only shapes whose \"ROWSxCOLS dtype group\" contains S (e.g. 4096, bf16, extra)\n"
-      "  --shape RxC:T[:offset]  time this shape instead of the list (e.g. 32768x4096:f16,\n"
-      "                  8192x4096:bf16:offset for bases one element off; repeatable; no decode)\n"
+      "  --shape RxC:T[:offset|:padded]  time this shape instead of the list (e.g. 32768x4096:f16,\n"
+      "                  8192x4096:bf16:offset for bases one element off, :padded for rows C + 1 elements\n"
+      "                  apart; repeatable; no decode)\n"
       "  --no-extra      skip the extra large-data shapes\n"
       "  --no-pdl        launch every call with RMSNORM_FLAG_NO_PDL (diagnostic: a run to set against the default)\n"
       "  --quant         also time each shape's quantized forwards (fp8 per row, fp8 static, int8 per row)\n"
