@@ -734,8 +734,8 @@ void finish_case(CaseResult& c) {
   const Target pct = pct_target(c);
   if (pct.has) c.targets.push_back(pct);
   if (c.group == "slow_path") {
-    // Next to the aligned case of the same op: base+1elem against 8192x4096,
-    // 8192x4095 against 8192x4096 (cols rounded up to a 16-byte multiple).
+    // Next to the aligned case of the same op: base+1elem and stride+1elem against 8192x4096, 8192x4095
+    // against 8192x4096 (cols rounded up to a 16-byte multiple).
     const int64_t aligned_cols = (c.cols + 7) / 8 * 8;
     const double base = median_of(c.op, c.rows, aligned_cols, c.dtype, "aligned");
     if (base > 0) {
