@@ -814,8 +814,8 @@ void run_shape(const Shape& sh, cudaStream_t stream, const rmsnorm_backend_t& be
   RMSNORM_BENCH_CUDA(cudaStreamSynchronize(stream));
 
   auto at = [&](const DeviceBuffer& b) -> char* { return static_cast<char*>(b.get()) + sh.offset_elems * esize; };
-  // base+Nelem: every row start off 16 bytes; unaligned_rows: the first row aligned, the others not (the row
-  // stride's bytes not a multiple of 16: D * esize, or with stride+Nelem D + N elements).
+  // base+Nelem: every row start off 16 bytes; stride+Nelem: rows D + N elements apart; unaligned_rows: the rows
+  // contiguous, the first aligned and the others not (D * esize not a multiple of 16).
   const std::string variant = sh.offset_elems != 0  ? "base+" + std::to_string(sh.offset_elems) + "elem"
                               : sh.pad_elems != 0 ? "stride+" + std::to_string(sh.pad_elems) + "elem"
                               : (sh.cols * static_cast<int64_t>(esize)) % 16 != 0 ? "unaligned_rows"
