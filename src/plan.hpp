@@ -250,10 +250,24 @@ inline constexpr int kBackwardCtasPerSm = 1;
 RMSNORM_HD constexpr int vec_elems(int esize) { return kChunkBytes / esize; }
 // kForwardRowsPaired's whole-row form (forward_rows_paired_kernel<..., kPartial = false>: the row's head and
 // tail as a few aligned accesses, the tail's loads in a branch the warp votes on): D a multiple of the chunk
-// width, and one offset for every row (kPaired), so that the rows a warp holds (threads per row < 32) take
-// the same offset's code together; otherwise the form with element paths.
-inline bool paired_whole_rows(Io io, int64_t cols, int esize) {
-  return io == Io::kPaired && cols % vec_elems(esize) == 0;
+// width, and every warp's rows at one offset, so that its lanes take the same offset's code together: one offset
+// for every row (kPaired), or a warp within one row (threads_per_row >= 32; kPairedRows, offsets changing row by
+// row). Otherwise the form with element paths, which at 8192 x 4096 bf16 with a row stride of 4097 took 63.6-64.0
+// us against this form's 53.5-53.7 (docs/performance.md, "Misaligned forward: what the odd row length costs").
+inline bool paired_whole_rows(Io io, int64_t cols, int esize, int threads_per_row) {
+  const bool one_offset_per_warp = io == Io::kPaired || (io == Io::kPairedRows && threads_per_row >= kWarp);
+  return one_offset_per_warp && cols % vec_elems(esize) == 0;
+}
+
+// The element form's y of a row's head and tail by span (forward_rows_paired_kernel<..., kPartial = true>):
+// where every row of the instance holds more than two chunks (threads per row >= 2; Plan.PairedTwoChunks checks
+// it at every D), so the head is whole and the tail ends inside chunk `blocks` + 1, and where a warp holds a row
+// or less (threads per row <= 32). On an H100 the span form took 0.935x the element form's time at 32768 x 511
+// bf16 (32 threads per row) and 0.958x at 131072 x 127 (8), but 1.029x at 8192 x 4095 bf16 (256) and 1.007x at
+// fp32 (512) (docs/performance.md, "Misaligned forward"). With one thread per row the
+// element path stays (the span form spilled 150-1300 bytes next to it in one instance).
+RMSNORM_HD constexpr bool paired_two_chunks(int threads_per_row) {
+  return threads_per_row >= 2 && threads_per_row <= kWarp;
 }
 
 RMSNORM_HD constexpr int64_t chunks_of(int64_t cols, int esize) {

@@ -1386,15 +1386,54 @@ TEST(Plan, PairedForwardIsTheRowsBandsPairedKernel) {
   }
 }
 
-// The paired forward's whole-row form: D a multiple of the chunk width and one offset for every row, at every D.
-TEST(Plan, PairedWholeRowsOnlyAtOneOffsetAndWholeChunks) {
+// The paired element form's span store (plan::paired_two_chunks) assumes every row of its instances holds more
+// than two chunks (the head whole, the tail ending in chunk `blocks` + 1): at every D and every offset class
+// whose launch is paired, and at each threads per row, the fewest columns of any D the plan gives it.
+TEST(Plan, PairedTwoChunks) {
+  const Device dev = hopper();
+  for (int esize : {2, 4}) {
+    const int vec = 16 / esize;
+    for (int64_t d = 1; d <= 300000; ++d) {
+      for (Io io : {Io::kPaired, Io::kPairedRows}) {
+        const Launch f = forward_launch(4096, d, esize, io, dev);
+        if (f.kernel != Kernel::kForwardRowsPaired) continue;
+        if (paired_two_chunks(f.row.threads_per_row)) {
+          ASSERT_GT(d, 2 * vec) << "D " << d << " esize " << esize << " tpr " << f.row.threads_per_row;
+          // The whole head: kHead < kN columns, then at least one whole block before the tail.
+          for (int o = 1; o < vec; ++o) ASSERT_GE(store_blocks(static_cast<uint32_t>(d), vec - o, esize), 1u) << d;
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(paired_two_chunks(1));
+  EXPECT_TRUE(paired_two_chunks(2));
+  EXPECT_TRUE(paired_two_chunks(kWarp));
+  EXPECT_FALSE(paired_two_chunks(2 * kWarp));
+}
+
+// The paired forward's whole-row form: D a multiple of the chunk width and every warp's lanes at one offset (one
+// offset for every row, or with offsets that change row by row a warp inside one row: threads per row >= 32), at
+// every D; and at the threads per row that the plan gives a paired launch there.
+TEST(Plan, PairedWholeRowsOnlyWithWholeChunksAndAWarpAtOneOffset) {
+  const Device dev = hopper();
   for (int esize : {2, 4}) {
     const int vec = 16 / esize;
     for (int64_t d = 1; d <= 20000; ++d) {
-      EXPECT_EQ(paired_whole_rows(Io::kPaired, d, esize), d % vec == 0) << d;
-      EXPECT_FALSE(paired_whole_rows(Io::kPairedRows, d, esize)) << d;
-      EXPECT_FALSE(paired_whole_rows(Io::kVector, d, esize)) << d;
-      EXPECT_FALSE(paired_whole_rows(Io::kElement, d, esize)) << d;
+      for (int tpr = 1; tpr <= kMaxRowsTpr; tpr *= 2) {
+        EXPECT_EQ(paired_whole_rows(Io::kPaired, d, esize, tpr), d % vec == 0) << d;
+        // Lanes t and t + 1 of a warp lie in one row exactly where 32 / tpr rows do not share it.
+        const bool warp_in_one_row = tpr % kWarp == 0;
+        EXPECT_EQ(paired_whole_rows(Io::kPairedRows, d, esize, tpr), d % vec == 0 && warp_in_one_row) << d;
+        EXPECT_FALSE(paired_whole_rows(Io::kVector, d, esize, tpr)) << d;
+        EXPECT_FALSE(paired_whole_rows(Io::kElement, d, esize, tpr)) << d;
+      }
+      for (Io io : {Io::kPaired, Io::kPairedRows}) {
+        const Launch f = forward_launch(4096, d, esize, io, dev);
+        if (f.kernel != Kernel::kForwardRowsPaired) continue;
+        const int tpr = f.row.threads_per_row;
+        const bool one_offset_per_warp = io == Io::kPaired || tpr % kWarp == 0;
+        EXPECT_EQ(paired_whole_rows(io, d, esize, tpr), d % vec == 0 && one_offset_per_warp) << d;
+      }
     }
   }
 }

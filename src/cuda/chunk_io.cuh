@@ -368,6 +368,30 @@ __device__ __forceinline__ void store_span(T* block, const Chunk<T>& v) {
   }
 }
 
+// Positions [0, len) of the 16-byte aligned block at `block`, 0 <= len < kN known at run time: load_span and
+// store_span of that constant length, picked by a chain of tests (len is one value for every row at one offset,
+// so the warp takes one branch). The caller guarantees that the positions lie inside the row.
+template <typename T, int kL = 1>
+__device__ __forceinline__ void load_run(const T* __restrict__ block, int len, Chunk<T>& v) {
+  if constexpr (kL < Chunk<T>::kN) {
+    if (len == kL) {
+      load_span<T, 0, kL>(block, v);
+    } else {
+      load_run<T, kL + 1>(block, len, v);
+    }
+  }
+}
+template <typename T, int kL = 1>
+__device__ __forceinline__ void store_run(T* block, int len, const Chunk<T>& v) {
+  if constexpr (kL < Chunk<T>::kN) {
+    if (len == kL) {
+      store_span<T, 0, kL>(block, v);
+    } else {
+      store_run<T, kL + 1>(block, len, v);
+    }
+  }
+}
+
 // Element e (0 <= e < 2 kN, a constant after unrolling) of two consecutive blocks.
 template <typename T>
 __device__ __forceinline__ float pair_elem(const Chunk<T>& lo, const Chunk<T>& hi, int e) {

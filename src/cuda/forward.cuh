@@ -541,8 +541,11 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
 // selection (no funnel shifts), and every access but the head's and the
 // tail's is one aligned 16-byte load or store; the kernel switches on the
 // row's offset once per row (the same branch in every row). Columns
-// outside the blocks (the head, the tail, a row shorter than its head) go by
-// element, loaded and stored by the owner of their chunk. Every x read that
+// outside the blocks (the head, the tail, a row shorter than its head) are
+// loaded by the owner of their chunk, by element where D is not a multiple
+// of kN; they are stored by span (the head by its owner, the tail as one
+// partial block by the owner of chunk `blocks`) where
+// plan::paired_two_chunks, else by element (store_offset_row). Every x read that
 // another thread's y store may overwrite (y == x in place) happens before the
 // row's reduction; after it a thread reads only the head and tail columns
 // that it alone writes.
@@ -588,7 +591,7 @@ __device__ __forceinline__ float offset_squares(const T* __restrict__ xr, bool v
   if constexpr (!kPartial) {
     // kO == 0: every chunk is a block. Else chunk `blocks` (the last) holds the tail: positions ..kO - 1 of
     // block `blocks`. A branch the warp takes together (a vote): predicated, ptxas interleaved the first
-    // chunk's squares with the next chunk's loads. Every row of the launch has this offset
+    // chunk's squares with the next chunk's loads. Every row a warp holds has this offset
     // (plan::paired_whole_rows), so the whole warp is here.
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
@@ -648,9 +651,10 @@ __device__ __forceinline__ void store_head_span(const T* __restrict__ xr, T* __r
 }
 
 // y of this thread's chunks of one row at offset kO (offset_squares's held blocks): block c by one 16-byte
-// store, the head (c = 0) and tail columns of chunk c by element (kPartial) or by store_span. offset: added
-// to w (0 without a weight, which reads as 1). The weight's chunks are loaded first, all in flight at once.
-template <typename T, int kO, bool kPartial, bool kRoundXhat, typename Map, int kCpt>
+// store, the head (c = 0) and tail columns of chunk c by store_span, or with kPartial by store_span and
+// store_run (kTwoChunks) or by element. offset: added to w (0 without a weight, which reads as 1). The
+// weight's chunks are loaded first, all in flight at once.
+template <typename T, int kO, bool kPartial, bool kRoundXhat, bool kTwoChunks, typename Map, int kCpt>
 __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __restrict__ yr,
                                                  const T* __restrict__ w, float offset, float r, const Map& m,
                                                  int chunks, int cols, const Chunk<T> (&held)[kCpt]) {
@@ -713,6 +717,28 @@ __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __
         store_span<T, 0, kO>(yr + tail, normalize_chunk<T, kRoundXhat>(x, wf, r));
       }
     }
+  } else if constexpr (kTwoChunks) {
+    // Every row holds more than two chunks (plan::paired_two_chunks), so the head is whole: stored by span as
+    // above. The tail, columns tail..cols - 1 (fewer than kN: chunk `blocks`'s last kO columns, then chunk
+    // blocks + 1's first), is one partial block that the owner of chunk `blocks` alone loads and stores in its
+    // widest aligned pieces, w' taken from w's chunks `blocks` and blocks + 1. The owner of chunk blocks + 1
+    // read those x columns before the row's reduction and touches them no more, so x == y in place holds.
+    const int len = cols - tail;
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) {
+      const int c = m.chunk(it);
+      if (c >= chunks) continue;
+      if (kO != 0 && c == 0) store_head_span<T, kO, kRoundXhat>(xr, yr, wc[it], offset, r);
+      if (c == blocks && len > 0) {
+        Chunk<T> x = zero_chunk<T>();
+        load_run<T>(xr + tail, len, x);
+        const Chunk<T> w1 = kO != 0 && has_w ? load_elems<T, 0, kN>(w, (c + 1) * kN, cols) : one_chunk<T>();
+        float wf[kN];
+#pragma unroll
+        for (int q = 0; q < kN; ++q) wf[q] = q < len ? pair_elem(wc[it], w1, kHead + q) + offset : 0.0f;
+        store_run<T>(yr + tail, len, normalize_chunk<T, kRoundXhat>(x, wf, r));
+      }
+    }
   } else {
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
@@ -760,8 +786,9 @@ __device__ __forceinline__ int64_t paired_row(int64_t j, const ForwardParams<T>&
 // The geometry (threads per row, chunks per thread, row slots, grid) is the
 // 16-byte rows kernel's: the same chunks per thread, summed in the same
 // order, so rstd and y are bitwise that kernel's (Cuda.AlignmentDoesNotChangeBits).
-// kPartial: the head and tail by element (offset_squares), where plan::paired_whole_rows is false: D not a
-// multiple of kN, or the rows' offsets differ (the whole-row form's vote needs a warp's rows at one offset).
+// kPartial: the head and tail loaded by element (offset_squares) and stored by span (plan::paired_two_chunks)
+// or by element, where plan::paired_whole_rows is false: D not a multiple of kN, or a warp's rows at
+// different offsets (the whole-row form's vote needs them at one).
 template <typename T, int kTpr, int kCpt, bool kPartial>
 __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr, kCpt, plan::Kernel::kForwardRowsPaired))
     forward_rows_paired_kernel(const ForwardParams<T> p) {
@@ -771,6 +798,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(kCpt == plan::kFewChunksPerThread || kCpt == plan::kMaxChunksPerThread, "plan: chunks per thread");
   static_assert(Chunk<T>::kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
+  constexpr bool kTwoChunks = kPartial && plan::paired_two_chunks(kTpr);
   __shared__ RowScratch<float, kTpr, kSlots> scratch;
   pdl_enter();
   const RowMap<kTpr, false> m;
@@ -796,9 +824,9 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
       with_row_offset<T>(o, [&](auto k) {
         constexpr int kO = decltype(k)::value;
         if (p.round_xhat)
-          store_offset_row<T, kO, kPartial, true>(xrow, yrow, p.w, offset, r, m, p.chunks, p.cols, held);
+          store_offset_row<T, kO, kPartial, true, kTwoChunks>(xrow, yrow, p.w, offset, r, m, p.chunks, p.cols, held);
         else
-          store_offset_row<T, kO, kPartial, false>(xrow, yrow, p.w, offset, r, m, p.chunks, p.cols, held);
+          store_offset_row<T, kO, kPartial, false, kTwoChunks>(xrow, yrow, p.w, offset, r, m, p.chunks, p.cols, held);
       });
     }
   }
@@ -1566,7 +1594,7 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
       return dispatch_rows<static_cast<int>(sizeof(T))>(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) {
         constexpr int kTpr = decltype(tpr)::value;
         constexpr int kCpt = decltype(cpt)::value;
-        return plan::paired_whole_rows(l.io, a.cols, kEs)
+        return plan::paired_whole_rows(l.io, a.cols, kEs, kTpr)
                    ? launch(forward_rows_paired_kernel<T, kTpr, kCpt, false>, plan::forward_cta_threads(kTpr))
                    : launch(forward_rows_paired_kernel<T, kTpr, kCpt, true>, plan::forward_cta_threads(kTpr));
       });
