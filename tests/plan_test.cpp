@@ -1386,10 +1386,10 @@ TEST(Plan, PairedForwardIsTheRowsBandsPairedKernel) {
   }
 }
 
-// The paired element form's span store (plan::paired_two_chunks) assumes every row of its instances holds more
+// The paired element form's span store (plan::paired_edge_spans) assumes every row of its instances holds more
 // than two chunks (the head whole, the tail ending in chunk `blocks` + 1): at every D and every offset class
 // whose launch is paired, and at each threads per row, the fewest columns of any D the plan gives it.
-TEST(Plan, PairedTwoChunks) {
+TEST(Plan, PairedEdgeSpans) {
   const Device dev = hopper();
   for (int esize : {2, 4}) {
     const int vec = 16 / esize;
@@ -1397,7 +1397,7 @@ TEST(Plan, PairedTwoChunks) {
       for (Io io : {Io::kPaired, Io::kPairedRows}) {
         const Launch f = forward_launch(4096, d, esize, io, dev);
         if (f.kernel != Kernel::kForwardRowsPaired) continue;
-        if (paired_two_chunks(f.row.threads_per_row)) {
+        if (paired_edge_spans(f.row.threads_per_row, f.row.chunks_per_thread)) {
           ASSERT_GT(d, 2 * vec) << "D " << d << " esize " << esize << " tpr " << f.row.threads_per_row;
           // The whole head: kHead < kN columns, then at least one whole block before the tail.
           for (int o = 1; o < vec; ++o) ASSERT_GE(store_blocks(static_cast<uint32_t>(d), vec - o, esize), 1u) << d;
@@ -1405,10 +1405,11 @@ TEST(Plan, PairedTwoChunks) {
       }
     }
   }
-  EXPECT_FALSE(paired_two_chunks(1));
-  EXPECT_TRUE(paired_two_chunks(2));
-  EXPECT_TRUE(paired_two_chunks(kWarp));
-  EXPECT_FALSE(paired_two_chunks(2 * kWarp));
+  EXPECT_FALSE(paired_edge_spans(1, kFewChunksPerThread));
+  EXPECT_TRUE(paired_edge_spans(2, kFewChunksPerThread));
+  EXPECT_TRUE(paired_edge_spans(kWarp, kFewChunksPerThread));
+  EXPECT_FALSE(paired_edge_spans(2 * kWarp, kFewChunksPerThread));
+  EXPECT_FALSE(paired_edge_spans(kWarp, kMaxChunksPerThread));
 }
 
 // The paired forward's whole-row form: D a multiple of the chunk width and every warp's lanes at one offset (one

@@ -545,7 +545,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
 // loaded by the owner of their chunk, by element where D is not a multiple
 // of kN; they are stored by span (the head by its owner, the tail as one
 // partial block by the owner of chunk `blocks`) where
-// plan::paired_two_chunks, else by element (store_offset_row). Every x read that
+// plan::paired_edge_spans, else by element (store_offset_row). Every x read that
 // another thread's y store may overwrite (y == x in place) happens before the
 // row's reduction; after it a thread reads only the head and tail columns
 // that it alone writes.
@@ -652,9 +652,9 @@ __device__ __forceinline__ void store_head_span(const T* __restrict__ xr, T* __r
 
 // y of this thread's chunks of one row at offset kO (offset_squares's held blocks): block c by one 16-byte
 // store, the head (c = 0) and tail columns of chunk c by store_span, or with kPartial by store_span and
-// store_run (kTwoChunks) or by element. offset: added to w (0 without a weight, which reads as 1). The
+// store_run (kEdgeSpans) or by element. offset: added to w (0 without a weight, which reads as 1). The
 // weight's chunks are loaded first, all in flight at once.
-template <typename T, int kO, bool kPartial, bool kRoundXhat, bool kTwoChunks, typename Map, int kCpt>
+template <typename T, int kO, bool kPartial, bool kRoundXhat, bool kEdgeSpans, typename Map, int kCpt>
 __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __restrict__ yr,
                                                  const T* __restrict__ w, float offset, float r, const Map& m,
                                                  int chunks, int cols, const Chunk<T> (&held)[kCpt]) {
@@ -717,8 +717,8 @@ __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __
         store_span<T, 0, kO>(yr + tail, normalize_chunk<T, kRoundXhat>(x, wf, r));
       }
     }
-  } else if constexpr (kTwoChunks) {
-    // Every row holds more than two chunks (plan::paired_two_chunks), so the head is whole: stored by span as
+  } else if constexpr (kEdgeSpans) {
+    // Every row holds more than two chunks (plan::paired_edge_spans), so the head is whole: stored by span as
     // above. The tail, columns tail..cols - 1 (fewer than kN: chunk `blocks`'s last kO columns, then chunk
     // blocks + 1's first), is one partial block that the owner of chunk `blocks` alone loads and stores in its
     // widest aligned pieces, w' taken from w's chunks `blocks` and blocks + 1. The owner of chunk blocks + 1
@@ -786,7 +786,7 @@ __device__ __forceinline__ int64_t paired_row(int64_t j, const ForwardParams<T>&
 // The geometry (threads per row, chunks per thread, row slots, grid) is the
 // 16-byte rows kernel's: the same chunks per thread, summed in the same
 // order, so rstd and y are bitwise that kernel's (Cuda.AlignmentDoesNotChangeBits).
-// kPartial: the head and tail loaded by element (offset_squares) and stored by span (plan::paired_two_chunks)
+// kPartial: the head and tail loaded by element (offset_squares) and stored by span (plan::paired_edge_spans)
 // or by element, where plan::paired_whole_rows is false: D not a multiple of kN, or a warp's rows at
 // different offsets (the whole-row form's vote needs them at one).
 template <typename T, int kTpr, int kCpt, bool kPartial>
@@ -798,7 +798,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(kCpt == plan::kFewChunksPerThread || kCpt == plan::kMaxChunksPerThread, "plan: chunks per thread");
   static_assert(Chunk<T>::kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
-  constexpr bool kTwoChunks = kPartial && plan::paired_two_chunks(kTpr);
+  constexpr bool kEdgeSpans = kPartial && plan::paired_edge_spans(kTpr, kCpt);
   __shared__ RowScratch<float, kTpr, kSlots> scratch;
   pdl_enter();
   const RowMap<kTpr, false> m;
@@ -824,9 +824,9 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
       with_row_offset<T>(o, [&](auto k) {
         constexpr int kO = decltype(k)::value;
         if (p.round_xhat)
-          store_offset_row<T, kO, kPartial, true, kTwoChunks>(xrow, yrow, p.w, offset, r, m, p.chunks, p.cols, held);
+          store_offset_row<T, kO, kPartial, true, kEdgeSpans>(xrow, yrow, p.w, offset, r, m, p.chunks, p.cols, held);
         else
-          store_offset_row<T, kO, kPartial, false, kTwoChunks>(xrow, yrow, p.w, offset, r, m, p.chunks, p.cols, held);
+          store_offset_row<T, kO, kPartial, false, kEdgeSpans>(xrow, yrow, p.w, offset, r, m, p.chunks, p.cols, held);
       });
     }
   }
