@@ -261,14 +261,16 @@ inline bool paired_whole_rows(Io io, int64_t cols, int esize, int threads_per_ro
 
 // The element form's y of a row's head and tail by span (forward_rows_paired_kernel<..., kPartial = true>):
 // where every row of the instance holds more than two chunks (threads per row >= 2; Plan.PairedEdgeSpans checks
-// it at every D), so the head is whole and the tail ends inside chunk `blocks` + 1; where a warp holds a row or
-// less (threads per row <= 32); and at kFewChunksPerThread. On an H100 the span form took 0.935x the element
-// form's time at 32768 x 511 bf16 (32 threads per row) and 0.958x at 131072 x 127 (8), but 1.029x at 8192 x 4095
-// bf16 (256) and 1.007x at fp32 (512) (docs/performance.md, "Misaligned forward"). At 4 chunks per thread the f16
-// instances spilled 428 bytes (12 in the element form); at 2 every instance spills 8 bytes or fewer (32-48 in the
-// element form). With one thread per row the element path stays (the span form spilled 150-1300 bytes).
-RMSNORM_HD constexpr bool paired_edge_spans(int threads_per_row, int chunks_per_thread) {
-  return threads_per_row >= 2 && threads_per_row <= kWarp && chunks_per_thread == kFewChunksPerThread;
+// it at every D), so the head is whole and the tail ends inside chunk `blocks` + 1, and where a warp holds a row
+// or less (threads per row <= 32). On an H100 the span form took 0.93-0.95x the element form's time at
+// 32768 x 511 bf16 (32 threads per row, 2 chunks each), 131072 x 127 (8) and 262144 x 511, but 1.02-1.03x at
+// 8192 x 4095 bf16 (256) and 1.01x at fp32 (512) (docs/performance.md, "Misaligned forward"). At 4 chunks per
+// thread (one copy of the tail code, 20-24 bytes spilled; a copy per held chunk spilled 428 at f16) it took
+// 0.87-0.92x the element form's time at 8192 x 1023, 32768 x 1023, 65536 x 1023 and 16384 x 767 bf16, 131072 x
+// 255 and 32768 x 383 bf16 and f16. With one thread per row the element path stays (the span form spilled
+// 150-1300 bytes).
+RMSNORM_HD constexpr bool paired_edge_spans(int threads_per_row) {
+  return threads_per_row >= 2 && threads_per_row <= kWarp;
 }
 
 RMSNORM_HD constexpr int64_t chunks_of(int64_t cols, int esize) {

@@ -1397,7 +1397,7 @@ TEST(Plan, PairedEdgeSpans) {
       for (Io io : {Io::kPaired, Io::kPairedRows}) {
         const Launch f = forward_launch(4096, d, esize, io, dev);
         if (f.kernel != Kernel::kForwardRowsPaired) continue;
-        if (paired_edge_spans(f.row.threads_per_row, f.row.chunks_per_thread)) {
+        if (paired_edge_spans(f.row.threads_per_row)) {
           ASSERT_GT(d, 2 * vec) << "D " << d << " esize " << esize << " tpr " << f.row.threads_per_row;
           // The whole head: kHead < kN columns, then at least one whole block before the tail.
           for (int o = 1; o < vec; ++o) ASSERT_GE(store_blocks(static_cast<uint32_t>(d), vec - o, esize), 1u) << d;
@@ -1405,11 +1405,10 @@ TEST(Plan, PairedEdgeSpans) {
       }
     }
   }
-  EXPECT_FALSE(paired_edge_spans(1, kFewChunksPerThread));
-  EXPECT_TRUE(paired_edge_spans(2, kFewChunksPerThread));
-  EXPECT_TRUE(paired_edge_spans(kWarp, kFewChunksPerThread));
-  EXPECT_FALSE(paired_edge_spans(2 * kWarp, kFewChunksPerThread));
-  EXPECT_FALSE(paired_edge_spans(kWarp, kMaxChunksPerThread));
+  EXPECT_FALSE(paired_edge_spans(1));
+  EXPECT_TRUE(paired_edge_spans(2));
+  EXPECT_TRUE(paired_edge_spans(kWarp));
+  EXPECT_FALSE(paired_edge_spans(2 * kWarp));
 }
 
 // The paired forward's whole-row form: D a multiple of the chunk width and every warp's lanes at one offset (one

@@ -721,22 +721,42 @@ __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __
     // Every row holds more than two chunks (plan::paired_edge_spans), so the head is whole: stored by span as
     // above. The tail, columns tail..cols - 1 (fewer than kN: chunk `blocks`'s last kO columns, then chunk
     // blocks + 1's first), is one partial block that the owner of chunk `blocks` alone loads and stores in its
-    // widest aligned pieces, w' taken from w's chunks `blocks` and blocks + 1. The owner of chunk blocks + 1
+    // widest aligned pieces, w' taken from w's chunks `blocks` (w0) and blocks + 1. The owner of chunk blocks + 1
     // read those x columns before the row's reduction and touches them no more, so x == y in place holds.
     const int len = cols - tail;
+    const auto store_tail = [&](const Chunk<T>& w0) {
+      Chunk<T> x = zero_chunk<T>();
+      load_run<T>(xr + tail, len, x);
+      const Chunk<T> w1 = kO != 0 && has_w ? load_elems<T, 0, kN>(w, (blocks + 1) * kN, cols) : one_chunk<T>();
+      float wf[kN];
 #pragma unroll
-    for (int it = 0; it < kCpt; ++it) {
-      const int c = m.chunk(it);
-      if (c >= chunks) continue;
-      if (kO != 0 && c == 0) store_head_span<T, kO, kRoundXhat>(xr, yr, wc[it], offset, r);
-      if (c == blocks && len > 0) {
-        Chunk<T> x = zero_chunk<T>();
-        load_run<T>(xr + tail, len, x);
-        const Chunk<T> w1 = kO != 0 && has_w ? load_elems<T, 0, kN>(w, (c + 1) * kN, cols) : one_chunk<T>();
-        float wf[kN];
+      for (int q = 0; q < kN; ++q) wf[q] = q < len ? pair_elem(w0, w1, kHead + q) + offset : 0.0f;
+      store_run<T>(yr + tail, len, normalize_chunk<T, kRoundXhat>(x, wf, r));
+    };
+    // Two forms of the same stores, each where it spills least (40 registers at kFewChunksPerThread, 64 at 4
+    // chunks; ptxas -v): at 2 chunks the head and tail code inside the loop over held chunks, w0 the held chunk
+    // (8 bytes spilled; one copy of the tail code with w0 loaded again spilled 368 at f16); at 4 one copy after
+    // it, w0 loaded again from L1 (20-24 bytes; a copy per held chunk spilled 428 at f16).
+    if constexpr (kCpt == plan::kFewChunksPerThread) {
 #pragma unroll
-        for (int q = 0; q < kN; ++q) wf[q] = q < len ? pair_elem(wc[it], w1, kHead + q) + offset : 0.0f;
-        store_run<T>(yr + tail, len, normalize_chunk<T, kRoundXhat>(x, wf, r));
+      for (int it = 0; it < kCpt; ++it) {
+        const int c = m.chunk(it);
+        if (c >= chunks) continue;
+        if (kO != 0 && c == 0) store_head_span<T, kO, kRoundXhat>(xr, yr, wc[it], offset, r);
+        if (c == blocks && len > 0) store_tail(wc[it]);
+      }
+    } else {
+      // Chunk 0 can only be a thread's first (m.chunk(it) grows with it).
+      if (kO != 0 && m.chunk(0) == 0) store_head_span<T, kO, kRoundXhat>(xr, yr, wc[0], offset, r);
+      bool owner = false;
+#pragma unroll
+      for (int it = 0; it < kCpt; ++it) owner |= m.chunk(it) == blocks;
+      if (owner && len > 0) {
+        Chunk<T> w0 = one_chunk<T>();
+        if (has_w)
+          w0 = (blocks + 1) * kN <= cols ? as_chunk<T>(reinterpret_cast<const uint4*>(w)[blocks])
+                                         : load_elems<T, 0, kN>(w, blocks * kN, cols);
+        store_tail(w0);
       }
     }
   } else {
@@ -798,7 +818,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   static_assert(kTpr <= plan::kMaxRowsTpr, "plan: threads per row");
   static_assert(kCpt == plan::kFewChunksPerThread || kCpt == plan::kMaxChunksPerThread, "plan: chunks per thread");
   static_assert(Chunk<T>::kN == plan::vec_elems(sizeof(T)), "plan: chunk width");
-  constexpr bool kEdgeSpans = kPartial && plan::paired_edge_spans(kTpr, kCpt);
+  constexpr bool kEdgeSpans = kPartial && plan::paired_edge_spans(kTpr);
   __shared__ RowScratch<float, kTpr, kSlots> scratch;
   pdl_enter();
   const RowMap<kTpr, false> m;
