@@ -266,8 +266,8 @@ inline bool paired_whole_rows(Io io, int64_t cols, int esize, int threads_per_ro
 // 32768 x 511 bf16 (32 threads per row, 2 chunks each), 131072 x 127 (8) and 262144 x 511, but 1.02-1.03x at
 // 8192 x 4095 bf16 (256) and 1.01x at fp32 (512) (docs/performance.md, "Misaligned forward"). At 4 chunks per
 // thread (one copy of the tail code, 20-24 bytes spilled; a copy per held chunk spilled 428 at f16) it took
-// 0.87-0.92x the element form's time at 8192 x 1023, 32768 x 1023, 65536 x 1023 and 16384 x 767 bf16, 131072 x
-// 255 and 32768 x 383 bf16 and f16. With one thread per row the element path stays (the span form spilled
+// 0.87-0.92x the element form's time at 8192 x 1023, 32768 x 1023, 65536 x 1023, 16384 x 767, 131072 x 255 and
+// 32768 x 383 bf16 and 32768 x 383 f16. With one thread per row the element path stays (the span form spilled
 // 150-1300 bytes).
 RMSNORM_HD constexpr bool paired_edge_spans(int threads_per_row) {
   return threads_per_row >= 2 && threads_per_row <= kWarp;
