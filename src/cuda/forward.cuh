@@ -665,6 +665,11 @@ __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __
   // wc: w's chunk c; wn: chunk c + 1 (kO > 0; it exists where c < blocks, block c ending inside the row).
   Chunk<T> wc[kCpt], wn[kCpt];
   const bool has_w = w != nullptr;
+  // w's chunk c past the blocks (kPartial): one 16-byte load where it is whole (the last chunk where D is a multiple
+  // of kN), else by element.
+  const auto w_edge_chunk = [&](int c) {
+    return (c + 1) * kN <= cols ? as_chunk<T>(reinterpret_cast<const uint4*>(w)[c]) : load_elems<T, 0, kN>(w, c * kN, cols);
+  };
 #pragma unroll
   for (int it = 0; it < kCpt; ++it) {
     const int c = m.chunk(it);
@@ -684,9 +689,7 @@ __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __
   for (int it = 0; it < kCpt; ++it) {
     const int c = m.chunk(it);
     if (!kPartial || !has_w || c >= chunks) continue;
-    // A whole chunk of w past the blocks (the last chunk where D is a multiple of kN) is one 16-byte load.
-    if (c >= blocks)
-      wc[it] = (c + 1) * kN <= cols ? as_chunk<T>(reinterpret_cast<const uint4*>(w)[c]) : load_elems<T, 0, kN>(w, c * kN, cols);
+    if (c >= blocks) wc[it] = w_edge_chunk(c);
     if (kO != 0 && c < blocks && (c + 2) * kN > cols) wn[it] = load_elems<T, 0, kN>(w, (c + 1) * kN, cols);
   }
 #pragma unroll
@@ -752,11 +755,7 @@ __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) owner |= m.chunk(it) == blocks;
       if (owner && len > 0) {
-        Chunk<T> w0 = one_chunk<T>();
-        if (has_w)
-          w0 = (blocks + 1) * kN <= cols ? as_chunk<T>(reinterpret_cast<const uint4*>(w)[blocks])
-                                         : load_elems<T, 0, kN>(w, blocks * kN, cols);
-        store_tail(w0);
+        store_tail(has_w ? w_edge_chunk(blocks) : one_chunk<T>());
       }
     }
   } else {
