@@ -329,6 +329,76 @@ RMSNORM_HD constexpr I store_blocks(I cols, int head, int esize) {
   return cols > static_cast<I>(head) ? (cols - static_cast<I>(head)) / static_cast<I>(vec_elems(esize)) : I{0};
 }
 
+// Division by a divisor fixed for a launch, as a multiply and a shift (Granlund and Montgomery, "Division by
+// Invariant Integers using Multiplication", 1994, theorem 4.2 with N = 31): for 1 <= d < 2^31, l = ceil(log2 d)
+// and m = ceil(2^(31 + l) / d), n / d = (n m) >> (31 + l) for every 0 <= n < 2^31. m < 2^32 (d > 2^(l - 1), or
+// d = 1 and m = 2^31), so n m is one 32 x 32 -> 64-bit multiply. The paired forward divides by the class sizes of
+// its row order in every row (RowClassOrder below); as an integer division that was about 60 instructions per row
+// and thread.
+struct Divider {
+  uint32_t m = 1u << 31;
+  uint32_t shift = 31;  // 31 + l
+};
+RMSNORM_HD constexpr Divider make_divider(uint32_t d) {
+  uint32_t l = 0;
+  while (l < 31 && (1u << l) < d) ++l;
+  Divider v;
+  v.shift = 31 + l;
+  v.m = static_cast<uint32_t>(((uint64_t{1} << v.shift) + d - 1) / d);
+  return v;
+}
+RMSNORM_HD constexpr uint32_t divide(uint32_t n, const Divider& v) {
+  return static_cast<uint32_t>((static_cast<uint64_t>(n) * v.m) >> v.shift);
+}
+
+// The paired forward's row order where row offsets change row by row (plan::Io::kPairedRows): a row's offset in
+// its 16-byte block repeats every `period` rows (period = 16 / gcd(the row stride in bytes mod 16, 16)), so rows
+// k, k + period, .. share offset class k; position j of the order runs through class 0's rows, then class 1's, ...
+// (classes k < rem hold q + 1 rows, the others q; rows = q period + rem). The CTAs that run at once then take one
+// or two offsets' code, not all of them (docs/performance.md, "Misaligned forward: the offset as a constant").
+// Set up on the host for each launch (the kernel's parameters); row_at maps a position to its row.
+struct RowClassOrder {
+  bool classes = false;  // false: rows in order (a row stride of whole 16-byte blocks, or rows >= 2^31)
+  uint32_t period_log2 = 0;
+  uint32_t q = 0;
+  uint32_t big = 0;  // rem (q + 1): the positions of the classes of q + 1 rows
+  uint32_t rem = 0;
+  Divider by_big;    // q + 1
+  Divider by_small;  // q (1 where q = 0: no position then reaches it)
+};
+RMSNORM_HD constexpr RowClassOrder row_class_order(int64_t rows, int64_t row_stride_bytes) {
+  RowClassOrder o;
+  const int s = static_cast<int>(row_stride_bytes & (kChunkBytes - 1));
+  if (s == 0 || rows <= 0 || rows > 0x7fffffff) return o;
+  int tz = 0;
+  while (((s >> tz) & 1) == 0) ++tz;
+  o.classes = true;
+  o.period_log2 = static_cast<uint32_t>(4 - tz);  // period = 16 >> tz
+  const uint32_t r = static_cast<uint32_t>(rows);
+  o.q = r >> o.period_log2;
+  o.rem = r & ((1u << o.period_log2) - 1u);
+  o.big = o.rem * (o.q + 1u);
+  o.by_big = make_divider(o.q + 1u);
+  o.by_small = make_divider(o.q > 0 ? o.q : 1u);
+  return o;
+}
+// The row at position j of the order (j itself where the order keeps rows in order or j >= rows: a group's empty
+// slots).
+RMSNORM_HD constexpr int64_t row_at(const RowClassOrder& o, int64_t j, int64_t rows) {
+  if (!o.classes || j >= rows) return j;
+  const uint32_t jj = static_cast<uint32_t>(j);
+  uint32_t k = 0, i = 0;
+  if (jj < o.big) {
+    k = divide(jj, o.by_big);
+    i = jj - k * (o.q + 1u);
+  } else {
+    const uint32_t t = divide(jj - o.big, o.by_small);
+    k = o.rem + t;
+    i = jj - o.big - t * o.q;
+  }
+  return static_cast<int64_t>(k) + (static_cast<int64_t>(i) << o.period_log2);
+}
+
 // cp.async pipeline depth (row groups staged per thread, the current one
 // included): as many as fit, at most kMaxStages (docs/performance.md,
 // "Pipeline depth").

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <set>
 #include <sstream>
 #include <string>
@@ -1389,6 +1390,85 @@ TEST(Plan, PairedForwardIsTheRowsBandsPairedKernel) {
 // The paired element form's span store (plan::paired_edge_spans) assumes every row of its instances holds more
 // than two chunks (the head whole, the tail ending in chunk `blocks` + 1): at every D and every offset class
 // whose launch is paired, and at each threads per row, the fewest columns of any D the plan gives it.
+// make_divider / divide: n / d for every n < 2^31 that the paired forward's row order can divide, checked against
+// the integer division at each divisor's edges (multiples of d and their neighbours) and across the range.
+TEST(Plan, DividerMatchesIntegerDivision) {
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 5000; ++d) divisors.push_back(d);
+  for (int b = 12; b <= 30; ++b) {
+    for (int64_t e : {-3, -1, 0, 1, 3}) divisors.push_back(static_cast<uint32_t>((int64_t{1} << b) + e));
+  }
+  for (uint32_t d : {65537u, 100003u, 131071u, 999999937u, 0x7ffffffeu, 0x7fffffffu}) divisors.push_back(d);
+  const uint32_t n_max = 0x7fffffffu;
+  uint64_t lcg = 12345;
+  for (uint32_t d : divisors) {
+    const Divider v = make_divider(d);
+    // The multiplier fits its 32 bits (the 64-bit ceiling make_divider takes it from).
+    ASSERT_LT(((uint64_t{1} << v.shift) + d - 1) / d, uint64_t{1} << 32) << "d " << d;
+    std::vector<uint32_t> ns = {0, 1, n_max, n_max - 1, d - 1, d, d + 1};
+    for (uint64_t k : {uint64_t{2}, uint64_t{3}, uint64_t{7}, uint64_t{1000}, uint64_t{n_max / d}}) {
+      for (int64_t e : {-1, 0, 1}) {
+        const int64_t n = static_cast<int64_t>(k * d) + e;
+        if (n >= 0 && n <= n_max) ns.push_back(static_cast<uint32_t>(n));
+      }
+    }
+    for (int i = 0; i < 64; ++i) {
+      lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+      ns.push_back(static_cast<uint32_t>(lcg >> 33));  // < 2^31
+    }
+    for (uint32_t n : ns) {
+      if (n > n_max) continue;
+      ASSERT_EQ(divide(n, v), n / d) << "n " << n << " d " << d;
+    }
+  }
+}
+
+// The paired forward's row order at row offsets that change row by row: a permutation of the rows that takes the
+// offset classes (row mod period, period = 16 / gcd(row stride in bytes mod 16, 16)) one after another, each in
+// row order; rows in order where the stride is whole 16-byte blocks; positions past the rows unchanged.
+TEST(Plan, RowClassOrderTakesTheOffsetClassesInTurn) {
+  std::vector<int64_t> row_counts;
+  for (int64_t r = 1; r <= 300; ++r) row_counts.push_back(r);
+  for (int64_t r : {1023, 1024, 1025, 4095, 8192, 65535, 65536, 100003, 262144}) row_counts.push_back(r);
+  for (int64_t stride_bytes = 2; stride_bytes <= 40; stride_bytes += 2) {
+    const int64_t period = 16 / std::gcd(stride_bytes % 16, int64_t{16});
+    for (int64_t rows : row_counts) {
+      const RowClassOrder o = row_class_order(rows, stride_bytes);
+      ASSERT_EQ(o.classes, period > 1) << stride_bytes;
+      std::vector<char> seen(static_cast<size_t>(rows), 0);
+      int64_t prev = -1;
+      for (int64_t j = 0; j < rows; ++j) {
+        const int64_t row = row_at(o, j, rows);
+        ASSERT_GE(row, 0);
+        ASSERT_LT(row, rows) << "stride " << stride_bytes << " rows " << rows << " j " << j;
+        ASSERT_FALSE(seen[static_cast<size_t>(row)]) << "row " << row << " twice; rows " << rows;
+        seen[static_cast<size_t>(row)] = 1;
+        if (prev >= 0) {
+          // Within a class the next row is period rows on; a new class starts at its first row (the class number).
+          const bool same_class = row % period == prev % period;
+          if (same_class) {
+            ASSERT_EQ(row, prev + period) << "stride " << stride_bytes << " rows " << rows << " j " << j;
+          } else {
+            ASSERT_EQ(row, prev % period + 1) << "stride " << stride_bytes << " rows " << rows << " j " << j;
+            ASSERT_GE(prev + period, rows) << "class left before its last row; rows " << rows << " j " << j;
+          }
+        } else {
+          ASSERT_EQ(row, 0);
+        }
+        prev = row;
+      }
+      for (int64_t j = rows; j < rows + 3; ++j) ASSERT_EQ(row_at(o, j, rows), j);
+    }
+  }
+  // The offsets' periods: a stride of 1, 2, 4 or 8 bytes mod 16 (16-bit and fp32 rows).
+  EXPECT_EQ(row_class_order(1000, 2).period_log2, 3u);   // 2 bytes: 8 classes
+  EXPECT_EQ(row_class_order(1000, 4).period_log2, 2u);   // 4 classes
+  EXPECT_EQ(row_class_order(1000, 8).period_log2, 1u);   // 2 classes
+  EXPECT_EQ(row_class_order(1000, 2046).period_log2, 3u);  // 1023 16-bit elements
+  EXPECT_FALSE(row_class_order(1000, 8192).classes);
+  EXPECT_FALSE(row_class_order(int64_t{1} << 31, 2).classes);  // rows kept in order past 2^31 - 1
+}
+
 TEST(Plan, PairedEdgeSpans) {
   const Device dev = hopper();
   for (int esize : {2, 4}) {

@@ -50,6 +50,14 @@ struct ForwardParams {
   int64_t h_stride = 0;
 };
 
+// The paired forward's parameters: its row order (plan::RowClassOrder, set up on the host; in the kernel's
+// parameters, so that its fields take no registers across the row loop) beside the plain ones. A type of its
+// own, so that the other kernels' parameters stay as they are (see QuantForwardParams).
+template <typename T>
+struct PairedForwardParams : ForwardParams<T> {
+  plan::RowClassOrder order;
+};
+
 // The exact-rows direct forward's y form (plan::forward_rows_exact): kNone, the general kernel (the form a run-time
 // branch); kPlain T(x r w); kOffset T(x r (w + offset)); kRound T(T(x r) (w + offset)).
 enum class ExactForm { kNone, kPlain, kOffset, kRound };
@@ -782,26 +790,6 @@ __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __
   }
 }
 
-// Row j of the paired kernel's order: j itself where every row has one offset (x's row stride a whole number of
-// 16-byte blocks); else (plan::Io::kPairedRows) the rows of one offset, then of the next: a row's offset repeats
-// every `period` rows (period = 16 / gcd(x's row stride in bytes mod 16, 16)), so rows k, k + period, .. share
-// offset class k, and j runs through class 0's rows, then class 1's, ... The CTAs that run at once then take one
-// or two offsets' code, not all of them (with rows in order the paired kernel ran the eight offsets' code at once
-// on an SM and lost to the element path: docs/performance.md, "Misaligned forward: the offset as a constant").
-// j >= rows (the last group's empty slots) is returned as it is.
-template <typename T>
-__device__ __forceinline__ int64_t paired_row(int64_t j, const ForwardParams<T>& p) {
-  const int s = static_cast<int>((p.x_stride * static_cast<int64_t>(sizeof(T))) & 15);
-  if (s == 0 || j >= p.rows || p.rows > 0x7fffffff) return j;
-  const unsigned period = 16u >> (__ffs(s) - 1);
-  const unsigned rows = static_cast<unsigned>(p.rows), jj = static_cast<unsigned>(j);
-  const unsigned q = rows / period, rem = rows % period;  // classes k < rem hold q + 1 rows, the others q
-  const unsigned big = rem * (q + 1);
-  const unsigned k = jj < big ? jj / (q + 1) : rem + (jj - big) / q;
-  const unsigned i = jj < big ? jj % (q + 1) : (jj - big) % q;
-  return static_cast<int64_t>(k) + static_cast<int64_t>(i) * period;
-}
-
 // The geometry (threads per row, chunks per thread, row slots, grid) is the
 // 16-byte rows kernel's: the same chunks per thread, summed in the same
 // order, so rstd and y are bitwise that kernel's (Cuda.AlignmentDoesNotChangeBits).
@@ -810,7 +798,7 @@ __device__ __forceinline__ int64_t paired_row(int64_t j, const ForwardParams<T>&
 // different offsets (the whole-row form's vote needs them at one).
 template <typename T, int kTpr, int kCpt, bool kPartial>
 __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward_ctas_per_sm(kTpr, kCpt, plan::Kernel::kForwardRowsPaired))
-    forward_rows_paired_kernel(const ForwardParams<T> p) {
+    forward_rows_paired_kernel(const PairedForwardParams<T> p) {
   constexpr int kCtaThreads = plan::forward_cta_threads(kTpr);
   constexpr int kSlots = kCtaThreads / kTpr;
   static_assert(kSlots * kTpr == kCtaThreads, "plan: rows_per_cta * threads_per_row == cta_threads");
@@ -826,7 +814,10 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   const float offset = p.w != nullptr ? p.w_offset : 0.0f;
   int parity = 0;
   for (int64_t g = m.unit; g < groups; g += m.units, parity ^= 1) {
-    const int64_t row = paired_row(g * kSlots + m.slot, p);
+    // The rows of one offset class, then of the next (p.order): the CTAs that run at once take one or two
+    // offsets' code (with rows in order the eight offsets' code ran at once on an SM and lost to the element
+    // path: docs/performance.md, "Misaligned forward: the offset as a constant").
+    const int64_t row = plan::row_at(p.order, g * kSlots + m.slot, p.rows);
     const bool valid = row < p.rows;
     const T* xrow = p.x + row * p.x_stride;
     T* const yrow = held_address(p.y + row * p.y_stride);
@@ -1613,9 +1604,12 @@ rmsnorm_status_t launch_forward(const ForwardArgs& a, const plan::Device& dev, c
       return dispatch_rows<static_cast<int>(sizeof(T))>(l.row.threads_per_row, l.row.chunks_per_thread, [&](auto tpr, auto cpt) {
         constexpr int kTpr = decltype(tpr)::value;
         constexpr int kCpt = decltype(cpt)::value;
-        return plan::paired_whole_rows(l.io, a.cols, kEs, kTpr)
-                   ? launch(forward_rows_paired_kernel<T, kTpr, kCpt, false>, plan::forward_cta_threads(kTpr))
-                   : launch(forward_rows_paired_kernel<T, kTpr, kCpt, true>, plan::forward_cta_threads(kTpr));
+        PairedForwardParams<T> pp;
+        static_cast<ForwardParams<T>&>(pp) = p;
+        pp.order = plan::row_class_order(p.rows, p.x_stride * kEs);
+        auto kernel = plan::paired_whole_rows(l.io, a.cols, kEs, kTpr) ? forward_rows_paired_kernel<T, kTpr, kCpt, false>
+                                                                        : forward_rows_paired_kernel<T, kTpr, kCpt, true>;
+        return launch_planned(kernel, plan::forward_cta_threads(kTpr), l, pdl, stream, pp);
       });
     case Kernel::kForwardRows:
     case Kernel::kForwardRowsElement:
