@@ -261,16 +261,16 @@ inline bool paired_whole_rows(Io io, int64_t cols, int esize, int threads_per_ro
 
 // The element form's y of a row's head and tail by span (forward_rows_paired_kernel<..., kPartial = true>):
 // where every row of the instance holds more than two chunks (threads per row >= 2; Plan.PairedEdgeSpans checks
-// it at every D), so the head is whole and the tail ends inside chunk `blocks` + 1, and where a warp holds a row
-// or less (threads per row <= 32). On an H100 the span form took 0.93-0.95x the element form's time at
-// 32768 x 511 bf16 (32 threads per row, 2 chunks each), 131072 x 127 (8) and 262144 x 511, but 1.02-1.03x at
-// 8192 x 4095 bf16 (256) and 1.01x at fp32 (512) (docs/performance.md, "Misaligned forward"). At 4 chunks per
-// thread (one copy of the tail code, 20-24 bytes spilled; a copy per held chunk spilled 428 at f16) it took
-// 0.87-0.92x the element form's time at 8192 x 1023, 32768 x 1023, 65536 x 1023, 16384 x 767, 131072 x 255 and
-// 32768 x 383 bf16 and 32768 x 383 f16. With one thread per row the element path stays (the span form spilled
+// it at every D), so the head is whole and the tail ends inside chunk `blocks` + 1. At 2 chunks per thread it took
+// 0.93-0.95x the element form's time at 32768 x 511 bf16 (32 threads per row), 131072 x 127 (8) and 262144 x 511,
+// at 4 chunks (one copy of the tail code) 0.87-0.92x at D = 255..1023 16-bit (2..32 threads per row). With more
+// threads per row it first lost (1.02-1.03x at 8192 x 4095 bf16, 256 x 2, where it spilled); since the row order
+// takes no registers (RowClassOrder) it compiles without spills at 64..512 threads per row, where the element
+// form spills 160-176 bytes (ptxas -v, sm_90), and is taken there too (docs/performance.md, "Misaligned forward:
+// what the odd row length costs"). With one thread per row the element path stays (the span form spilled
 // 150-1300 bytes).
 RMSNORM_HD constexpr bool paired_edge_spans(int threads_per_row) {
-  return threads_per_row >= 2 && threads_per_row <= kWarp;
+  return threads_per_row >= 2;
 }
 
 RMSNORM_HD constexpr int64_t chunks_of(int64_t cols, int esize) {

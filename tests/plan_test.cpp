@@ -1488,7 +1488,7 @@ TEST(Plan, PairedEdgeSpans) {
   EXPECT_FALSE(paired_edge_spans(1));
   EXPECT_TRUE(paired_edge_spans(2));
   EXPECT_TRUE(paired_edge_spans(kWarp));
-  EXPECT_FALSE(paired_edge_spans(2 * kWarp));
+  EXPECT_TRUE(paired_edge_spans(kMaxRowsTpr));
 }
 
 // The paired forward's whole-row form: D a multiple of the chunk width and every warp's lanes at one offset (one
