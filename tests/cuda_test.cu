@@ -452,7 +452,7 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndLayouts, CudaSweep,
 // Large D: the top of kRows, every cluster size, the looped band; primes.
 TEST_F(Cuda, ForwardLargeD) {
   std::mt19937_64 rng(2);
-  for (int64_t d : {3584, 7168, 8191, 12288, 16384, 32768, 65521, 65536, 131071, 131072, 262144, 262147}) {
+  for (int64_t d : {3584, 7168, 8191, 12287, 12288, 16384, 32768, 65521, 65536, 131071, 131072, 262144, 262147}) {
     for (int32_t dt : kDtypes) {
       for (Layout lay : {Layout::kAligned, Layout::kOffset}) {
         Case c;
@@ -3208,6 +3208,29 @@ TEST_F(CudaSanitizer, PairedForward) {
         if (HasFailure()) return;
       }
     }
+}
+
+// Odd D in contiguous rows (the offsets change row by row: plan::Io::kPairedRows, the paired forward's element
+// form with the head and tail by span, plan::paired_edge_spans) at each geometry from 64 threads per row up: bf16
+// 64 x 4, 256 x 2, 256 x 4 and 512 x 4 threads x chunks, fp32 64 x 4, 256 x 2, 256 x 4, 512 x 2 and 512 x 4; rows
+// enough for every offset class, base + 1 too (Layout::kOffset).
+TEST_F(CudaSanitizer, PairedRowsForwardWideRows) {
+  std::mt19937_64 rng(83);
+  for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32}) {
+    const std::vector<int64_t> ds = dt == RMSNORM_DTYPE_BF16 ? std::vector<int64_t>{2047, 4095, 7167, 12287}
+                                                             : std::vector<int64_t>{1023, 2047, 3071, 4095, 8191};
+    for (int64_t d : ds)
+      for (Layout lay : {Layout::kAligned, Layout::kOffset}) {
+        Case c;
+        c.dtype = dt;
+        c.cols = d;
+        c.rows = 37;
+        c.layout = lay;
+        c.weight = d % 3 != 0;
+        check_forward(c, rng);
+        if (HasFailure()) return;
+      }
+  }
 }
 
 // The paired backward (x, gy, gx and g_h at one offset, the weight aligned) at each offset, in place too, with
