@@ -1387,9 +1387,6 @@ TEST(Plan, PairedForwardIsTheRowsBandsPairedKernel) {
   }
 }
 
-// The paired element form's span store (plan::paired_edge_spans) assumes every row of its instances holds more
-// than two chunks (the head whole, the tail ending in chunk `blocks` + 1): at every D and every offset class
-// whose launch is paired, and at each threads per row, the fewest columns of any D the plan gives it.
 // make_divider / divide: n / d for every n < 2^31 that the paired forward's row order can divide, checked against
 // the integer division at each divisor's edges (multiples of d and their neighbours) and across the range.
 TEST(Plan, DividerMatchesIntegerDivision) {
@@ -1469,6 +1466,9 @@ TEST(Plan, RowClassOrderTakesTheOffsetClassesInTurn) {
   EXPECT_FALSE(row_class_order(int64_t{1} << 31, 2).classes);  // rows kept in order past 2^31 - 1
 }
 
+// The paired element form's span store (plan::paired_edge_spans) assumes every row of its instances holds more
+// than two chunks (the head whole, the tail ending in chunk `blocks` + 1): at every D and every offset class
+// whose launch is paired, and at each threads per row, the fewest columns of any D the plan gives it.
 TEST(Plan, PairedEdgeSpans) {
   const Device dev = hopper();
   for (int esize : {2, 4}) {
