@@ -574,7 +574,7 @@ __device__ __forceinline__ int offset_blocks(int cols) {
 // outside the blocks go by element; without it the head is positions kO.. of
 // the block before column 0 and the tail positions ..kO - 1 of the last
 // block, each a few aligned accesses (load_span).
-template <typename T, int kO, bool kPartial, typename Map, int kCpt>
+template <typename T, int kO, bool kPartial, bool kOneEdge, typename Map, int kCpt>
 __device__ __forceinline__ float offset_squares(const T* __restrict__ xr, bool valid, const Map& m, int chunks,
                                                 int cols, Chunk<T> (&held)[kCpt]) {
   constexpr int kN = Chunk<T>::kN;
@@ -610,15 +610,36 @@ __device__ __forceinline__ float offset_squares(const T* __restrict__ xr, bool v
       }
     }
   }
+  if constexpr (kPartial && kOneEdge) {
+    // The chunks past the blocks are `blocks` and blocks + 1 at most, consecutive, so with two or more threads per
+    // row (plan::paired_edge_spans) a thread holds one of them at most: its columns loaded by one copy of the code
+    // (ce, the thread's first chunk from `blocks` on), then given to the held chunk it is; a copy per held chunk
+    // issued every copy's predicates in every thread. Every row holds more than two chunks here, so the head's
+    // block is whole (the first loop's).
+    const int ce = blocks <= m.pos ? m.pos : m.pos + (blocks - m.pos + m.stride - 1) / m.stride * m.stride;
+    if (valid && ce < chunks) {
+      const int first = kHead + (ce - 1) * kN;
+      const Chunk<T> h = kO == 0 ? load_elems<T, 0, kN>(xr, ce * kN, cols) : load_elems<T, 0, kO>(xr, first + kN, cols);
+      const bool past = kO != 0 && ce > blocks;
+      const Chunk<T> l = past ? load_elems<T, kO, kN>(xr, first, cols) : zero_chunk<T>();
 #pragma unroll
-  for (int it = 0; it < kCpt; ++it) {
-    const int c = m.chunk(it);
-    if (!kPartial || !valid || c >= chunks) continue;
-    const int first = kHead + (c - 1) * kN;
-    if (c >= blocks) held[it] = kO == 0 ? load_elems<T, 0, kN>(xr, c * kN, cols) : load_elems<T, 0, kO>(xr, first + kN, cols);
-    // The head (chunk 0: it == 0, pos == 0) with its columns known here, apart from the tail's chunks.
-    if (kO != 0 && it == 0 && c == 0 && cols < kN) lo[it] = load_elems<T, kO, kN>(xr, -kO, cols);
-    if (kO != 0 && c > blocks) lo[it] = load_elems<T, kO, kN>(xr, first, cols);
+      for (int it = 0; it < kCpt; ++it) {
+        if (m.chunk(it) != ce) continue;
+        held[it] = h;
+        if (past) lo[it] = l;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) {
+      const int c = m.chunk(it);
+      if (!kPartial || !valid || c >= chunks) continue;
+      const int first = kHead + (c - 1) * kN;
+      if (c >= blocks) held[it] = kO == 0 ? load_elems<T, 0, kN>(xr, c * kN, cols) : load_elems<T, 0, kO>(xr, first + kN, cols);
+      // The head (chunk 0: it == 0, pos == 0) with its columns known here, apart from the tail's chunks.
+      if (kO != 0 && it == 0 && c == 0 && cols < kN) lo[it] = load_elems<T, kO, kN>(xr, -kO, cols);
+      if (kO != 0 && c > blocks) lo[it] = load_elems<T, kO, kN>(xr, first, cols);
+    }
   }
   float ss = 0.0f;
 #pragma unroll
@@ -826,7 +847,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
     Chunk<T> held[kCpt];
     float part = 0.0f;
     with_row_offset<T>(o, [&](auto k) {
-      part = offset_squares<T, decltype(k)::value, kPartial>(xrow, valid, m, p.chunks, p.cols, held);
+      part = offset_squares<T, decltype(k)::value, kPartial, kEdgeSpans>(xrow, valid, m, p.chunks, p.cols, held);
     });
     const float ss = row_sum<kTpr, kSlots>(part, scratch, parity);
     if (valid) {
