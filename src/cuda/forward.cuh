@@ -765,11 +765,11 @@ __device__ __forceinline__ void store_offset_row(const T* __restrict__ xr, T* __
       for (int q = 0; q < kN; ++q) wf[q] = q < len ? pair_elem(w0, w1, kHead + q) + offset : 0.0f;
       store_run<T>(yr + tail, len, normalize_chunk<T, kRoundXhat>(x, wf, r));
     };
-    // Two forms of the same stores, each where it spilled least (40 registers at kFewChunksPerThread, 64 at 4
-    // chunks; ptxas -v, with the row order still computed in the kernel): at 2 chunks the head and tail code inside
-    // the loop over held chunks, w0 the held chunk (8 bytes spilled; one copy of the tail code with w0 loaded again
-    // spilled 368 at f16); at 4 one copy after it, w0 loaded again from L1 (20-24 bytes; a copy per held chunk
-    // spilled 428 at f16). With the row order in the parameters neither spills at any threads per row.
+    // Two forms of the same stores (neither spills: ptxas -v, sm_90): at 2 chunks the head and tail code inside
+    // the loop over held chunks, w0 the held chunk, since one copy after the loop took 1.015-1.085x its time at
+    // 16-bit (branch exp/one-tail-copy-2; docs/performance.md, "Misaligned forward: what the odd row length
+    // costs"); at 4 one copy after it, w0 loaded again from L1, where a copy per held chunk had spilled 428 bytes at
+    // f16 (with the row order still computed in the kernel; not measured since).
     if constexpr (kCpt == plan::kFewChunksPerThread) {
 #pragma unroll
       for (int it = 0; it < kCpt; ++it) {
