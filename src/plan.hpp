@@ -198,7 +198,10 @@ inline constexpr int kLoopedShares = kLoopedThreads / kLoopedShareThreads;  // s
 //   1 x 8192 fp32 x with a bf16 y 6.96 -> 3.60 us, 128 x 8192 8.10 -> 5.89, 264 x 8192 9.26 -> 9.86, 16384 x 7168
 //   238 -> 292; 4096 x 16384 173.6 -> 150.5, the residual stream's forward there 327.7 -> 280.8). Persistent
 //   clusters lost everywhere (docs/fusions.md, "Rows past one pass held across a cluster").
-enum class F32Forward { kReadBack, kHeld, kHeldLateW, kCluster };
+// - kReadBackVec: kReadBack's row of fp32 x with a 16-bit y (no add) where every access is a whole vector and the
+//   row is two passes (f32_readback_vec: D 4097..8192): no element paths; x's first read kept in L1 (evict_last), its
+//   read-back the last use (evict_first), each chunk's w' loaded with its read-back, before the first y store.
+enum class F32Forward { kReadBack, kHeld, kHeldLateW, kCluster, kReadBackVec };
 // kReadBack and kHeldLateW on a one-pass row of at most kLoopedShares * 128 chunks (D <= 2048) run on a CTA of 128
 // threads (64 at D <= 1024) holding the row's first 4 * 128 (4 * 64) summing threads, the only ones with a chunk, at
 // the same threads per SM: where 256 threads held a row of 512 chunks, half their shares were empty and a CTA had
@@ -697,6 +700,21 @@ inline F32Forward f32_shares_forward(int64_t rows, int64_t cols, Io io, bool qua
     return F32Forward::kCluster;
   if (!f32_shares_vec(cols, io, quads)) return F32Forward::kReadBack;
   return rows <= f32_shares_held_rows(dev) ? F32Forward::kHeld : F32Forward::kHeldLateW;
+}
+// F32Forward::kReadBackVec's rows: two passes of whole vectors (io kVector, quads, D % 4 == 0, D 4097..8192). H100,
+// fp32 x with a bf16 y and a bf16 weight, time against kReadBack's (exp/f32-readback-wide, L2 flushed, one process):
+// 2048 x 8192 0.848, 8192 x 8192 0.951, 16384 x 7168 0.977, 16384 x 6144 0.972, 8192 x 5120 0.912. At three and
+// four passes the same form on 256 threads took 0.99-1.22x the cluster kernel's time (docs/fusions.md).
+inline bool f32_readback_vec(int64_t cols, Io io, bool quads) {
+  return io == Io::kVector && quads && cols % 4 == 0 && cols / 4 > kLoopedThreads &&
+         cols / 4 <= 2 * int64_t{kLoopedThreads};
+}
+// The form of fp32 x with a 16-bit y (no add): f32_shares_forward's, with kReadBackVec for its read-back rows where
+// f32_readback_vec holds. The residual stream's add keeps f32_shares_forward's (its read-back is of h, which the
+// kernel wrote: an L2 read, not L1's read-only path).
+inline F32Forward f32_y_dtype_forward(int64_t rows, int64_t cols, Io io, bool quads, const Device& dev) {
+  const F32Forward form = f32_shares_forward(rows, cols, io, quads, dev);
+  return form == F32Forward::kReadBack && f32_readback_vec(cols, io, quads) ? F32Forward::kReadBackVec : form;
 }
 // The backward of those rows (fp32 x with a 16-bit gy, the residual stream's g_h or not) where f32_cluster_vec
 // holds: mixed_backward_launch's plan `shares` moved onto backward_f32_cluster_kernel. A cluster of kLoopedShares

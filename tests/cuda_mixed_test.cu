@@ -306,7 +306,7 @@ TEST_F(CudaMixed, ResidualF32InPlace) {
 // More rows than the backward's grid (2 CTAs per SM) for the forms of fp32 x in the looped row in shares (fp32 x
 // with a 16-bit y, the fp32 residual stream): each CTA walks several rows, keeping its gw partial across them (in
 // registers at D <= 4096, in the workspace above), with the row parity of its scratch alternating. D = 6000, 12000
-// and 16384 with whole vectors (padded or not): the backward's clusters (backward_f32_cluster_kernel, 2 and 4 chunks
+// and 16384 with whole vectors (padded or not): fp32 x with a bf16 y at D = 6000 in kReadBackVec; the backward's clusters (backward_f32_cluster_kernel, 2 and 4 chunks
 // per thread) walk several rows each, their gw sums in registers and their exchange slots reused.
 TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
   std::mt19937_64 rng(106);
@@ -493,12 +493,14 @@ class CudaMixedSanitizer : public CudaMixed {};
 
 // D = 1000 and 4096 with more rows than one wave of the held forward's CTAs: the forward's kHeldLateW
 // (plan::f32_shares_forward) on 64 and 256 threads; 3 rows: kHeld, or kReadBack where a row is not whole vectors;
-// D = 6000, 10000 and 16384: kCluster (2, 3 and 4 chunks per thread) where every access is a whole vector.
+// D = 6000, 10000 and 16384: kCluster (2, 3 and 4 chunks per thread) where every access is a whole vector; D = 8192
+// with more rows than SMs: fp32 x with a bf16 y in kReadBackVec (plan::f32_y_dtype_forward), the residual stream in
+// kReadBack.
 TEST_F(CudaMixedSanitizer, YDtypeAndResidualF32Kernels) {
   std::mt19937_64 rng(103);
   int sms = 0;
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  for (int64_t d : {33, 1000, 1999, 4096, 6000, 10000, 16384, 40000})
+  for (int64_t d : {33, 1000, 1999, 4096, 6000, 8192, 10000, 16384, 40000})
     for (bool padded : {false, true})
       for (int form = 0; form < 3; ++form) {
         MixedCase c;
@@ -509,7 +511,7 @@ TEST_F(CudaMixedSanitizer, YDtypeAndResidualF32Kernels) {
         c.weight_y = form == 1 && d != 33;
         c.gx_x = form == 2 && d != 1000;
         c.cols = d;
-        c.rows = d == 1000 || d == 4096 ? 2 * int64_t{sms} + 1 : 3;
+        c.rows = d == 1000 || d == 4096 || d == 8192 ? 2 * int64_t{sms} + 1 : 3;
         c.padded = padded;
         c.gw_mode = padded ? RMSNORM_GW_STORE_F32 : RMSNORM_GW_STORE;
         check_mixed(c, rng);

@@ -632,6 +632,44 @@ TEST(Plan, Fp32SharesHeldRows) {
   }
 }
 
+// fp32 x with a 16-bit y (f32_y_dtype_forward): f32_shares_forward's form, except that its read-back rows of two
+// passes of whole vectors (D % 4 == 0, 4097..8192, io kVector, quads) take kReadBackVec, on kLoopedShareThreads
+// threads at kLoopedShareThreadsPerSm per SM, the rows one per CTA as kReadBack's. Every D to 3 x 4096, every path.
+TEST(Plan, Fp32YDtypeForwardReadsTwoPassRowsBackAsVectors) {
+  ASSERT_EQ(f32_forward_ctas_per_sm(F32Forward::kReadBackVec, kLoopedShareThreads) * kLoopedShareThreads,
+            kLoopedShareThreadsPerSm);
+  int64_t taken = 0;
+  for (const Device& dev : {hopper(), hopper_without_f32_clusters(), ampere()}) {
+    const int64_t wave = int64_t{dev.sm_count} * kLoopedShareHeldCtasPerSm;
+    for (int64_t d = 1; d <= 3 * 4096; ++d)
+      for (Io io : {Io::kVector, Io::kElement, Io::kPaired, Io::kPairedRows})
+        for (bool quads : {false, true}) {
+          const bool vec2 = io == Io::kVector && quads && d % 4 == 0 && d > 4096 && d <= 8192;
+          ASSERT_EQ(f32_readback_vec(d, io, quads), vec2) << d;
+          for (int64_t rows : {int64_t{1}, int64_t{dev.sm_count}, int64_t{dev.sm_count} + 1, wave + 1,
+                               int64_t{1} << 30}) {
+            const F32Forward shares = f32_shares_forward(rows, d, io, quads, dev);
+            const F32Forward want = shares == F32Forward::kReadBack && vec2 ? F32Forward::kReadBackVec : shares;
+            ASSERT_EQ(f32_y_dtype_forward(rows, d, io, quads, dev), want) << d << " " << rows;
+            if (want != F32Forward::kReadBackVec) continue;
+            ++taken;
+            ASSERT_TRUE(y_dtype_forward_in_shares(d)) << d;
+            const Launch l = looped_f32_shares_launch(rows, d, io, want, dev);
+            const Launch r = looped_f32_shares_launch(rows, d, io, F32Forward::kReadBack, dev);
+            ASSERT_EQ(l.row.cta_threads, kLoopedShareThreads) << d;
+            ASSERT_EQ(l.row.cluster, 1) << d;
+            ASSERT_EQ(l.sum_tpr, kLoopedThreads) << d;
+            ASSERT_EQ(l.row.chunks, d / 4) << d;
+            ASSERT_GT(l.row.chunks, kLoopedThreads) << d;  // two passes
+            ASSERT_EQ(l.grid, r.grid) << d;
+          }
+        }
+  }
+  // The 1024 D's of kReadBackVec: on sm_90 with clusters past one row per SM (the cluster takes the rest), else at
+  // every row count.
+  ASSERT_EQ(taken, 1024 * (3 + 5 + 5));
+}
+
 // F32Forward::kCluster, for every D it takes (4097..16384, D % 4 == 0, every access a whole vector, clusters of
 // kLoopedShares; at D <= 8192 for at most one row per SM): a cluster of kLoopedShares CTAs of kLoopedShareThreads
 // per row (the looped row's summing threads, one each), each thread holding its 2 chunks (D <= 8192) or 4; one row

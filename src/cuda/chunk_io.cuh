@@ -107,6 +107,32 @@ __device__ __forceinline__ Chunk<T> load_chunk(const T* __restrict__ row, int ch
   return load_window(row, base, cols);  // the partial last chunk: by element
 }
 
+// L1 eviction priorities for a row that one thread block reads twice, the second time from L1 (the fp32 forms'
+// read-back forward): kL1Keep on the first read, which the read-back wants to find in L1, kL1Drop on the
+// read-back, the chunk's last use. Without them the two passes' lines compete in L1 on equal terms with the
+// weight's, which every row reads again. Read-only, non-coherent loads (ld.global.nc): the row must not be written
+// by this kernel.
+enum class L1Hint : int { kL1Keep, kL1Drop };
+template <L1Hint kHint>
+__device__ __forceinline__ uint4 load16_hint(const void* a) {
+  uint4 v;
+  if constexpr (kHint == L1Hint::kL1Keep)
+    asm volatile("ld.global.nc.L1::evict_last.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(a));
+  else
+    asm volatile("ld.global.nc.L1::evict_first.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(a));
+  return v;
+}
+// load_chunk with an L1 priority on its whole 16-byte chunks.
+template <L1Hint kHint, typename T>
+__device__ __forceinline__ Chunk<T> load_chunk_hint(const T* __restrict__ row, int chunk, int cols, bool vector_io) {
+  constexpr int kN = Chunk<T>::kN;
+  const int base = chunk * kN;
+  if (vector_io && base + kN <= cols) return as_chunk<T>(load16_hint<kHint>(row + base));
+  return load_window(row, base, cols);
+}
+
 // p, opaque to the compiler from here on, so that it stays in two registers.
 // Without it nvcc rebuilt the 64-bit row address (the row from the row loop's
 // counter, times the stride) before each chunk's store in the direct forward:

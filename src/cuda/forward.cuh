@@ -1153,14 +1153,19 @@ __device__ __forceinline__ void held_h_chunks(const AddF32ForwardParams<T>& p, i
 // kForm (plan::f32_shares_forward): kHeld and kHeldLateW (a one-pass row whose every access is a whole vector) keep
 // x (or h) in registers from its load to y, so no read-back and no element path; kHeld loads w' with x, kHeldLateW
 // after the reduction. The same arithmetic in the same order in every form.
+// kReadBackVec (plan::f32_readback_vec; kAdd false): kReadBack where every access is a whole vector, with L1
+// priorities on x's two reads and each chunk's w' loaded with its read-back.
 // kCta < kLoopedShareThreads (plan::f32_shares_cta): a one-pass row of at most kShares kCta chunks, whose CTA holds
 // only the summing threads with a chunk.
 template <typename T, typename W, bool kAdd = true, plan::F32Forward kForm = plan::F32Forward::kReadBack,
           int kCta = plan::kLoopedShareThreads>
 __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCta))
     forward_looped_add_f32_kernel(const AddF32ForwardParams<T> p) {
-  constexpr bool kHeld = kForm != plan::F32Forward::kReadBack;
+  constexpr bool kHeld = kForm == plan::F32Forward::kHeld || kForm == plan::F32Forward::kHeldLateW;
   constexpr bool kLateW = kForm == plan::F32Forward::kHeldLateW;
+  constexpr bool kVecRow = kForm == plan::F32Forward::kReadBackVec;
+  static_assert(kForm != plan::F32Forward::kCluster, "kCluster: forward_f32_cluster_kernel");
+  static_assert(!(kVecRow && kAdd), "plan: kReadBackVec reads x back through L1's read-only path; h is written here");
   constexpr int kSumThreads = plan::kLoopedThreads;
   constexpr int kShares = plan::kLoopedShares;
   constexpr int kN = Chunk<float>::kN;
@@ -1247,8 +1252,10 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
       auto read_back = [&](int c) {
         if constexpr (kAdd)
           return load_h_chunk(hr, c, p.cols, p.vector_io);
+        else if constexpr (kVecRow)
+          return as_chunk<float>(load16_hint<L1Hint::kL1Drop>(hr + c * kN));
         else
-          return load_chunk(hr, c, p.cols, p.vector_io);
+          return load_chunk_hint<L1Hint::kL1Drop>(hr, c, p.cols, p.vector_io);
       };
       float ss[kShares];
 #pragma unroll
@@ -1268,7 +1275,13 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
           res[k] = zero_chunk<float>();
           if (c < p.chunks) {
             if constexpr (kAdd) xq[k] = load_quad(xr, c * kN, p.cols, p.x16_vector);
-            res[k] = load_chunk(rr, c, p.cols, p.vector_io);
+            // x (kAdd false) is read again for y: kept in L1 before the weight's lines and the read-back's.
+            if constexpr (kAdd)
+              res[k] = load_chunk(rr, c, p.cols, p.vector_io);
+            else if constexpr (kVecRow)
+              res[k] = as_chunk<float>(load16_hint<L1Hint::kL1Keep>(rr + c * kN));
+            else
+              res[k] = load_chunk_hint<L1Hint::kL1Keep>(rr, c, p.cols, p.vector_io);
             if (one_pass && p.w != nullptr) prefetch_l1(reinterpret_cast<const W*>(p.w) + c * kN);
           }
         }
@@ -1306,16 +1319,29 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
       };
       // A pass's kShares chunks of h read back at once: a thread waits for L1 / L2 once per pass, not once per chunk
       // (y's stores could alias the loads for the compiler, which then kept them in order).
+      // kVecRow: each chunk's w' loaded with its read-back too, before the first y store (the stores could alias w
+      // for the compiler, which then issued each chunk's w load after the previous chunk's store).
       for (int c0 = 0; c0 < p.chunks; c0 += kSumThreads) {
         Chunk<float> hs[kShares];
+        Chunk<W> wv[kVecRow ? kShares : 1];
 #pragma unroll
         for (int k = 0; k < kShares; ++k) {
           const int c = c0 + t + k * kCta;
           hs[k] = c < p.chunks ? read_back(c) : zero_chunk<float>();
+          if constexpr (kVecRow) wv[k] = c < p.chunks ? weights_vec_raw<W>(p.w, c, p.cols) : zero_chunk<W>();
         }
 #pragma unroll
-        for (int k = 0; k < kShares; ++k)
-          if (c0 + t + k * kCta < p.chunks) emit_y(c0 + t + k * kCta, hs[k]);
+        for (int k = 0; k < kShares; ++k) {
+          const int c = c0 + t + k * kCta;
+          if (c >= p.chunks) continue;
+          if constexpr (kVecRow) {
+            float w[kN];
+            held_weights(wv[k], p.w != nullptr, p.w_offset, w);
+            store_quad_whole(yr, c * kN, y_quad(hs[k], r, w, p.round_xhat));
+          } else {
+            emit_y(c, hs[k]);
+          }
+        }
       }
     }
   }
@@ -1502,6 +1528,12 @@ rmsnorm_status_t launch_f32_shares(const plan::Launch& l, plan::F32Forward form,
       return launch_f32_shares_on<T, W, kAdd, plan::F32Forward::kHeld>(l, pdl, stream, p);
     case plan::F32Forward::kHeldLateW:
       return launch_f32_shares_on<T, W, kAdd, plan::F32Forward::kHeldLateW>(l, pdl, stream, p);
+    case plan::F32Forward::kReadBackVec:
+      if constexpr (kAdd)
+        return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "kReadBackVec with the add (f32_y_dtype_forward only)");
+      else
+        return launch_planned(forward_looped_add_f32_kernel<T, W, false, plan::F32Forward::kReadBackVec>,
+                              plan::kLoopedShareThreads, l, pdl, stream, p);
     default:
       return launch_f32_shares_on<T, W, kAdd, plan::F32Forward::kReadBack>(l, pdl, stream, p);
   }
@@ -1518,7 +1550,7 @@ rmsnorm_status_t launch_looped_as(const ForwardArgs& a, const plan::Device& dev,
   if constexpr (std::is_same_v<X, float> && sizeof(Y) == 2) {
     const bool y_vector = quad_rows(a.y, a.y_stride);
     const bool quads = y_vector && (std::is_same_v<W, float> || quad_rows(a.weight, 0));
-    const plan::F32Forward form = plan::f32_shares_forward(a.rows, a.cols, io, quads, dev);
+    const plan::F32Forward form = plan::f32_y_dtype_forward(a.rows, a.cols, io, quads, dev);
     if (form != plan::F32Forward::kReadBack || plan::y_dtype_forward_in_shares(a.cols)) {
       // The looped row in shares (forward_looped_add_f32_kernel without the add, or forward_f32_cluster_kernel):
       // the same rstd and y.
