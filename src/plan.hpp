@@ -702,9 +702,9 @@ inline F32Forward f32_shares_forward(int64_t rows, int64_t cols, Io io, bool qua
   return rows <= f32_shares_held_rows(dev) ? F32Forward::kHeld : F32Forward::kHeldLateW;
 }
 // F32Forward::kReadBackVec's rows: two passes of whole vectors (io kVector, quads, D % 4 == 0, D 4097..8192). H100,
-// fp32 x with a bf16 y and a bf16 weight, time against kReadBack's (exp/f32-readback-wide, L2 flushed, one process):
-// 2048 x 8192 0.848, 8192 x 8192 0.951, 16384 x 7168 0.977, 16384 x 6144 0.972, 8192 x 5120 0.912. At three and
-// four passes the same form on 256 threads took 0.99-1.22x the cluster kernel's time (docs/fusions.md).
+// fp32 x with a bf16 y, time against kReadBack's (L2 flushed, same bits): 0.83-0.97 with a bf16 weight, 0.82-0.98
+// with an fp32 one but for 8192 x 5120 (1.018). At three and four passes the same form on 256 threads took
+// 0.99-1.22x the cluster kernel's time (docs/fusions.md, "fp32 x with a bf16 y against Inductor's kernel").
 inline bool f32_readback_vec(int64_t cols, Io io, bool quads) {
   return io == Io::kVector && quads && cols % 4 == 0 && cols / 4 > kLoopedThreads &&
          cols / 4 <= 2 * int64_t{kLoopedThreads};
