@@ -680,15 +680,17 @@ Launch looped_f32_shares_launch(int64_t rows, int64_t cols, Io io, F32Forward fo
 // aligned). The backward then runs without its element paths at every row count; the forward is kHeld for at most
 // one wave of kHeld's CTAs (f32_shares_held_rows), kHeldLateW past it (F32Forward, above: kHeld's two CTAs per SM
 // took 107.3 us against the read-back kernel's 69.7 at 8192 x 4096 fp32 x with a bf16 y on an H200).
+// Every access of the fp32 forms' row a whole vector (as above), at any length; the forms below add their passes.
+inline bool f32_whole_vectors(int64_t cols, Io io, bool quads) { return io == Io::kVector && quads && cols % 4 == 0; }
 inline bool f32_shares_vec(int64_t cols, Io io, bool quads) {
-  return io == Io::kVector && quads && cols % 4 == 0 && cols / 4 <= kLoopedThreads;
+  return f32_whole_vectors(cols, io, quads) && cols / 4 <= kLoopedThreads;
 }
 inline int64_t f32_shares_held_rows(const Device& dev) { return int64_t{dev.sm_count} * kLoopedShareHeldCtasPerSm; }
 // F32Forward::kCluster's rows: more than one pass of whole vectors (as f32_shares_vec), at most kF32ClusterMaxPasses,
 // on a device that co-schedules clusters of kLoopedShares CTAs (max_cluster is 1 without sm_90 code) of these
 // kernels (Device::f32_clusters); at 2 passes, at most f32_cluster_max_rows of them.
 inline bool f32_cluster_vec(int64_t cols, Io io, bool quads, const Device& dev) {
-  return io == Io::kVector && quads && cols % 4 == 0 && cols / 4 > kLoopedThreads &&
+  return f32_whole_vectors(cols, io, quads) && cols / 4 > kLoopedThreads &&
          cols / 4 <= int64_t{kF32ClusterMaxPasses} * kLoopedThreads && dev.max_cluster >= kLoopedShares &&
          dev.f32_clusters;
 }
@@ -706,8 +708,7 @@ inline F32Forward f32_shares_forward(int64_t rows, int64_t cols, Io io, bool qua
 // with an fp32 one but for 8192 x 5120 (1.018). At three and four passes the same form on 256 threads took
 // 0.99-1.22x the cluster kernel's time (docs/fusions.md, "fp32 x with a bf16 y against Inductor's kernel").
 inline bool f32_readback_vec(int64_t cols, Io io, bool quads) {
-  return io == Io::kVector && quads && cols % 4 == 0 && cols / 4 > kLoopedThreads &&
-         cols / 4 <= 2 * int64_t{kLoopedThreads};
+  return f32_whole_vectors(cols, io, quads) && cols / 4 > kLoopedThreads && cols / 4 <= 2 * int64_t{kLoopedThreads};
 }
 // The form of fp32 x with a 16-bit y (no add): f32_shares_forward's, with kReadBackVec for its read-back rows where
 // f32_readback_vec holds. The residual stream's add keeps f32_shares_forward's (its read-back is of h, which the

@@ -306,8 +306,9 @@ TEST_F(CudaMixed, ResidualF32InPlace) {
 // More rows than the backward's grid (2 CTAs per SM) for the forms of fp32 x in the looped row in shares (fp32 x
 // with a 16-bit y, the fp32 residual stream): each CTA walks several rows, keeping its gw partial across them (in
 // registers at D <= 4096, in the workspace above), with the row parity of its scratch alternating. D = 6000, 12000
-// and 16384 with whole vectors (padded or not): fp32 x with a bf16 y at D = 6000 in kReadBackVec; the backward's clusters (backward_f32_cluster_kernel, 2 and 4 chunks
-// per thread) walk several rows each, their gw sums in registers and their exchange slots reused.
+// and 16384 with whole vectors (padded or not): fp32 x with a bf16 y at D = 6000 in kReadBackVec; the backward's
+// clusters (backward_f32_cluster_kernel, 2 and 4 chunks per thread) walk several rows each, their gw sums in
+// registers and their exchange slots reused.
 TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
   std::mt19937_64 rng(106);
   int i = 0;
