@@ -23,6 +23,7 @@
 #include "rmsnorm_reference.hpp"
 #include "test_util.hpp"
 #include "cuda_poison.cuh"
+#include "plan.hpp"
 
 namespace rmsnorm::test {
 namespace {
@@ -306,18 +307,20 @@ TEST_F(CudaMixed, ResidualF32InPlace) {
 // More rows than the backward's grid (2 CTAs per SM) for the forms of fp32 x in the looped row in shares (fp32 x
 // with a 16-bit y, the fp32 residual stream): each CTA walks several rows, keeping its gw partial across them (in
 // registers at D <= 4096, in the workspace above), with the row parity of its scratch alternating. D = 6000, 12000
-// and 16384 with whole vectors (padded or not): fp32 x with a bf16 y at D = 6000 in kReadBackVec; the backward's
-// clusters (backward_f32_cluster_kernel, 2 and 4 chunks per thread) walk several rows each, their gw sums in
-// registers and their exchange slots reused.
+// and 16384 with whole vectors (padded or not): fp32 x with a bf16 y at D = 6000 in kReadBackVec, at 12000 and 16384
+// in kReadBackWide; the backward's clusters (backward_f32_cluster_kernel, 2 and 4 chunks per thread) walk several
+// rows each, their gw sums in registers and their exchange slots reused.
 TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
   std::mt19937_64 rng(106);
+  int sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   int i = 0;
   for (bool residual : {false, true})
     for (int64_t d : {1000, 2048, 4096, 4100, 6000, 12000, 16384})
       for (bool padded : {false, true}) {
         MixedCase c = residual ? sweep_case(RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_BF16, true, d, padded, i++)
                                : sweep_case(RMSNORM_DTYPE_F32, RMSNORM_DTYPE_BF16, false, d, padded, i++);
-        c.rows = 600;
+        c.rows = !residual && d > 8192 ? plan::kF32WideMinRowsPerSm * sms : 600;  // kReadBackWide from there
         check_mixed(c, rng);
         if (HasFatalFailure() || HasFailure()) return;
       }
@@ -327,16 +330,18 @@ TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
 // y, h and rstd are the same bits from the forms of the forward (plan::f32_shares_forward): kHeld (a one-pass
 // row whose every access is a whole vector, at most one wave of rows: `few`), kHeldLateW (the same past that wave:
 // `many`) and kReadBack (a weight aligned to its dtype only), the last two on CTAs of 64, 128 and 256 threads at
-// D = 1000, 2048 and 4096 (plan::f32_shares_cta); kCluster (D = 5000 .. 16384, whole vectors: `few`, and `many`
-// at 3 or 4 chunks per thread, D = 12000 and 16384) against kReadBack (`many` at D = 5000 and 8192, and the weight
-// misaligned) or, for fp32 x with a bf16 y past D = 8192, the 1024-thread looped kernel (the weight misaligned);
+// D = 1000, 2048 and 4096 (plan::f32_shares_cta); kCluster (D = 5000 .. 16384, whole vectors: `few`, and the
+// residual stream's `many` at 3 or 4 chunks per thread, D = 12000 and 16384) against kReadBack (the residual
+// stream's `many` at D = 5000 and 8192, and the weight misaligned), and for fp32 x with a bf16 y against
+// kReadBackVec (`many` at D = 5000 and 8192), kReadBackWide (`many` at 12000 and 16384) and, with the weight
+// misaligned, kReadBack or past D = 8192 the 1024-thread looped kernel;
 // and its gx and gw the same from the backward with and without its element paths (the same weight aligned or not:
 // past D = 4096 the cluster backward against the shares kernel's passes, one row per partial in both).
 TEST_F(CudaMixed, Fp32FormsHeldAndGenericKernelsAgree) {
   std::mt19937_64 rng(107);
   int sms = 0;
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int64_t many = 4 * int64_t{sms} + 1, few = 5;
+  const int64_t many = plan::kF32WideMinRowsPerSm * sms + 1, few = 5;  // kReadBackWide's rows
   const rmsnorm_backend_t b = rmsnorm_backend_cuda(-1, nullptr);
   for (int form : {0, 1, 2})  // fp32 x with a bf16 y and an fp32 weight, the same with a bf16 weight, the stream
     for (int64_t d : {1000, 2048, 4096, 5000, 8192, 12000, 16384}) {
@@ -396,7 +401,8 @@ TEST_F(CudaMixed, Fp32FormsHeldAndGenericKernelsAgree) {
                                      static_cast<const char*>(all.y.data()) + all.y.index(r, k) * 2, 2))
                 << "y at row " << r << " col " << k
                 << (o == &held ? (d > 4096 ? " (kCluster, few rows)" : " (kHeld)") : " (weight misaligned: read back)")
-                << (d > 8192 ? " against kCluster" : d > 4096 ? " against kReadBack" : " against kHeldLateW");
+                << (d > 4096 ? " against the same row among many (kReadBackVec, kReadBackWide, kReadBack or kCluster)"
+                             : " against kHeldLateW");
             if (residual) ASSERT_EQ(o->h.get(r, k), all.h.get(r, k)) << "h at row " << r << " col " << k;
           }
         }
@@ -494,14 +500,14 @@ class CudaMixedSanitizer : public CudaMixed {};
 
 // D = 1000 and 4096 with more rows than one wave of the held forward's CTAs: the forward's kHeldLateW
 // (plan::f32_shares_forward) on 64 and 256 threads; 3 rows: kHeld, or kReadBack where a row is not whole vectors;
-// D = 6000, 10000 and 16384: kCluster (2, 3 and 4 chunks per thread) where every access is a whole vector; D = 8192
-// with more rows than SMs: fp32 x with a bf16 y in kReadBackVec (plan::f32_y_dtype_forward), the residual stream in
-// kReadBack.
+// D = 6000, 10000 and 14000: kCluster (2, 3 and 4 chunks per thread) where every access is a whole vector; D = 8192,
+// 12000 and 16384 with more rows than two per SM: fp32 x with a bf16 y in kReadBackVec and kReadBackWide (groups of
+// 3 and 2 passes; plan::f32_y_dtype_forward), the residual stream in kReadBack and kCluster.
 TEST_F(CudaMixedSanitizer, YDtypeAndResidualF32Kernels) {
   std::mt19937_64 rng(103);
   int sms = 0;
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  for (int64_t d : {33, 1000, 1999, 4096, 6000, 8192, 10000, 16384, 40000})
+  for (int64_t d : {33, 1000, 1999, 4096, 6000, 8192, 10000, 12000, 14000, 16384, 40000})
     for (bool padded : {false, true})
       for (int form = 0; form < 3; ++form) {
         MixedCase c;
@@ -512,7 +518,9 @@ TEST_F(CudaMixedSanitizer, YDtypeAndResidualF32Kernels) {
         c.weight_y = form == 1 && d != 33;
         c.gx_x = form == 2 && d != 1000;
         c.cols = d;
-        c.rows = d == 1000 || d == 4096 || d == 8192 ? 2 * int64_t{sms} + 1 : 3;
+        c.rows = d == 12000 || d == 16384                 ? plan::kF32WideMinRowsPerSm * sms
+                 : d == 1000 || d == 4096 || d == 8192 ? 2 * int64_t{sms} + 1
+                                                       : 3;
         c.padded = padded;
         c.gw_mode = padded ? RMSNORM_GW_STORE_F32 : RMSNORM_GW_STORE;
         check_mixed(c, rng);

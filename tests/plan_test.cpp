@@ -649,7 +649,9 @@ TEST(Plan, Fp32YDtypeForwardReadsTwoPassRowsBackAsVectors) {
           for (int64_t rows : {int64_t{1}, int64_t{dev.sm_count}, int64_t{dev.sm_count} + 1, wave + 1,
                                int64_t{1} << 30}) {
             const F32Forward shares = f32_shares_forward(rows, d, io, quads, dev);
-            const F32Forward want = shares == F32Forward::kReadBack && vec2 ? F32Forward::kReadBackVec : shares;
+            const F32Forward want = f32_readback_wide(rows, d, io, quads, dev)         ? F32Forward::kReadBackWide
+                                    : shares == F32Forward::kReadBack && vec2 ? F32Forward::kReadBackVec
+                                                                              : shares;
             ASSERT_EQ(f32_y_dtype_forward(rows, d, io, quads, dev), want) << d << " " << rows;
             if (want != F32Forward::kReadBackVec) continue;
             ++taken;
@@ -668,6 +670,45 @@ TEST(Plan, Fp32YDtypeForwardReadsTwoPassRowsBackAsVectors) {
   // The 1024 D's of kReadBackVec: on sm_90 with clusters past one row per SM (the cluster takes the rest), else at
   // every row count.
   ASSERT_EQ(taken, 1024 * (3 + 5 + 5));
+}
+
+// fp32 x with a 16-bit y on rows of three or four passes of whole vectors (D % 4 == 0, 8193..16384, io kVector,
+// quads) from kF32WideMinRowsPerSm rows per SM: kReadBackWide, one row per CTA of kLoopedThreads threads (one
+// summing thread each) at kMaxThreadsPerSm per SM, the three passes in one group or the four in two; fewer rows keep
+// f32_shares_forward's form (the cluster kernel where the device runs it). Every D around that range, every path.
+TEST(Plan, Fp32YDtypeForwardWideRowsOnAFullCta) {
+  ASSERT_EQ(f32_shares_cta(4100, F32Forward::kReadBackWide), kLoopedThreads);
+  ASSERT_EQ(f32_forward_ctas_per_sm(F32Forward::kReadBackWide, kLoopedThreads) * kLoopedThreads, kMaxThreadsPerSm);
+  int64_t taken = 0;
+  for (const Device& dev : {hopper(), hopper_without_f32_clusters(), ampere()}) {
+    const int64_t min_rows = kF32WideMinRowsPerSm * dev.sm_count;
+    for (int64_t d = 2 * 4096 - 8; d <= 4 * 4096 + 8; ++d)
+      for (Io io : {Io::kVector, Io::kElement, Io::kPaired, Io::kPairedRows})
+        for (bool quads : {false, true})
+          for (int64_t rows : {int64_t{1}, min_rows - 1, min_rows, int64_t{1} << 30}) {
+            const bool wide = io == Io::kVector && quads && d % 4 == 0 && d > 8192 && d <= 16384 && rows >= min_rows;
+            ASSERT_EQ(f32_readback_wide(rows, d, io, quads, dev), wide) << d << " " << rows;
+            const F32Forward form = f32_y_dtype_forward(rows, d, io, quads, dev);
+            ASSERT_EQ(form == F32Forward::kReadBackWide, wide) << d << " " << rows;
+            if (!wide) {  // as before: f32_shares_forward's, or kReadBackVec at two passes
+              const F32Forward shares = f32_shares_forward(rows, d, io, quads, dev);
+              ASSERT_EQ(form, shares == F32Forward::kReadBack && f32_readback_vec(d, io, quads) ? F32Forward::kReadBackVec
+                                                                                                 : shares)
+                  << d << " " << rows;
+              continue;
+            }
+            ++taken;
+            const Launch l = looped_f32_shares_launch(rows, d, io, form, dev);
+            ASSERT_EQ(l.row.cta_threads, kLoopedThreads) << d;
+            ASSERT_EQ(l.row.cluster, 1) << d;
+            ASSERT_EQ(l.sum_tpr, kLoopedThreads) << d;
+            ASSERT_EQ(l.row.chunks, d / 4) << d;
+            ASSERT_EQ(l.row.chunks_per_thread, d <= 3 * 4096 ? 3 : 2) << d;
+            ASSERT_EQ(f32_wide_group(l.row.chunks), l.row.chunks_per_thread) << d;
+            ASSERT_EQ(l.grid, looped_f32_shares_launch(rows, d, io, F32Forward::kReadBack, dev).grid) << d;  // a row per CTA
+          }
+  }
+  ASSERT_EQ(taken, 3 * 2048 * 2);  // 2048 D's, two row counts past the threshold, three devices
 }
 
 // F32Forward::kCluster, for every D it takes (4097..16384, D % 4 == 0, every access a whole vector, clusters of
