@@ -223,12 +223,14 @@ Launch mixed_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool 
       l.finalize_grid = 0;
       l.finalize_lanes = 0;
     }
+    l.smem = f32_shares_gw_smem(l.row.chunks, l.with_gw, l.direct_gw);
   }
   return l;
 }
 
 Launch f32_cluster_backward_launch(const Launch& shares, int64_t rows, int64_t cols, const Device& dev) {
   Launch l = shares;
+  l.smem = 0;  // its gw sums in registers
   if (rows <= 0) return l;
   l.row.cluster = kLoopedShares;
   const int passes = f32_cluster_passes(l.row.chunks);

@@ -813,9 +813,21 @@ Launch quant_launch(int64_t rows, int64_t cols, int esize, Io io, bool q_aligned
 // forms (another y or gy dtype, the fp32 residual stream) at every D. The
 // backward of fp32 x (its gy 16-bit) runs that row in shares (sum_tpr =
 // kLoopedThreads summing threads on CTAs of kLoopedShareThreads:
-// backward_looped_shares_kernel), on the same grid and partials.
+// backward_looped_shares_kernel), on the same grid and partials; where its rows are more than one pass and it
+// writes a partial (not direct_gw), the CTA keeps that partial in dynamic shared memory (Launch::smem:
+// f32_shares_gw_smem) and writes it to its workspace row once, at the end.
 Launch looped_forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev);
 Launch mixed_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev);
+// backward_looped_shares_kernel's gw partial in shared memory: one float per column of the row's whole chunks, for
+// rows of more than one pass (chunks > kLoopedThreads) up to kF32SharesGwSmemMaxChunks chunks (64 KiB; two CTAs per
+// SM), with a partial (with_gw, not direct_gw); 0 otherwise (the partial read and written in the workspace row per
+// row). The sums are the same, in the same order: only where they are kept changes.
+inline constexpr int64_t kF32SharesGwSmemMaxChunks = 4 * int64_t{kLoopedThreads};
+RMSNORM_HD constexpr size_t f32_shares_gw_smem(int64_t chunks, bool with_gw, bool direct_gw) {
+  return with_gw && !direct_gw && chunks > kLoopedThreads && chunks <= kF32SharesGwSmemMaxChunks
+             ? static_cast<size_t>(chunks) * 4 * sizeof(float)
+             : 0;
+}
 // An fp32 weight with 16-bit x (RMSNORM_FLAG_WEIGHT_F32; x, y and gy in x's
 // dtype; with or without the residual): the plain call's plan, whose kernels
 // read the weight as fp32 (rstd summed as in the plain call; the backward's

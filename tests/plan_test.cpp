@@ -585,6 +585,16 @@ TEST(Plan, Fp32MixedBackwardIsTheLoopedRowInShares) {
           ASSERT_LE(b.workspace, 2u * static_cast<size_t>(dev.sm_count) * static_cast<size_t>(d) * 4u) << d;
           ASSERT_EQ(b.workspace == 0, !with_gw || direct) << d;
           ASSERT_EQ(b.workspace, mixed_backward_launch(rows, d, 4, Io::kElement, with_gw, dev).workspace) << d;
+          // A multi-pass row's partial (D 4097..16384) in shared memory: a float per column of its whole chunks,
+          // two CTAs per SM within the SM's memory; none in one pass, without a partial, or past 16384.
+          const size_t smem = with_gw && !direct && d > 4 * kLoopedThreads && d <= 16 * kLoopedThreads
+                                  ? static_cast<size_t>((d + 3) / 4) * 16u
+                                  : 0u;
+          ASSERT_EQ(b.smem, smem) << d << " " << rows;
+          ASSERT_EQ(f32_shares_gw_smem(b.row.chunks, b.with_gw, b.direct_gw), smem) << d;
+          ASSERT_LE(b.smem, dev.max_smem_optin) << d;
+          ASSERT_LE(kLoopedCtasPerSm * (b.smem + 1024), dev.smem_per_sm) << d;
+          ASSERT_EQ(b.smem, mixed_backward_launch(rows, d, 4, Io::kElement, with_gw, dev).smem) << d;
         }
       }
     }
@@ -790,6 +800,7 @@ TEST(Plan, Fp32ClusterBackwardHoldsTheRowAcrossACluster) {
           ASSERT_FALSE(f32_cluster_backward(rows, d, Io::kVector, true, hopper(2))) << d;
           const Launch shares = mixed_backward_launch(rows, d, 4, Io::kVector, with_gw, h);
           const Launch l = f32_cluster_backward_launch(shares, rows, d, h);
+          ASSERT_EQ(l.smem, 0u) << d;  // the shares kernel's partial in shared memory is not this kernel's
           if (rows == 0) {
             ASSERT_EQ(l.grid, 0) << d;
             ASSERT_EQ(l.row.cluster, shares.row.cluster) << d;

@@ -57,6 +57,8 @@ struct BackwardParams {
   void* gx_x = nullptr;
   int64_t gx_x_stride = 0;
   bool gx_x_vector = false;  // every row of gx_x 8-byte aligned
+  // backward_looped_shares_kernel: the CTA's gw partial in dynamic shared memory (plan::f32_shares_gw_smem).
+  bool gw_smem = false;
 };
 
 // gx chunk c of a row plus the residual stream's gradient (ghr: that row of
@@ -1144,7 +1146,13 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
   const int t = static_cast<int>(threadIdx.x);
   const bool one_pass = kVec || p.chunks <= kSum;
   float* part = p.with_gw && !p.gw.direct ? p.gw.partials + blockIdx.x * static_cast<int64_t>(p.cols) : nullptr;
-  if (part != nullptr && !one_pass)
+  // The partial of a multi-pass row in shared memory (p.gw_smem): a float4 per chunk, thread t's chunks those
+  // congruent to t modulo kCta, read and written by it alone (no barrier), copied to part at the end.
+  extern __shared__ float4 shares_gw[];
+  const bool gsm = p.gw_smem && part != nullptr && !one_pass;
+  if (gsm)
+    for (int c = t; c < p.chunks; c += kCta) shares_gw[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  else if (part != nullptr && !one_pass)
     for (int c = t; c < p.chunks; c += kCta)
       for (int j = 0; j < kN; ++j)
         if (c * kN + j < p.cols) part[c * kN + j] = 0.0f;
@@ -1283,8 +1291,13 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
 #pragma unroll
         for (int k = 0; k < kShares; ++k) {
           const int c = c0 + t + k * kCta;
+          if (gsm) {
+            const float4 v = c < p.chunks ? shares_gw[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            pa[k][0] = v.x, pa[k][1] = v.y, pa[k][2] = v.z, pa[k][3] = v.w;
+          } else {
 #pragma unroll
-          for (int j = 0; j < kN; ++j) pa[k][j] = part != nullptr && c * kN + j < p.cols ? part[c * kN + j] : 0.0f;
+            for (int j = 0; j < kN; ++j) pa[k][j] = part != nullptr && c * kN + j < p.cols ? part[c * kN + j] : 0.0f;
+          }
         }
 #pragma unroll
         for (int k = 0; k < kShares; ++k) {
@@ -1297,7 +1310,9 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
           Chunk<T> g = grad_chunk(xk[k], gk[k], w, s, a);
           if (ghr != nullptr) g = add_g_h(g, hk[k]);
           store_gx(row, c, g);
-          if (part != nullptr)
+          if (gsm)
+            shares_gw[c] = make_float4(pa[k][0] + a[0], pa[k][1] + a[1], pa[k][2] + a[2], pa[k][3] + a[3]);
+          else if (part != nullptr)
 #pragma unroll
             for (int j = 0; j < kN; ++j)
               if (c * kN + j < p.cols) part[c * kN + j] = pa[k][j] + a[j];
@@ -1305,6 +1320,14 @@ __global__ void __launch_bounds__(plan::kLoopedShareThreads, plan::kLoopedCtasPe
       }
     }
   }
+  if (gsm)
+    for (int c = t; c < p.chunks; c += kCta) {
+      const float4 v = shares_gw[c];
+      const float vs[kN] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < kN; ++j)
+        if (c * kN + j < p.cols) part[c * kN + j] = vs[j];
+    }
   // One pass: the partial, or with one CTA (plan: direct_gw) gw itself, which the finalize of that one partial
   // would give bit for bit (its sum is 0 + the partial + zeros).
   if (p.with_gw && one_pass)
@@ -1641,6 +1664,9 @@ rmsnorm_status_t launch_backward(const BackwardArgs& a, const plan::Device& dev,
   p.gx_x = a.gx_x;
   p.gx_x_stride = a.gx_x_stride;
   p.gx_x_vector = quad_rows(a.gx_x, a.gx_x_stride);
+  // backward_looped_shares_kernel's partial in shared memory where the plan gives it (no other kernel of fp32 x's
+  // mixed forms has dynamic shared memory: f32_cluster_backward_launch clears it).
+  p.gw_smem = mixed && kEs == 4 && l.smem != 0;
   if (a.gx_x != nullptr && l.row.cta_threads != plan::kLoopedShareThreads)
     return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "x's gradient in its dtype from a kernel that does not write it");
   const bool pdl = a.pdl && dev.sm90_code;
