@@ -320,7 +320,7 @@ TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
       for (bool padded : {false, true}) {
         MixedCase c = residual ? sweep_case(RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_BF16, true, d, padded, i++)
                                : sweep_case(RMSNORM_DTYPE_F32, RMSNORM_DTYPE_BF16, false, d, padded, i++);
-        c.rows = !residual && d > 8192 ? plan::kF32WideMinRowsPerSm * sms : 600;  // kReadBackWide from there
+        c.rows = !residual && !padded && d > 8192 ? plan::kF32WideMinRowsPerSm * sms : 600;  // kReadBackWide's rows
         check_mixed(c, rng);
         if (HasFatalFailure() || HasFailure()) return;
       }
@@ -501,8 +501,10 @@ class CudaMixedSanitizer : public CudaMixed {};
 // D = 1000 and 4096 with more rows than one wave of the held forward's CTAs: the forward's kHeldLateW
 // (plan::f32_shares_forward) on 64 and 256 threads; 3 rows: kHeld, or kReadBack where a row is not whole vectors;
 // D = 6000, 10000 and 14000: kCluster (2, 3 and 4 chunks per thread) where every access is a whole vector; D = 8192,
-// 12000 and 16384 with more rows than two per SM: fp32 x with a bf16 y in kReadBackVec and kReadBackWide (groups of
-// 3 and 2 passes; plan::f32_y_dtype_forward), the residual stream in kReadBack and kCluster.
+// 12000 and 16384 with more rows than two per SM: fp32 x with a bf16 y in kReadBackVec and, at 8 rows per SM,
+// kReadBackWide (groups of 3 and 2 passes; plan::f32_y_dtype_forward), the residual stream in kReadBack and kCluster;
+// where a row is not whole vectors (padded), the backward's shares kernel at 2..4 passes with its gw partial in
+// shared memory (plan::f32_shares_gw_smem), over 3 CTAs or 2 per SM.
 TEST_F(CudaMixedSanitizer, YDtypeAndResidualF32Kernels) {
   std::mt19937_64 rng(103);
   int sms = 0;
@@ -518,9 +520,12 @@ TEST_F(CudaMixedSanitizer, YDtypeAndResidualF32Kernels) {
         c.weight_y = form == 1 && d != 33;
         c.gx_x = form == 2 && d != 1000;
         c.cols = d;
-        c.rows = d == 12000 || d == 16384                 ? plan::kF32WideMinRowsPerSm * sms
-                 : d == 1000 || d == 4096 || d == 8192 ? 2 * int64_t{sms} + 1
-                                                       : 3;
+        // kReadBackWide (fp32 x, bf16 y, whole vectors) from 8 rows per SM; the padded forms' backward there runs
+        // the shares kernel at 3 and 4 passes, its gw partial in shared memory (plan::f32_shares_gw_smem).
+        const bool wide = (d == 12000 || d == 16384) && form == 1 && !padded;
+        c.rows = wide                                                         ? plan::kF32WideMinRowsPerSm * sms
+                 : d == 1000 || d == 4096 || d == 8192 || d == 12000 || d == 16384 ? 2 * int64_t{sms} + 1
+                                                                               : 3;
         c.padded = padded;
         c.gw_mode = padded ? RMSNORM_GW_STORE_F32 : RMSNORM_GW_STORE;
         check_mixed(c, rng);
