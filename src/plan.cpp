@@ -223,7 +223,7 @@ Launch mixed_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool 
       l.finalize_grid = 0;
       l.finalize_lanes = 0;
     }
-    l.smem = f32_shares_gw_smem(l.row.chunks, l.with_gw, l.direct_gw);
+    l.smem = f32_shares_gw_smem(l.row.chunks, l.with_gw, l.direct_gw, dev);
   }
   return l;
 }

@@ -819,13 +819,18 @@ Launch quant_launch(int64_t rows, int64_t cols, int esize, Io io, bool q_aligned
 Launch looped_forward_launch(int64_t rows, int64_t cols, int esize, Io io, const Device& dev);
 Launch mixed_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool with_gw, const Device& dev);
 // backward_looped_shares_kernel's gw partial in shared memory: one float per column of the row's whole chunks, for
-// rows of more than one pass (chunks > kLoopedThreads) up to kF32SharesGwSmemMaxChunks chunks (64 KiB; two CTAs per
-// SM), with a partial (with_gw, not direct_gw); 0 otherwise (the partial read and written in the workspace row per
-// row). The sums are the same, in the same order: only where they are kept changes.
+// rows of more than one pass (chunks > kLoopedThreads) up to kF32SharesGwSmemMaxChunks chunks (64 KiB), with a
+// partial (with_gw, not direct_gw), where kLoopedCtasPerSm CTAs of it fit an SM with kF32SharesSmemReserve bytes
+// each beside it (the kernel's static scratch and the runtime's share; an SM of 100 KiB, as sm_86 has, keeps the
+// workspace path past D = 12288); 0 otherwise (the partial read and written in the workspace row per row). The sums
+// are the same, in the same order: only where they are kept changes.
 inline constexpr int64_t kF32SharesGwSmemMaxChunks = 4 * int64_t{kLoopedThreads};
-RMSNORM_HD constexpr size_t f32_shares_gw_smem(int64_t chunks, bool with_gw, bool direct_gw) {
-  return with_gw && !direct_gw && chunks > kLoopedThreads && chunks <= kF32SharesGwSmemMaxChunks
-             ? static_cast<size_t>(chunks) * 4 * sizeof(float)
+inline constexpr size_t kF32SharesSmemReserve = 2048;
+inline size_t f32_shares_gw_smem(int64_t chunks, bool with_gw, bool direct_gw, const Device& dev) {
+  const size_t bytes = static_cast<size_t>(chunks) * 4 * sizeof(float);
+  return with_gw && !direct_gw && chunks > kLoopedThreads && chunks <= kF32SharesGwSmemMaxChunks &&
+                 bytes <= dev.max_smem_optin && (bytes + kF32SharesSmemReserve) * kLoopedCtasPerSm <= dev.smem_per_sm
+             ? bytes
              : 0;
 }
 // An fp32 weight with 16-bit x (RMSNORM_FLAG_WEIGHT_F32; x, y and gy in x's

@@ -591,10 +591,17 @@ TEST(Plan, Fp32MixedBackwardIsTheLoopedRowInShares) {
                                   ? static_cast<size_t>((d + 3) / 4) * 16u
                                   : 0u;
           ASSERT_EQ(b.smem, smem) << d << " " << rows;
-          ASSERT_EQ(f32_shares_gw_smem(b.row.chunks, b.with_gw, b.direct_gw), smem) << d;
+          ASSERT_EQ(f32_shares_gw_smem(b.row.chunks, b.with_gw, b.direct_gw, dev), smem) << d;
           ASSERT_LE(b.smem, dev.max_smem_optin) << d;
           ASSERT_LE(kLoopedCtasPerSm * (b.smem + 1024), dev.smem_per_sm) << d;
           ASSERT_EQ(b.smem, mixed_backward_launch(rows, d, 4, Io::kElement, with_gw, dev).smem) << d;
+          // An SM of 100 KiB (99 KiB a CTA, as sm_86 has): two CTAs fit up to 3072 chunks (D 12288), not past.
+          Device small = dev;
+          small.smem_per_sm = 100 * 1024;
+          small.max_smem_optin = 99 * 1024;
+          const Launch bs = mixed_backward_launch(rows, d, 4, Io::kVector, with_gw, small);
+          ASSERT_EQ(bs.smem, (d + 3) / 4 <= 3072 ? smem : 0u) << d << " " << rows;
+          ASSERT_LE(kLoopedCtasPerSm * (bs.smem + 1024), small.smem_per_sm) << d;
         }
       }
     }
