@@ -717,8 +717,9 @@ inline bool f32_readback_vec(int64_t cols, Io io, bool quads) {
 }
 // F32Forward::kReadBackWide's rows: three or four passes of whole vectors (f32_whole_vectors, D 8193..16384) from
 // kF32WideMinRowsPerSm rows per SM; fewer rows keep the cluster kernel, whose row spans four SMs. Passes per group
-// (f32_wide_group): the row's three at once, or four as two groups of two (four at once spilled at 32 registers).
-// H100, fp32 x with a bf16 (fp32) weight and bf16 y, against the cluster kernel (C ABI, 256 MiB written before each
+// (f32_wide_group): the row's three at once, or four as two groups of two (four at once spilled at 32 registers;
+// three at once spill 20 bytes with an fp32 weight, measured below). Where the device runs no fp32 clusters (Ampere,
+// f32_clusters false) it takes these rows from the 1024-thread looped kernel instead: not measured there. H100, fp32 x with a bf16 (fp32) weight and bf16 y, against the cluster kernel (C ABI, 256 MiB written before each
 // call, median of 20, two rounds, same bits): 8192 x 10240 0.847 (0.900), 8192 x 12288 0.881 (0.901), 4096 x 12288
 // 0.912 (0.919), 1056 x 12000 0.936 (0.977), 4096 x 14336 0.973 (0.971), 4096 x 16384 0.960 (0.974), 2048 x 16384
 // 0.980 (0.990); below 8 rows per SM it lost: 1024 x 16384 1.015 (1.015), 528 x 16384 1.020 (1.008), 265 x 16384

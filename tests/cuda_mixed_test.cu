@@ -306,17 +306,18 @@ TEST_F(CudaMixed, ResidualF32InPlace) {
 
 // More rows than the backward's grid (2 CTAs per SM) for the forms of fp32 x in the looped row in shares (fp32 x
 // with a 16-bit y, the fp32 residual stream): each CTA walks several rows, keeping its gw partial across them (in
-// registers at D <= 4096, in the workspace above), with the row parity of its scratch alternating. D = 6000, 12000
-// and 16384 with whole vectors (padded or not): fp32 x with a bf16 y at D = 6000 in kReadBackVec, at 12000 and 16384
-// in kReadBackWide; the backward's clusters (backward_f32_cluster_kernel, 2 and 4 chunks per thread) walk several
-// rows each, their gw sums in registers and their exchange slots reused.
+// registers at D <= 4096, above in shared memory at 2..4 passes), with the row parity of its scratch alternating;
+// D = 6001, a partial last chunk there. D = 6000, 12000 and 16384 with whole vectors (padded or not): fp32 x with a
+// bf16 y at D = 6000 in kReadBackVec, at 8196, 12000, 12292 and 16384 in kReadBackWide (8196 and 12292: a last pass
+// of one chunk, in groups of 3 and 2); the backward's clusters (backward_f32_cluster_kernel, 2 and 4 chunks per
+// thread) walk several rows each, their gw sums in registers and their exchange slots reused.
 TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
   std::mt19937_64 rng(106);
   int sms = 0;
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   int i = 0;
   for (bool residual : {false, true})
-    for (int64_t d : {1000, 2048, 4096, 4100, 6000, 12000, 16384})
+    for (int64_t d : {1000, 2048, 4096, 4100, 6000, 6001, 8196, 12000, 12292, 16384})
       for (bool padded : {false, true}) {
         MixedCase c = residual ? sweep_case(RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_BF16, true, d, padded, i++)
                                : sweep_case(RMSNORM_DTYPE_F32, RMSNORM_DTYPE_BF16, false, d, padded, i++);

@@ -565,8 +565,14 @@ TEST(Plan, MixedWeightLaunchesAreTheLoopedKernels) {
 // rmsnorm.h's bound (2 x SMs x D x 4 bytes), none where one CTA writes gw itself.
 TEST(Plan, Fp32MixedBackwardIsTheLoopedRowInShares) {
   static_assert(kLoopedThreads % kLoopedShareThreads == 0 && kLoopedShareThreads % 32 == 0, "whole shares of warps");
+  // Every D to 4096, then every 61st, and every D around the shared-memory partial's bounds (D 16384 here, 12288 on
+  // the small SM below).
+  std::vector<int64_t> ds;
+  for (int64_t d = 1; d <= kMaxD; d += d < 4096 ? 1 : 61) ds.push_back(d);
+  for (int64_t d = 12280; d <= 12300; ++d) ds.push_back(d);
+  for (int64_t d = 16376; d <= 16396; ++d) ds.push_back(d);
   for (const Device& dev : {hopper(), ampere()}) {
-    for (int64_t d = 1; d <= kMaxD; d += d < 4096 ? 1 : 61) {
+    for (int64_t d : ds) {
       for (int64_t rows : {int64_t{1}, int64_t{1000}, (int64_t{1} << 25) + 1}) {
         for (bool with_gw : {false, true}) {
           const Launch b = mixed_backward_launch(rows, d, 4, Io::kVector, with_gw, dev);
