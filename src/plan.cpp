@@ -24,10 +24,9 @@ int64_t row_groups(int64_t rows, int n) { return rows / n + (rows % n != 0); }
 // Deepest pipeline (<= kMaxStages) whose stages fit `ctas_per_sm` CTAs per
 // SM and one CTA's opt-in limit; at least 1 (no lookahead).
 int stages_that_fit(size_t per_stage, size_t fixed, int ctas_per_sm, const Device& dev) {
-  constexpr size_t kReservedPerCta = 1024;  // the runtime's own shared memory per CTA
   for (int s = kMaxStages; s > 1; --s) {
     const size_t cta = per_stage * s > fixed ? per_stage * s : fixed;
-    if (cta <= dev.max_smem_optin && (cta + kReservedPerCta) * ctas_per_sm <= dev.smem_per_sm) return s;
+    if (cta <= dev.max_smem_optin && (cta + kRuntimeSmemPerCta) * ctas_per_sm <= dev.smem_per_sm) return s;
   }
   return 1;
 }

@@ -719,8 +719,9 @@ inline bool f32_readback_vec(int64_t cols, Io io, bool quads) {
 // kF32WideMinRowsPerSm rows per SM; fewer rows keep the cluster kernel, whose row spans four SMs. Passes per group
 // (f32_wide_group): the row's three at once, or four as two groups of two (four at once spilled at 32 registers;
 // three at once spill 20 bytes with an fp32 weight, measured below). Where the device runs no fp32 clusters (Ampere,
-// f32_clusters false) it takes these rows from the 1024-thread looped kernel instead: not measured there. H100, fp32 x with a bf16 (fp32) weight and bf16 y, against the cluster kernel (C ABI, 256 MiB written before each
-// call, median of 20, two rounds, same bits): 8192 x 10240 0.847 (0.900), 8192 x 12288 0.881 (0.901), 4096 x 12288
+// f32_clusters false) it takes these rows from the 1024-thread looped kernel instead: not measured there. H100, fp32
+// x with a bf16 (fp32) weight and bf16 y, against the cluster kernel (C ABI, 256 MiB written before each call, median
+// of 20, two rounds, same bits): 8192 x 10240 0.847 (0.900), 8192 x 12288 0.881 (0.901), 4096 x 12288
 // 0.912 (0.919), 1056 x 12000 0.936 (0.977), 4096 x 14336 0.973 (0.971), 4096 x 16384 0.960 (0.974), 2048 x 16384
 // 0.980 (0.990); below 8 rows per SM it lost: 1024 x 16384 1.015 (1.015), 528 x 16384 1.020 (1.008), 265 x 16384
 // 1.082 (1.061): a last round of rows on few SMs, each row on one CTA, where the cluster kernel spreads it over four.
@@ -822,11 +823,12 @@ Launch mixed_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool 
 // backward_looped_shares_kernel's gw partial in shared memory: one float per column of the row's whole chunks, for
 // rows of more than one pass (chunks > kLoopedThreads) up to kF32SharesGwSmemMaxChunks chunks (64 KiB), with a
 // partial (with_gw, not direct_gw), where kLoopedCtasPerSm CTAs of it fit an SM with kF32SharesSmemReserve bytes
-// each beside it (the kernel's static scratch and the runtime's share; an SM of 100 KiB, as sm_86 has, keeps the
-// workspace path past D = 12288); 0 otherwise (the partial read and written in the workspace row per row). The sums
-// are the same, in the same order: only where they are kept changes.
+// each beside it (the runtime's share and the kernel's static scratch, 512 bytes; an SM of 100 KiB, as sm_86 has,
+// keeps the workspace path past D = 12288); 0 otherwise (the partial read and written in the workspace row per row).
+// The sums are the same, in the same order: only where they are kept changes.
+inline constexpr size_t kRuntimeSmemPerCta = 1024;  // the runtime's own shared memory per CTA
 inline constexpr int64_t kF32SharesGwSmemMaxChunks = 4 * int64_t{kLoopedThreads};
-inline constexpr size_t kF32SharesSmemReserve = 2048;
+inline constexpr size_t kF32SharesSmemReserve = kRuntimeSmemPerCta + 1024;
 inline size_t f32_shares_gw_smem(int64_t chunks, bool with_gw, bool direct_gw, const Device& dev) {
   const size_t bytes = static_cast<size_t>(chunks) * 4 * sizeof(float);
   return with_gw && !direct_gw && chunks > kLoopedThreads && chunks <= kF32SharesGwSmemMaxChunks &&
