@@ -823,8 +823,9 @@ Launch mixed_backward_launch(int64_t rows, int64_t cols, int esize, Io io, bool 
 // backward_looped_shares_kernel's gw partial in shared memory: one float per column of the row's whole chunks, for
 // rows of more than one pass (chunks > kLoopedThreads) up to kF32SharesGwSmemMaxChunks chunks (64 KiB), with a
 // partial (with_gw, not direct_gw), where kLoopedCtasPerSm CTAs of it fit an SM with kF32SharesSmemReserve bytes
-// each beside it (the runtime's share and the kernel's static scratch, 512 bytes; an SM of 100 KiB, as sm_86 has,
-// keeps the workspace path past D = 12288); 0 otherwise (the partial read and written in the workspace row per row).
+// each beside it (the runtime's share, and 1 KiB for the kernel's static scratch of 512 bytes; an SM of 100 KiB, as
+// sm_86 has, keeps the workspace path past D = 12288); 0 otherwise (the partial read and written in the workspace
+// row per row).
 // The sums are the same, in the same order: only where they are kept changes.
 inline constexpr size_t kRuntimeSmemPerCta = 1024;  // the runtime's own shared memory per CTA
 inline constexpr int64_t kF32SharesGwSmemMaxChunks = 4 * int64_t{kLoopedThreads};
