@@ -422,6 +422,9 @@ def _normalized_dims(op, input, normalized_shape):
         raise TypeError(
             f"{op}: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}") from None
     k = len(normalized_shape)
+    if input.is_nested or input.layout != torch.strided:
+        raise TypeError(f"{op}: input is a {'nested' if input.is_nested else str(input.layout)} tensor; the kernels "
+                        "take strided tensors (torch.nn.functional.rms_norm takes nested ones)")
     if input.dtype not in _DTYPES:
         raise TypeError(f"{op}: input has dtype {input.dtype}; supported: float32, float16, bfloat16")
     shape = input.shape

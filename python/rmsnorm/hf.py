@@ -37,22 +37,53 @@ def _model_weight(x, weight):
     return weight.float()
 
 
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _kernels_take(x, weight):
+    """Whether the kernels compute this call: x a strided tensor (not nested or sparse) and x and the weight of
+    float32, float16 or bfloat16. The rest (a model in float64, say, for gradcheck, or jagged activations) is
+    computed as the replaced module computes it, in torch."""
+    return (x.layout == torch.strided and not x.is_nested and x.dtype in _KERNEL_DTYPES
+            and (weight is None or weight.dtype in _KERNEL_DTYPES))
+
+
+def _model_x_hat(x, eps):
+    """x_hat in float32 as the models compute it: ``x.float() * rsqrt(mean(x.float()^2) + eps)``."""
+    xf = x.to(torch.float32)
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def _llama_style_rms_norm(x, normalized_shape, weight, eps):
     """``rms_norm`` with ``round_xhat``, y in the promoted dtype of the weight and x, as ``weight *
     x_hat.to(input_dtype)`` gives it."""
+    if not _kernels_take(x, weight):
+        return weight * _model_x_hat(x, eps).to(x.dtype)
     out_dtype = None if weight.dtype == x.dtype else torch.promote_types(weight.dtype, x.dtype)
     return rms_norm(x, normalized_shape, _model_weight(x, weight), eps, round_xhat=True, out_dtype=out_dtype)
 
 
 def _gemma_style_rms_norm(x, normalized_shape, weight, eps):
     """``rms_norm`` with ``weight_offset``: ``x_hat * (1.0 + weight.float())`` in fp32, rounded once to x's dtype."""
+    if not _kernels_take(x, weight):
+        return (_model_x_hat(x, eps) * (1.0 + weight.float())).type_as(x)
     return rms_norm(x, normalized_shape, _model_weight(x, weight), eps, weight_offset=True)
+
+
+def _torch_style_rms_norm(x, normalized_shape, weight, eps):
+    """``rms_norm`` as ``torch.nn.RMSNorm`` computes it with any weight dtype: x times rsqrt in fp32, times the
+    weight widened to fp32 (exact), rounded once to x's dtype. What the kernels do not take goes to
+    ``F.rms_norm``."""
+    if not _kernels_take(x, weight):
+        return torch.nn.functional.rms_norm(x, normalized_shape, weight, eps)
+    return rms_norm(x, normalized_shape, _model_weight(x, weight) if weight is not None else None, eps)
 
 
 # torch.fx.symbolic_trace records these as one call each, as __init__.py has it record rms_norm: the dtype tests
 # above cannot be traced symbolically.
 torch.fx.wrap("_llama_style_rms_norm")
 torch.fx.wrap("_gemma_style_rms_norm")
+torch.fx.wrap("_torch_style_rms_norm")
 
 
 class LlamaStyleRMSNorm(RMSNorm):
@@ -71,6 +102,17 @@ class GemmaStyleRMSNorm(RMSNorm):
         return _gemma_style_rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
 
+class TorchStyleRMSNorm(RMSNorm):
+    """``RMSNorm`` that takes what ``torch.nn.RMSNorm`` takes (swap_rmsnorm's replacement of it): a weight of
+    another dtype than the input's is widened to float32 and y has the input's dtype, as torch computes it; a
+    float64 or nested input goes to ``F.rms_norm``. Under ``torch.jit.script`` it is ``RMSNorm`` (the kernels'
+    dtypes only)."""
+
+    @torch.jit.unused
+    def _eager_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _torch_style_rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
 def _replacement(module: torch.nn.Module):
     name = type(module).__name__
     if name in _LLAMA_STYLE:
@@ -79,7 +121,7 @@ def _replacement(module: torch.nn.Module):
     elif name in _GEMMA_STYLE:
         new = GemmaStyleRMSNorm(tuple(module.weight.shape), module.eps, True, device="meta", weight_offset=True)
     elif type(module) is torch.nn.RMSNorm:
-        new = RMSNorm(module.normalized_shape, module.eps, module.elementwise_affine, device="meta")
+        new = TorchStyleRMSNorm(module.normalized_shape, module.eps, module.elementwise_affine, device="meta")
         if not module.elementwise_affine:
             return new
     else:
@@ -93,9 +135,11 @@ def swap_rmsnorm(model: torch.nn.Module) -> list[str]:
     by an ``rmsnorm.RMSNorm`` with the same convention, eps and weight. Returns the qualified names replaced.
 
     Mixed dtypes are taken as the model computes them, whatever the weight's and the activations' dtypes: the Llama
-    style's output has their promoted dtype (float32 for any mix), the Gemma style's the activations'. An fp32
-    weight goes to the kernels as it is; a 16-bit weight of another dtype than the activations' is widened to
-    float32 on each call (D floats), as the model's product widens it."""
+    style's output has their promoted dtype (float32 for any mix), the Gemma style's and ``torch.nn.RMSNorm``'s the
+    activations'. An fp32 weight goes to the kernels as it is; a 16-bit weight of another dtype than the
+    activations' (or, with float32 activations, than y's) is widened to float32 on each call (D floats), as the
+    model's product widens it. Inputs the kernels do not take (float64, nested or sparse tensors, a float64 weight)
+    are computed by the replaced module's own formula in torch (``F.rms_norm`` for ``torch.nn.RMSNorm``)."""
     swapped = []
     for parent_name, parent in list(model.named_modules()):
         for child_name, child in list(parent.named_children()):

@@ -407,13 +407,14 @@ _MIXES = [(torch.bfloat16, torch.float32), (torch.float16, torch.float32), (torc
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("style", [LlamaRMSNorm, Gemma3RMSNorm], ids=["llama", "gemma"])
+@pytest.mark.parametrize("style", [LlamaRMSNorm, Gemma3RMSNorm, torch.nn.RMSNorm], ids=["llama", "gemma", "torch"])
 @pytest.mark.parametrize("x_dtype, w_dtype", _MIXES)
 def test_swapped_norm_keeps_the_models_dtypes(device, style, x_dtype, w_dtype):
     """Every mix of the weight's and the activations' dtypes, as the model computes it: Llama's weight *
-    x_hat.to(input_dtype) has the promoted dtype (float32 for any mix), Gemma's x_hat * (1.0 + weight.float()) the
-    activations' dtype. The swapped module gives the same dtype and, x_hat rounded to the input dtype first in the
-    Llama style, the same values; the weight's gradient has the weight's dtype and the model's values."""
+    x_hat.to(input_dtype) has the promoted dtype (float32 for any mix), Gemma's x_hat * (1.0 + weight.float()) and
+    torch.nn.RMSNorm's x_hat * weight (in fp32) the activations' dtype. The swapped module gives the same dtype and,
+    x_hat rounded to the input dtype first in the Llama style, the same values; the weight's gradient has the
+    weight's dtype and the model's values."""
     gen = torch.Generator().manual_seed(11)
     model = torch.nn.Sequential(style(64)).to(device=device, dtype=w_dtype)
     with torch.no_grad():
@@ -428,7 +429,7 @@ def test_swapped_norm_keeps_the_models_dtypes(device, style, x_dtype, w_dtype):
     assert got.dtype == want.dtype and got_gw.dtype == w_dtype
     # The one rsqrt may differ by an ulp between torch's op and the library's (a correctly rounded divide and
     # square root): at most one unit of the rounding of x_hat (Llama) or y (Gemma).
-    tol = 2e-6 if got.dtype == torch.float32 and (style is Gemma3RMSNorm or x_dtype == torch.float32) else 2.0**-7
+    tol = 2e-6 if got.dtype == torch.float32 and (style is not LlamaRMSNorm or x_dtype == torch.float32) else 2.0**-7
     torch.testing.assert_close(got, want, rtol=tol, atol=1e-6)
     # gw: the model's graph multiplies gy by its rounded x_hat (Llama style with 16-bit x), the library's backward
     # by the exact one (README: round_xhat changes the forward only), so each term may differ by x_hat's rounding
@@ -438,6 +439,37 @@ def test_swapped_norm_keeps_the_models_dtypes(device, style, x_dtype, w_dtype):
     bound = 2.0**-7 * (gy.double() * xh).abs().sum(0) + 1e-6
     err = (got_gw.double() - want_gw.double()).abs()
     assert (err <= bound).all(), f"gw: worst {(err / bound).max().item():.3g} of the bound"
+
+
+@pytest.mark.parametrize("style", [LlamaRMSNorm, Gemma3RMSNorm, torch.nn.RMSNorm], ids=["llama", "gemma", "torch"])
+def test_swapped_norm_computes_what_the_kernels_do_not_take_as_the_model(style):
+    """Inputs outside the kernels' dtypes and layouts (a float64 model, as for gradcheck; a float64 weight with
+    float32 activations; jagged activations) give the replaced module's own result, bit for bit, and its gradients;
+    rms_norm itself refuses a nested input with a TypeError that says so."""
+    gen = torch.Generator().manual_seed(12)
+    for x_dtype, w_dtype in [(torch.float64, torch.float64), (torch.float32, torch.float64),
+                             (torch.float64, torch.bfloat16)]:
+        model = torch.nn.Sequential(style(16)).to(dtype=w_dtype)
+        with torch.no_grad():
+            model[0].weight.copy_(randn(16, gen=gen))
+        x = randn(5, 16, gen=gen, dtype=x_dtype).requires_grad_()
+        want = model(x)
+        want_gx, want_gw = torch.autograd.grad(want.sum(), (x, model[0].weight))
+        assert rmsnorm.swap_rmsnorm(model) == ["0"]
+        got = model(x)
+        got_gx, got_gw = torch.autograd.grad(got.sum(), (x, model[0].weight))
+        assert got.dtype == want.dtype and torch.equal(got, want), (x_dtype, w_dtype)
+        assert torch.equal(got_gx, want_gx) and torch.equal(got_gw, want_gw), (x_dtype, w_dtype)
+    model = torch.nn.Sequential(style(16))
+    nt = torch.nested.nested_tensor([randn(2, 16, gen=gen), randn(3, 16, gen=gen)], layout=torch.jagged)
+    want = model(nt)
+    assert rmsnorm.swap_rmsnorm(model) == ["0"]
+    got = model(nt)
+    assert got.is_nested and all(torch.equal(a, b) for a, b in zip(got.unbind(), want.unbind()))
+    with pytest.raises(TypeError, match="nested"):
+        rmsnorm.rms_norm(nt, 16)
+    with pytest.raises(TypeError, match="nested"):
+        rmsnorm.RMSNorm(16)(nt)
 
 
 def test_package_marks_itself_typed():
