@@ -10,6 +10,8 @@ The conventions, as transformers' modeling code computes them (read from transfo
   so is the swapped module's output (``out_dtype``).
 - Gemma style (GemmaRMSNorm, Gemma2RMSNorm, Gemma3RMSNorm incl. q/k norms): ``(x_hat * (1.0 + weight.float()))``
   in fp32, rounded once to the input dtype: ``weight_offset=True`` (the 1 added in fp32). Its eps is ``eps``.
+- ``torch.nn.RMSNorm``: ``x.float() * rsqrt(mean(x^2) + eps) * weight`` in fp32 (a weight of another dtype widened),
+  rounded once to the input dtype.
 
 The swapped module shares the original's weight ``Parameter`` (the same object: optimizer state, tied weights,
 requires_grad, dtype and device carry over), and its state dict keys are the same.
