@@ -269,14 +269,18 @@ bool gw_in_f32(const Case& c) {
   return c.weight_f32 || c.gw_mode == RMSNORM_GW_STORE_F32 || c.gw_mode == RMSNORM_GW_ACCUMULATE_F32;
 }
 
-// g_h: rmsnorm_add_backward with that residual gradient (its layout c's), gx written over it where gx_over_g_h.
+// Where gx goes: its own buffer, over g_h, or over gy (the in-place forms rmsnorm_add_backward allows).
+enum class GxOver { kNone, kGh, kGy };
+
+// g_h: rmsnorm_add_backward with that residual gradient (its layout c's), gx written over it or over gy where
+// `over` says.
 void gpu_backward(const Case& c, const Inputs& in, const std::vector<float>& rstd, BackwardOut* out,
-                  std::mt19937_64& rng, const HostMatrix* g_h = nullptr, bool gx_over_g_h = false) {
+                  std::mt19937_64& rng, const HostMatrix* g_h = nullptr, GxOver over = GxOver::kNone) {
   Arena::get().reset();
   out->gx = HostMatrix(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
   const Dev dx = upload(in.x), dw = upload(in.w), dgy = upload(in.gy);
   const Dev dgh = g_h != nullptr ? upload(*g_h) : Dev{};
-  const Dev dgx = gx_over_g_h ? dgh : upload(out->gx);
+  const Dev dgx = over == GxOver::kGh ? dgh : over == GxOver::kGy ? dgy : upload(out->gx);
   const bool f32 = gw_in_f32(c);
   const bool accumulate = c.gw_mode == RMSNORM_GW_ACCUMULATE || c.gw_mode == RMSNORM_GW_ACCUMULATE_F32;
   HostMatrix gw(f32 ? RMSNORM_DTYPE_F32 : c.dtype, 1, c.cols);
@@ -934,9 +938,9 @@ TEST_F(Cuda, AddForward) {
 }
 
 // rmsnorm_add_backward of one case: gx exactly T(T(gx_norm) + g_h), where T(gx_norm) is this device's
-// rmsnorm_backward gx, and gw bit for bit its gw; with `over`, gx written over g_h.
-void check_add_backward(const Case& c, bool over, std::mt19937_64& rng) {
-  SCOPED_TRACE(describe(c) + (over ? " gx == g_h" : ""));
+// rmsnorm_backward gx, and gw bit for bit its gw; gx written over g_h or over gy where `over` says.
+void check_add_backward(const Case& c, GxOver over, std::mt19937_64& rng) {
+  SCOPED_TRACE(describe(c) + (over == GxOver::kGh ? " gx == g_h" : over == GxOver::kGy ? " gx == gy" : ""));
   const Inputs in = make_inputs(c, rng);
   HostMatrix gh(c.dtype, c.rows, c.cols, stride_of(c), offset_of(c));
   fill_random(gh, rng, [&](int64_t r) { return 0.25 * row_scale(c, r); });
@@ -958,7 +962,8 @@ void check_add_backward(const Case& c, bool over, std::mt19937_64& rng) {
   ASSERT_EQ(plain.gw, fused.gw) << "gw differs from rmsnorm_backward's";
 }
 
-// rmsnorm_add_backward in every band, layout and dtype, and in place over g_h.
+// rmsnorm_add_backward in every band, layout and dtype, and in place over g_h and over gy (at D 33, 4096 and
+// 40000; 300000 too over gy: the looped band).
 TEST_F(Cuda, AddBackward) {
   std::mt19937_64 rng(42);
   std::vector<int64_t> ds(std::begin(kBandDs), std::end(kBandDs));
@@ -967,8 +972,9 @@ TEST_F(Cuda, AddBackward) {
   for (int64_t d : ds) {
     for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32, RMSNORM_DTYPE_F16}) {
       for (Layout lay : {Layout::kAligned, Layout::kOffset, Layout::kPadded}) {
-        for (bool over : {false, true}) {
-          if (over && d != 4096 && d != 33 && d != 40000) continue;
+        for (GxOver over : {GxOver::kNone, GxOver::kGh, GxOver::kGy}) {
+          if (over != GxOver::kNone && d != 4096 && d != 33 && d != 40000 && !(over == GxOver::kGy && d == 300000))
+            continue;
           Case c;
           c.dtype = dt;
           c.cols = d;
@@ -3347,7 +3353,7 @@ TEST_F(CudaSanitizer, BlockQuantKernels) {
 
 // The residual-add kernels under the sanitizers: the fused rows-band forward (aligned, a partial chunk), add_kernel
 // before the plain forward (misaligned, cluster band), and the backward's plus-g_h store in every backward kernel,
-// in place over the residual and over g_h.
+// in place over the residual, over g_h and over gy.
 TEST_F(CudaSanitizer, AddKernels) {
   std::mt19937_64 rng(16);
   struct AddCase { int64_t d; int32_t dtype; int64_t rows; Layout layout; int over; };
@@ -3369,7 +3375,7 @@ TEST_F(CudaSanitizer, AddKernels) {
     if (HasFatalFailure()) return;
     c.with_rstd = false;
     c.gw_mode = a.rows == 3 ? RMSNORM_GW_STORE : RMSNORM_GW_STORE_F32;
-    check_add_backward(c, a.over != 0, rng);
+    check_add_backward(c, a.over == 0 ? GxOver::kNone : a.over == 1 ? GxOver::kGh : GxOver::kGy, rng);
     if (HasFatalFailure()) return;
   }
 }
