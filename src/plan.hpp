@@ -718,7 +718,8 @@ inline bool f32_readback_vec(int64_t cols, Io io, bool quads) {
 }
 // F32Forward::kHeldWide's rows: three or four passes of whole vectors (f32_whole_vectors, D 8193..16384) from
 // kF32WideMinRowsPerSm rows per SM; fewer rows keep the cluster kernel, whose row spans four SMs. A thread holds its
-// f32_wide_passes chunks (16 of its 32 registers at four; ptxas spills 4 bytes there). Where the device runs no fp32
+// f32_wide_passes chunks (16 of its 32 registers at four; ptxas spills the scratch address's 4 bytes there, and with an
+// f16 y and weight 4 bytes at three and 20 at four). Where the device runs no fp32
 // clusters (Ampere, f32_clusters false) it takes these rows from the 1024-thread looped kernel instead: not measured
 // there. The threshold comes from the read-back form this replaced (H100, fp32 x with a bf16 (fp32) weight and bf16
 // y, against the cluster kernel, C ABI, 256 MiB written before each call, median of 20, two rounds, same bits):
