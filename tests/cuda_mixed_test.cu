@@ -308,7 +308,7 @@ TEST_F(CudaMixed, ResidualF32InPlace) {
 // with a 16-bit y, the fp32 residual stream): each CTA walks several rows, keeping its gw partial across them (in
 // registers at D <= 4096, above in shared memory at 2..4 passes), with the row parity of its scratch alternating;
 // D = 6001, a partial last chunk there. D = 6000, 12000 and 16384 with whole vectors (padded or not): fp32 x with a
-// bf16 y at D = 6000 in kReadBackVec, at 8196, 12000, 12292 and 16384 in kHeldWide (8196 and 12292: a last pass of
+// bf16 y at D = 6000 in kReadBackVec, at 8196, 12000, 12292 and 16384 in kReadBackWide (8196 and 12292: a last pass of
 // one chunk, at 3 and 4 passes), and with an f16 y at 8196, 12000 and 16384; the backward's clusters
 // (backward_f32_cluster_kernel, 2 and 4 chunks per thread) walk several rows each, their gw sums in registers and
 // their exchange slots reused.
@@ -322,11 +322,11 @@ TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
       for (bool padded : {false, true}) {
         MixedCase c = residual ? sweep_case(RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_BF16, true, d, padded, i++)
                                : sweep_case(RMSNORM_DTYPE_F32, RMSNORM_DTYPE_BF16, false, d, padded, i++);
-        c.rows = !residual && !padded && d > 8192 ? plan::kF32WideMinRowsPerSm * sms : 600;  // kHeldWide's rows
+        c.rows = !residual && !padded && d > 8192 ? plan::kF32WideMinRowsPerSm * sms : 600;  // kReadBackWide's rows
         check_mixed(c, rng);
         if (HasFatalFailure() || HasFailure()) return;
       }
-  // kHeldWide with an f16 y at 3 and 4 passes, the weight in fp32 and in f16 (the instance with the most spilled
+  // kReadBackWide with an f16 y at 3 and 4 passes, the weight in fp32 and in f16 (the instance with the most spilled
   // registers: 4 bytes at 3 passes, 20 at 4).
   for (int64_t d : {8196, 12000, 16384})
     for (bool weight_y : {false, true}) {
@@ -346,7 +346,7 @@ TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
 // D = 1000, 2048 and 4096 (plan::f32_shares_cta); kCluster (D = 5000 .. 16384, whole vectors: `few`, and the
 // residual stream's `many` at 3 or 4 chunks per thread, D = 12000 and 16384) against kReadBack (the residual
 // stream's `many` at D = 5000 and 8192, and the weight misaligned), and for fp32 x with a bf16 y against
-// kReadBackVec (`many` at D = 5000 and 8192), kHeldWide (`many` at 12000 and 16384) and, with the weight
+// kReadBackVec (`many` at D = 5000 and 8192), kReadBackWide (`many` at 12000 and 16384) and, with the weight
 // misaligned, kReadBack or past D = 8192 the 1024-thread looped kernel;
 // and its gx and gw the same from the backward with and without its element paths (the same weight aligned or not:
 // past D = 4096 the cluster backward against the shares kernel's passes, one row per partial in both).
@@ -354,7 +354,7 @@ TEST_F(CudaMixed, Fp32FormsHeldAndGenericKernelsAgree) {
   std::mt19937_64 rng(107);
   int sms = 0;
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int64_t many = plan::kF32WideMinRowsPerSm * sms + 1, few = 5;  // kHeldWide's rows
+  const int64_t many = plan::kF32WideMinRowsPerSm * sms + 1, few = 5;  // kReadBackWide's rows
   const rmsnorm_backend_t b = rmsnorm_backend_cuda(-1, nullptr);
   for (int form : {0, 1, 2})  // fp32 x with a bf16 y and an fp32 weight, the same with a bf16 weight, the stream
     for (int64_t d : {1000, 2048, 4096, 5000, 8192, 12000, 16384}) {
@@ -414,7 +414,7 @@ TEST_F(CudaMixed, Fp32FormsHeldAndGenericKernelsAgree) {
                                      static_cast<const char*>(all.y.data()) + all.y.index(r, k) * 2, 2))
                 << "y at row " << r << " col " << k
                 << (o == &held ? (d > 4096 ? " (kCluster, few rows)" : " (kHeld)") : " (weight misaligned: read back)")
-                << (d > 4096 ? " against the same row among many (kReadBackVec, kHeldWide, kReadBack or kCluster)"
+                << (d > 4096 ? " against the same row among many (kReadBackVec, kReadBackWide, kReadBack or kCluster)"
                              : " against kHeldLateW");
             if (residual) ASSERT_EQ(o->h.get(r, k), all.h.get(r, k)) << "h at row " << r << " col " << k;
           }
@@ -515,7 +515,7 @@ class CudaMixedSanitizer : public CudaMixed {};
 // (plan::f32_shares_forward) on 64 and 256 threads; 3 rows: kHeld, or kReadBack where a row is not whole vectors;
 // D = 6000, 10000 and 14000: kCluster (2, 3 and 4 chunks per thread) where every access is a whole vector; D = 8192,
 // 12000 and 16384 with more rows than two per SM: fp32 x with a bf16 y in kReadBackVec and, at 8 rows per SM,
-// kHeldWide (3 and 4 passes; plan::f32_y_dtype_forward), the residual stream in kReadBack and kCluster;
+// kReadBackWide (3 and 4 passes; plan::f32_y_dtype_forward), the residual stream in kReadBack and kCluster;
 // where a row is not whole vectors (padded), the backward's shares kernel at 2..4 passes with its gw partial in
 // shared memory (plan::f32_shares_gw_smem), over 3 CTAs or 2 per SM.
 TEST_F(CudaMixedSanitizer, YDtypeAndResidualF32Kernels) {
@@ -533,7 +533,7 @@ TEST_F(CudaMixedSanitizer, YDtypeAndResidualF32Kernels) {
         c.weight_y = form == 1 && d != 33;
         c.gx_x = form == 2 && d != 1000;
         c.cols = d;
-        // kHeldWide (fp32 x, bf16 y, whole vectors) from 8 rows per SM; the padded forms' backward there runs
+        // kReadBackWide (fp32 x, bf16 y, whole vectors) from 8 rows per SM; the padded forms' backward there runs
         // the shares kernel at 3 and 4 passes, its gw partial in shared memory (plan::f32_shares_gw_smem).
         const bool wide = (d == 12000 || d == 16384) && form == 1 && !padded;
         c.rows = wide                                                         ? plan::kF32WideMinRowsPerSm * sms

@@ -340,8 +340,8 @@ TEST_F(CudaRange, LoopedBand) { run_band({300000}, {1, 4}, false, 73); }
 TEST_F(CudaRange, Fp32WithBf16Y) { run_band({1000, 4096, 4100, 16384, 40000}, {1, 300}, false, 74, RMSNORM_DTYPE_BF16); }
 
 // The same at kF32WideMinRowsPerSm rows per SM, D 8196 (two passes and one chunk: the three-pass kernel), 12292
-// (three and one chunk: four passes) and 16384: aligned, the forward's rows held on one 1024-thread CTA each
-// (plan::f32_held_wide, forward_f32_wide_kernel), whose rescaled sum is of the chunks it holds; with an f16 y at 8196
+// (three and one chunk: four passes) and 16384: aligned, the forward's rows on one 1024-thread CTA each
+// (plan::f32_readback_wide, forward_f32_wide_kernel), whose rescaled sum reads the row again; with an f16 y at 8196
 // and 16384.
 TEST_F(CudaRange, Fp32WithBf16YWideRows) {
   int sms = 0;

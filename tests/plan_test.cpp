@@ -672,7 +672,7 @@ TEST(Plan, Fp32YDtypeForwardReadsTwoPassRowsBackAsVectors) {
           for (int64_t rows : {int64_t{1}, int64_t{dev.sm_count}, int64_t{dev.sm_count} + 1, wave + 1,
                                int64_t{1} << 30}) {
             const F32Forward shares = f32_shares_forward(rows, d, io, quads, dev);
-            const F32Forward want = f32_held_wide(rows, d, io, quads, dev)             ? F32Forward::kHeldWide
+            const F32Forward want = f32_readback_wide(rows, d, io, quads, dev)             ? F32Forward::kReadBackWide
                                     : shares == F32Forward::kReadBack && vec2 ? F32Forward::kReadBackVec
                                                                               : shares;
             ASSERT_EQ(f32_y_dtype_forward(rows, d, io, quads, dev), want) << d << " " << rows;
@@ -696,13 +696,13 @@ TEST(Plan, Fp32YDtypeForwardReadsTwoPassRowsBackAsVectors) {
 }
 
 // fp32 x with a 16-bit y on rows of three or four passes of whole vectors (D % 4 == 0, 8193..16384, io kVector,
-// quads) from kF32WideMinRowsPerSm rows per SM: kHeldWide, one row per CTA of kLoopedThreads threads (one
+// quads) from kF32WideMinRowsPerSm rows per SM: kReadBackWide, one row per CTA of kLoopedThreads threads (one
 // summing thread each) at kMaxThreadsPerSm per SM, holding its 3 or 4 chunks, every pass but the last whole (what
 // forward_f32_wide_kernel and its launch check); fewer rows keep f32_shares_forward's form (the cluster kernel where
 // the device runs it). Every D around that range, every path.
 TEST(Plan, Fp32YDtypeForwardWideRowsOnAFullCta) {
-  ASSERT_EQ(f32_shares_cta(4100, F32Forward::kHeldWide), kLoopedThreads);
-  ASSERT_EQ(f32_forward_ctas_per_sm(F32Forward::kHeldWide, kLoopedThreads) * kLoopedThreads, kMaxThreadsPerSm);
+  ASSERT_EQ(f32_shares_cta(4100, F32Forward::kReadBackWide), kLoopedThreads);
+  ASSERT_EQ(f32_forward_ctas_per_sm(F32Forward::kReadBackWide, kLoopedThreads) * kLoopedThreads, kMaxThreadsPerSm);
   int64_t taken = 0;
   for (const Device& dev : {hopper(), hopper_without_f32_clusters(), ampere()}) {
     const int64_t min_rows = kF32WideMinRowsPerSm * dev.sm_count;
@@ -711,9 +711,9 @@ TEST(Plan, Fp32YDtypeForwardWideRowsOnAFullCta) {
         for (bool quads : {false, true})
           for (int64_t rows : {int64_t{1}, min_rows - 1, min_rows, int64_t{1} << 30}) {
             const bool wide = io == Io::kVector && quads && d % 4 == 0 && d > 8192 && d <= 16384 && rows >= min_rows;
-            ASSERT_EQ(f32_held_wide(rows, d, io, quads, dev), wide) << d << " " << rows;
+            ASSERT_EQ(f32_readback_wide(rows, d, io, quads, dev), wide) << d << " " << rows;
             const F32Forward form = f32_y_dtype_forward(rows, d, io, quads, dev);
-            ASSERT_EQ(form == F32Forward::kHeldWide, wide) << d << " " << rows;
+            ASSERT_EQ(form == F32Forward::kReadBackWide, wide) << d << " " << rows;
             if (!wide) {  // as before: f32_shares_forward's, or kReadBackVec at two passes
               const F32Forward shares = f32_shares_forward(rows, d, io, quads, dev);
               ASSERT_EQ(form, shares == F32Forward::kReadBack && f32_readback_vec(d, io, quads) ? F32Forward::kReadBackVec

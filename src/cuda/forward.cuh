@@ -1165,7 +1165,7 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
   constexpr bool kLateW = kForm == plan::F32Forward::kHeldLateW;
   constexpr bool kVecRow = kForm == plan::F32Forward::kReadBackVec;
   static_assert(kForm != plan::F32Forward::kCluster, "kCluster: forward_f32_cluster_kernel");
-  static_assert(kForm != plan::F32Forward::kHeldWide, "kHeldWide: forward_f32_wide_kernel");
+  static_assert(kForm != plan::F32Forward::kReadBackWide, "kReadBackWide: forward_f32_wide_kernel");
   static_assert(!(kVecRow && kAdd), "plan: kReadBackVec reads x back through L1's read-only path; h is written here");
   constexpr int kSumThreads = plan::kLoopedThreads;
   constexpr int kShares = plan::kLoopedShares;
@@ -1348,24 +1348,25 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
   }
 }
 
-// ---- fp32 x with a 16-bit y on rows of three or four passes, held (plan::F32Forward::kHeldWide) ---------------------
+// ---- fp32 x with a 16-bit y on rows of three or four passes, read back (plan::F32Forward::kReadBackWide) -----------
 // One row per CTA of kLoopedThreads threads, thread t being summing thread t with chunks t + j kLoopedThreads for the
 // kPasses passes j (plan::f32_wide_passes; every pass but the last lies in the row, which D 8193..16384 and whole
-// vectors give). All kPasses loads of x are issued before the first add and the chunks held to y, so x is read once
-// and never read back; the row's address is held once and the passes are fixed offsets from it. The thread adds its
-// chunks' squares in pass order and the CTA sums the 1024 shares as forward_looped_add_f32_kernel's kReadBack does
-// (row_sum_shares), so rstd and y are its bits. w' is loaded after the reduction, every pass's chunk before the first
-// y store (16-bit weight; an fp32 weight's two at a time, as in the cluster kernel).
+// vectors give). All kPasses loads of x are issued before the first add, kept in L1 (evict_last), and read back for y
+// kRbGroup passes at a time with their w' (three at once at three passes, two and two at four); the row's address
+// is held once and the passes are fixed offsets from it. The thread adds its chunks' squares in pass order and the
+// CTA sums the 1024 shares as forward_looped_add_f32_kernel's kReadBack does (row_sum_shares), so rstd and y are its
+// bits. Holding the chunks to y instead (no read-back) lost at four passes on an H100 (4096 x 16384 1.047x main's
+// read-back kernel, this one 0.989x; docs/fusions.md, "Rows of three and four passes").
 template <typename T, typename W, int kPasses>
 __global__ void __launch_bounds__(plan::kLoopedThreads,
-                                  plan::f32_forward_ctas_per_sm(plan::F32Forward::kHeldWide, plan::kLoopedThreads))
+                                  plan::f32_forward_ctas_per_sm(plan::F32Forward::kReadBackWide, plan::kLoopedThreads))
     forward_f32_wide_kernel(const AddF32ForwardParams<T> p) {
   constexpr int kCta = plan::kLoopedThreads;
   constexpr int kN = Chunk<float>::kN;
   constexpr int kStep = kCta * kN;  // floats (and y elements) between a thread's passes
-  constexpr int kWGroup = sizeof(W) == 2 ? kPasses : 2;
+  constexpr int kRbGroup = kPasses == 3 ? 3 : 2;
   static_assert(kPasses == 3 || kPasses == 4, "plan: f32_wide_passes");
-  static_assert(kCta == plan::f32_shares_cta(0, plan::F32Forward::kHeldWide), "plan: kHeldWide's CTA");
+  static_assert(kCta == plan::f32_shares_cta(0, plan::F32Forward::kReadBackWide), "plan: kReadBackWide's CTA");
   static_assert(kN == 4 && sizeof(T) == 2, "fp32 x chunks of 4 columns, a 16-bit y");
   struct Shares {  // the thread's share of the rescaled sum
     float v[1];
@@ -1378,14 +1379,16 @@ __global__ void __launch_bounds__(plan::kLoopedThreads,
   auto in_row = [&](int j) { return j < kPasses - 1 || last_in; };
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
     const float* xr = held_address(p.x + row * p.x_stride + t * kN);
-    Chunk<float> h[kPasses];
-#pragma unroll
-    for (int j = 0; j < kPasses; ++j)
-      h[j] = in_row(j) ? as_chunk<float>(load16_hint<L1Hint::kL1Drop>(xr + j * kStep)) : zero_chunk<float>();
     float ss[1] = {0.0f};
+    {
+      Chunk<float> h[kPasses];
 #pragma unroll
-    for (int j = 0; j < kPasses; ++j)
-      if (in_row(j)) ss[0] = add_squares(ss[0], h[j]);
+      for (int j = 0; j < kPasses; ++j)
+        h[j] = in_row(j) ? as_chunk<float>(load16_hint<L1Hint::kL1Keep>(xr + j * kStep)) : zero_chunk<float>();
+#pragma unroll
+      for (int j = 0; j < kPasses; ++j)
+        if (in_row(j)) ss[0] = add_squares(ss[0], h[j]);
+    }
     const float r = row_rstd(
         row_sum_shares<kCta, kCta, 1>(ss, scratch, parity), p.cols, p.eps,
         [&](const Shares& v) { return cta_sum_rare_shares<kCta, kCta, 1>(v.v, scratch); },
@@ -1393,24 +1396,28 @@ __global__ void __launch_bounds__(plan::kLoopedThreads,
           Shares v{{0.0f}};
 #pragma unroll
           for (int j = 0; j < kPasses; ++j)
-            if (in_row(j)) v.v[0] = add_scaled_squares(v.v[0], h[j], s);
+            if (in_row(j))
+              v.v[0] = add_scaled_squares(v.v[0], as_chunk<float>(load16_hint<L1Hint::kL1Keep>(xr + j * kStep)), s);
           return v;
         });
     if (p.rstd != nullptr && t == 0) p.rstd[row] = r;
     T* yr = held_address(reinterpret_cast<T*>(p.y) + row * p.y_stride + t * kN);
 #pragma unroll
-    for (int j0 = 0; j0 < kPasses; j0 += kWGroup) {
-      Chunk<W> wraw[kWGroup];
+    for (int j0 = 0; j0 < kPasses; j0 += kRbGroup) {
+      Chunk<W> wraw[kRbGroup];
+      Chunk<float> hb[kRbGroup];
 #pragma unroll
-      for (int j = 0; j < kWGroup; ++j)
-        wraw[j] = j0 + j < kPasses && in_row(j0 + j) ? weights_vec_raw<W>(p.w, t + (j0 + j) * kCta, p.cols)
-                                                     : zero_chunk<W>();
+      for (int j = 0; j < kRbGroup; ++j) {
+        const bool in = j0 + j < kPasses && in_row(j0 + j);
+        hb[j] = in ? as_chunk<float>(load16_hint<L1Hint::kL1Drop>(xr + (j0 + j) * kStep)) : zero_chunk<float>();
+        wraw[j] = in ? weights_vec_raw<W>(p.w, t + (j0 + j) * kCta, p.cols) : zero_chunk<W>();
+      }
 #pragma unroll
-      for (int j = 0; j < kWGroup; ++j) {
+      for (int j = 0; j < kRbGroup; ++j) {
         if (j0 + j >= kPasses || !in_row(j0 + j)) continue;
         float w[kN];
         held_weights(wraw[j], p.w != nullptr, p.w_offset, w);
-        store_quad_whole(yr + (j0 + j) * kStep, 0, y_quad(h[j0 + j], r, w, p.round_xhat));
+        store_quad_whole(yr + (j0 + j) * kStep, 0, y_quad(hb[j], r, w, p.round_xhat));
       }
     }
   }
@@ -1603,9 +1610,9 @@ rmsnorm_status_t launch_f32_shares(const plan::Launch& l, plan::F32Forward form,
       else
         return launch_planned(forward_looped_add_f32_kernel<T, W, false, plan::F32Forward::kReadBackVec>,
                               plan::kLoopedShareThreads, l, pdl, stream, p);
-    case plan::F32Forward::kHeldWide:
+    case plan::F32Forward::kReadBackWide:
       if constexpr (kAdd)
-        return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "kHeldWide with the add (f32_y_dtype_forward only)");
+        return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "kReadBackWide with the add (f32_y_dtype_forward only)");
       else if (l.row.cta_threads != plan::kLoopedThreads || l.row.chunks_per_thread != plan::f32_wide_passes(l.row.chunks) ||
                l.row.chunks <= int64_t{l.row.chunks_per_thread - 1} * plan::kLoopedThreads ||
                l.row.chunks > int64_t{l.row.chunks_per_thread} * plan::kLoopedThreads)
