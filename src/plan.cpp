@@ -184,7 +184,7 @@ Launch looped_f32_shares_launch(int64_t rows, int64_t cols, Io io, F32Forward fo
   Launch l = looped_forward_launch(rows, cols, static_cast<int>(sizeof(float)), io, dev);
   l.sum_tpr = kLoopedThreads;
   l.row.cta_threads = f32_shares_cta(l.row.chunks, form);
-  if (form == F32Forward::kReadBackWide) l.row.chunks_per_thread = f32_wide_group(l.row.chunks);
+  if (form == F32Forward::kReadBackWide) l.row.chunks_per_thread = f32_wide_passes(l.row.chunks);
   if (form == F32Forward::kCluster) {
     l.row.cluster = kLoopedShares;
     l.row.chunks_per_thread = f32_cluster_passes(l.row.chunks);

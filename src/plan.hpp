@@ -201,9 +201,10 @@ inline constexpr int kLoopedShares = kLoopedThreads / kLoopedShareThreads;  // s
 // - kReadBackVec: kReadBack's row of fp32 x with a 16-bit y (no add) where every access is a whole vector and the
 //   row is two passes (f32_readback_vec: D 4097..8192): no element paths; x's first read kept in L1 (evict_last), its
 //   read-back the last use (evict_first), each chunk's w' loaded with its read-back, before the first y store.
-// - kReadBackWide: kReadBackVec's form on rows of three or four passes (f32_readback_wide: D 8193..16384) from
-//   kF32WideMinRowsPerSm rows per SM, one row per CTA of kLoopedThreads threads (one summing thread each, two CTAs
-//   per SM), f32_wide_group(chunks) passes loaded before the first of them is added (chunks_per_thread).
+// - kReadBackWide: fp32 x with a 16-bit y (no add) on rows of three or four passes of whole vectors (f32_readback_wide:
+//   D 8193..16384) from kF32WideMinRowsPerSm rows per SM, one row per CTA of kLoopedThreads threads (one summing
+//   thread each, two CTAs per SM) with f32_wide_passes(chunks) chunks (chunks_per_thread), all loaded before the
+//   first add and kept in L1, read back for y three or two passes at a time (forward_f32_wide_kernel).
 enum class F32Forward { kReadBack, kHeld, kHeldLateW, kCluster, kReadBackVec, kReadBackWide };
 // kReadBack and kHeldLateW on a one-pass row of at most kLoopedShares * 128 chunks (D <= 2048) run on a CTA of 128
 // threads (64 at D <= 1024) holding the row's first 4 * 128 (4 * 64) summing threads, the only ones with a chunk, at
@@ -716,17 +717,18 @@ inline bool f32_readback_vec(int64_t cols, Io io, bool quads) {
   return f32_whole_vectors(cols, io, quads) && cols / 4 > kLoopedThreads && cols / 4 <= 2 * int64_t{kLoopedThreads};
 }
 // F32Forward::kReadBackWide's rows: three or four passes of whole vectors (f32_whole_vectors, D 8193..16384) from
-// kF32WideMinRowsPerSm rows per SM; fewer rows keep the cluster kernel, whose row spans four SMs. Passes per group
-// (f32_wide_group): the row's three at once, or four as two groups of two (four at once spilled at 32 registers;
-// three at once spill 20 bytes with an fp32 weight, measured below). Where the device runs no fp32 clusters (Ampere,
-// f32_clusters false) it takes these rows from the 1024-thread looped kernel instead: not measured there. H100, fp32
-// x with a bf16 (fp32) weight and bf16 y, against the cluster kernel (C ABI, 256 MiB written before each call, median
-// of 20, two rounds, same bits): 8192 x 10240 0.847 (0.900), 8192 x 12288 0.881 (0.901), 4096 x 12288
-// 0.912 (0.919), 1056 x 12000 0.936 (0.977), 4096 x 14336 0.973 (0.971), 4096 x 16384 0.960 (0.974), 2048 x 16384
-// 0.980 (0.990); below 8 rows per SM it lost: 1024 x 16384 1.015 (1.015), 528 x 16384 1.020 (1.008), 265 x 16384
-// 1.082 (1.061): a last round of rows on few SMs, each row on one CTA, where the cluster kernel spreads it over four.
+// kF32WideMinRowsPerSm rows per SM; fewer rows keep the cluster kernel, whose row spans four SMs. A thread loads its
+// f32_wide_passes chunks at once (16 of its 32 registers at four) for the sum, then reads them back in groups. Where
+// the device runs no fp32 clusters (Ampere, f32_clusters false) it takes these rows from the 1024-thread looped
+// kernel instead: not measured there. The threshold comes from the first read-back form (H100, fp32 x with a bf16
+// (fp32) weight and bf16 y, against the cluster kernel, C ABI, 256 MiB written before each call, median of 20, two
+// rounds, same bits):
+// 8192 x 10240 0.847 (0.900), 8192 x 12288 0.881 (0.901), 4096 x 12288 0.912 (0.919), 1056 x 12000 0.936 (0.977),
+// 4096 x 14336 0.973 (0.971), 4096 x 16384 0.960 (0.974), 2048 x 16384 0.980 (0.990); below 8 rows per SM it lost:
+// 1024 x 16384 1.015 (1.015), 528 x 16384 1.020 (1.008), 265 x 16384 1.082 (1.061): a last round of rows on few
+// SMs, each row on one CTA, where the cluster kernel spreads it over four.
 inline constexpr int64_t kF32WideMinRowsPerSm = 8;
-RMSNORM_HD constexpr int f32_wide_group(int64_t chunks) { return chunks <= 3 * int64_t{kLoopedThreads} ? 3 : 2; }
+RMSNORM_HD constexpr int f32_wide_passes(int64_t chunks) { return chunks <= 3 * int64_t{kLoopedThreads} ? 3 : 4; }
 inline bool f32_readback_wide(int64_t rows, int64_t cols, Io io, bool quads, const Device& dev) {
   return f32_whole_vectors(cols, io, quads) && cols / 4 > 2 * int64_t{kLoopedThreads} &&
          cols / 4 <= 4 * int64_t{kLoopedThreads} && rows >= kF32WideMinRowsPerSm * dev.sm_count;

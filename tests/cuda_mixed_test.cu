@@ -308,9 +308,10 @@ TEST_F(CudaMixed, ResidualF32InPlace) {
 // with a 16-bit y, the fp32 residual stream): each CTA walks several rows, keeping its gw partial across them (in
 // registers at D <= 4096, above in shared memory at 2..4 passes), with the row parity of its scratch alternating;
 // D = 6001, a partial last chunk there. D = 6000, 12000 and 16384 with whole vectors (padded or not): fp32 x with a
-// bf16 y at D = 6000 in kReadBackVec, at 8196, 12000, 12292 and 16384 in kReadBackWide (8196 and 12292: a last pass
-// of one chunk, in groups of 3 and 2); the backward's clusters (backward_f32_cluster_kernel, 2 and 4 chunks per
-// thread) walk several rows each, their gw sums in registers and their exchange slots reused.
+// bf16 y at D = 6000 in kReadBackVec, at 8196, 12000, 12292 and 16384 in kReadBackWide (8196 and 12292: a last pass of
+// one chunk, at 3 and 4 passes), and with an f16 y at 8196, 12000 and 16384; the backward's clusters
+// (backward_f32_cluster_kernel, 2 and 4 chunks per thread) walk several rows each, their gw sums in registers and
+// their exchange slots reused.
 TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
   std::mt19937_64 rng(106);
   int sms = 0;
@@ -325,6 +326,17 @@ TEST_F(CudaMixed, Fp32FormsManyRowsPerCta) {
         check_mixed(c, rng);
         if (HasFatalFailure() || HasFailure()) return;
       }
+  // kReadBackWide with an f16 y at 3 and 4 passes, the weight in fp32 and in f16 (the instance with the most spilled
+  // registers: 4 bytes at 3 passes, 20 at 4).
+  for (int64_t d : {8196, 12000, 16384})
+    for (bool weight_y : {false, true}) {
+      MixedCase c = sweep_case(RMSNORM_DTYPE_F32, RMSNORM_DTYPE_F16, false, d, false, i++);
+      c.weight = true;
+      c.weight_y = weight_y;
+      c.rows = plan::kF32WideMinRowsPerSm * sms;
+      check_mixed(c, rng);
+      if (HasFatalFailure() || HasFailure()) return;
+    }
 }
 
 // Batch invariance across the plan's kernels for fp32 x (fp32 x with a bf16 y, and the fp32 residual stream): a row's
@@ -503,7 +515,7 @@ class CudaMixedSanitizer : public CudaMixed {};
 // (plan::f32_shares_forward) on 64 and 256 threads; 3 rows: kHeld, or kReadBack where a row is not whole vectors;
 // D = 6000, 10000 and 14000: kCluster (2, 3 and 4 chunks per thread) where every access is a whole vector; D = 8192,
 // 12000 and 16384 with more rows than two per SM: fp32 x with a bf16 y in kReadBackVec and, at 8 rows per SM,
-// kReadBackWide (groups of 3 and 2 passes; plan::f32_y_dtype_forward), the residual stream in kReadBack and kCluster;
+// kReadBackWide (3 and 4 passes; plan::f32_y_dtype_forward), the residual stream in kReadBack and kCluster;
 // where a row is not whole vectors (padded), the backward's shares kernel at 2..4 passes with its gw partial in
 // shared memory (plan::f32_shares_gw_smem), over 3 CTAs or 2 per SM.
 TEST_F(CudaMixedSanitizer, YDtypeAndResidualF32Kernels) {

@@ -31,6 +31,7 @@
 #include "rmsnorm_reference.hpp"
 #include "test_util.hpp"
 #include "cuda_poison.cuh"
+#include "plan.hpp"
 
 namespace rmsnorm::test {
 namespace {
@@ -337,6 +338,18 @@ TEST_F(CudaRange, LoopedBand) { run_band({300000}, {1, 4}, false, 73); }
 // row, the backward's clusters at both row counts), the rescaled paths as further cluster exchanges. 300 rows: more
 // than one row per CTA (or cluster) on the backward's grid.
 TEST_F(CudaRange, Fp32WithBf16Y) { run_band({1000, 4096, 4100, 16384, 40000}, {1, 300}, false, 74, RMSNORM_DTYPE_BF16); }
+
+// The same at kF32WideMinRowsPerSm rows per SM, D 8196 (two passes and one chunk: the three-pass kernel), 12292
+// (three and one chunk: four passes) and 16384: aligned, the forward's rows on one 1024-thread CTA each
+// (plan::f32_readback_wide, forward_f32_wide_kernel), whose rescaled sum reads the row again; with an f16 y at 8196
+// and 16384.
+TEST_F(CudaRange, Fp32WithBf16YWideRows) {
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  run_band({8196, 12292, 16384}, {plan::kF32WideMinRowsPerSm * sms}, false, 75, RMSNORM_DTYPE_BF16);
+  if (HasFailure()) return;
+  run_band({8196, 16384}, {plan::kF32WideMinRowsPerSm * sms}, false, 76, RMSNORM_DTYPE_F16);
+}
 
 }  // namespace
 }  // namespace rmsnorm::test

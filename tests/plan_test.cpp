@@ -672,7 +672,7 @@ TEST(Plan, Fp32YDtypeForwardReadsTwoPassRowsBackAsVectors) {
           for (int64_t rows : {int64_t{1}, int64_t{dev.sm_count}, int64_t{dev.sm_count} + 1, wave + 1,
                                int64_t{1} << 30}) {
             const F32Forward shares = f32_shares_forward(rows, d, io, quads, dev);
-            const F32Forward want = f32_readback_wide(rows, d, io, quads, dev)         ? F32Forward::kReadBackWide
+            const F32Forward want = f32_readback_wide(rows, d, io, quads, dev)             ? F32Forward::kReadBackWide
                                     : shares == F32Forward::kReadBack && vec2 ? F32Forward::kReadBackVec
                                                                               : shares;
             ASSERT_EQ(f32_y_dtype_forward(rows, d, io, quads, dev), want) << d << " " << rows;
@@ -697,8 +697,9 @@ TEST(Plan, Fp32YDtypeForwardReadsTwoPassRowsBackAsVectors) {
 
 // fp32 x with a 16-bit y on rows of three or four passes of whole vectors (D % 4 == 0, 8193..16384, io kVector,
 // quads) from kF32WideMinRowsPerSm rows per SM: kReadBackWide, one row per CTA of kLoopedThreads threads (one
-// summing thread each) at kMaxThreadsPerSm per SM, the three passes in one group or the four in two; fewer rows keep
-// f32_shares_forward's form (the cluster kernel where the device runs it). Every D around that range, every path.
+// summing thread each) at kMaxThreadsPerSm per SM, holding its 3 or 4 chunks, every pass but the last whole (what
+// forward_f32_wide_kernel and its launch check); fewer rows keep f32_shares_forward's form (the cluster kernel where
+// the device runs it). Every D around that range, every path.
 TEST(Plan, Fp32YDtypeForwardWideRowsOnAFullCta) {
   ASSERT_EQ(f32_shares_cta(4100, F32Forward::kReadBackWide), kLoopedThreads);
   ASSERT_EQ(f32_forward_ctas_per_sm(F32Forward::kReadBackWide, kLoopedThreads) * kLoopedThreads, kMaxThreadsPerSm);
@@ -726,8 +727,10 @@ TEST(Plan, Fp32YDtypeForwardWideRowsOnAFullCta) {
             ASSERT_EQ(l.row.cluster, 1) << d;
             ASSERT_EQ(l.sum_tpr, kLoopedThreads) << d;
             ASSERT_EQ(l.row.chunks, d / 4) << d;
-            ASSERT_EQ(l.row.chunks_per_thread, d <= 3 * 4096 ? 3 : 2) << d;
-            ASSERT_EQ(f32_wide_group(l.row.chunks), l.row.chunks_per_thread) << d;
+            ASSERT_EQ(l.row.chunks_per_thread, d <= 3 * 4096 ? 3 : 4) << d;
+            ASSERT_EQ(f32_wide_passes(l.row.chunks), l.row.chunks_per_thread) << d;
+            ASSERT_GT(l.row.chunks, int64_t{l.row.chunks_per_thread - 1} * kLoopedThreads) << d;
+            ASSERT_LE(l.row.chunks, int64_t{l.row.chunks_per_thread} * kLoopedThreads) << d;
             ASSERT_EQ(l.grid, looped_f32_shares_launch(rows, d, io, F32Forward::kReadBack, dev).grid) << d;  // a row per CTA
           }
   }

@@ -257,7 +257,9 @@ __device__ __forceinline__ void store_quad_whole(T* __restrict__ row, int first,
   Chunk<T> q;
   q.set2(0, v.get(0), v.get(1));
   q.set2(2, v.get(2), v.get(3));
-  *reinterpret_cast<uint2*>(row + first) = make_uint2(q.w[0], q.w[1]);
+  // PTX, as store16: from the uint2 store in C++ nvcc emitted two 4-byte stores (twice the store instructions and
+  // L2 write requests for the same bytes).
+  asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(row + first), "r"(q.w[0]), "r"(q.w[1]) : "memory");
 }
 
 // Columns [first, first + 4) of a 16-bit row (not past cols) from an fp32 chunk, each rounded to T: one 8-byte

@@ -1154,32 +1154,27 @@ __device__ __forceinline__ void held_h_chunks(const AddF32ForwardParams<T>& p, i
 // x (or h) in registers from its load to y, so no read-back and no element path; kHeld loads w' with x, kHeldLateW
 // after the reduction. The same arithmetic in the same order in every form.
 // kReadBackVec (plan::f32_readback_vec; kAdd false): kReadBack where every access is a whole vector, with L1
-// priorities on x's two reads and each chunk's w' loaded with its read-back. kReadBackWide (plan::f32_readback_wide):
-// the same on a CTA of kLoopedThreads (one share per thread), kGroup passes' chunks loaded before the first of them
-// is added, and read back kGroup at a time; each thread still adds its chunks in pass order, so the same bits.
+// priorities on x's two reads and each chunk's w' loaded with its read-back.
 // kCta < kLoopedShareThreads (plan::f32_shares_cta): a one-pass row of at most kShares kCta chunks, whose CTA holds
 // only the summing threads with a chunk.
 template <typename T, typename W, bool kAdd = true, plan::F32Forward kForm = plan::F32Forward::kReadBack,
-          int kCta = plan::kLoopedShareThreads, int kGroup = 1>
+          int kCta = plan::kLoopedShareThreads>
 __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCta))
     forward_looped_add_f32_kernel(const AddF32ForwardParams<T> p) {
   constexpr bool kHeld = kForm == plan::F32Forward::kHeld || kForm == plan::F32Forward::kHeldLateW;
   constexpr bool kLateW = kForm == plan::F32Forward::kHeldLateW;
-  constexpr bool kWide = kForm == plan::F32Forward::kReadBackWide;
-  constexpr bool kVecRow = kForm == plan::F32Forward::kReadBackVec || kWide;
+  constexpr bool kVecRow = kForm == plan::F32Forward::kReadBackVec;
   static_assert(kForm != plan::F32Forward::kCluster, "kCluster: forward_f32_cluster_kernel");
+  static_assert(kForm != plan::F32Forward::kReadBackWide, "kReadBackWide: forward_f32_wide_kernel");
   static_assert(!(kVecRow && kAdd), "plan: kReadBackVec reads x back through L1's read-only path; h is written here");
   constexpr int kSumThreads = plan::kLoopedThreads;
-  constexpr int kShares = kWide ? kSumThreads / kCta : plan::kLoopedShares;
+  constexpr int kShares = plan::kLoopedShares;
   constexpr int kN = Chunk<float>::kN;
-  static_assert(plan::kLoopedShares * plan::kLoopedShareThreads == kSumThreads,
+  static_assert(kShares * plan::kLoopedShareThreads == kSumThreads,
                 "plan: the looped row's summing threads in whole shares");
-  static_assert(kWide == (kCta == plan::f32_shares_cta(0, plan::F32Forward::kReadBackWide) && kShares == 1),
-                "plan: kReadBackWide's CTA holds the row's summing threads, one each");
-  static_assert(kGroup == 1 || (kWide && (kGroup == 2 || kGroup == 3)), "plan: passes grouped in kReadBackWide only");
   constexpr bool kSmallCtaOk = kForm != plan::F32Forward::kHeld && kCta >= plan::kLoopedShareMinThreads &&
                                kCta * kShares < kSumThreads;
-  static_assert(kWide || kCta == plan::kLoopedShareThreads || kSmallCtaOk,
+  static_assert(kCta == plan::kLoopedShareThreads || kSmallCtaOk,
                 "plan: a smaller CTA runs kReadBack's and kHeldLateW's one-pass rows");
   static_assert(kN == 4 && sizeof(T) == 2, "fp32 h chunks of 4 columns, 16-bit x and y");
   struct Shares {  // a thread's shares of the rescaled sum
@@ -1190,7 +1185,7 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
   const int t = static_cast<int>(threadIdx.x);
   int parity = 0;
   // The row's rstd from the shares' sums of squares ss; scaled(s) gives the shares of the rescaled sum (rare path).
-  auto shares_rstd = [&](const auto& ss, auto&& scaled) {  // ss: float[kShares] (a dependent array type here crashed cudafe++)
+  auto shares_rstd = [&](const float (&ss)[kShares], auto&& scaled) {
     return row_rstd(
         row_sum_shares<kSumThreads, kCta, kShares>(ss, scratch, parity), p.cols, p.eps,
         [&](const Shares& v) { return cta_sum_rare_shares<kSumThreads, kCta, kShares>(v.v, scratch); }, scaled);
@@ -1270,43 +1265,40 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
       // shares' chunks: their w' is prefetched into L1 with x and the residual, so that y does not wait on DRAM for it
       // after the reduction (h or w' held in registers for y spilled at 64 registers).
       const bool one_pass = p.chunks <= kSumThreads;
-      // Share k: summing thread t + k kCta, whose chunks are c0 + t + k kCta for c0 = 0, 1024, ..; kGroup passes at a
-      // time, entry i of a group being pass i / kShares's chunk of share i % kShares.
-      constexpr int kB = kShares * kGroup;
-      auto group_chunk = [&](int c0, int i) { return c0 + (i / kShares) * kSumThreads + t + (i % kShares) * kCta; };
-      for (int c0 = 0; c0 < p.chunks; c0 += kSumThreads * kGroup) {
-        Chunk<T> xq[kB];
-        Chunk<float> res[kB];
+      // Share k: summing thread t + k kCta, whose chunks are c0 + t + k kCta for c0 = 0, 1024, ..
+      for (int c0 = 0; c0 < p.chunks; c0 += kSumThreads) {
+        Chunk<T> xq[kShares];
+        Chunk<float> res[kShares];
 #pragma unroll
-        for (int i = 0; i < kB; ++i) {
-          const int c = group_chunk(c0, i);
-          xq[i] = zero_chunk<T>();
-          res[i] = zero_chunk<float>();
+        for (int k = 0; k < kShares; ++k) {
+          const int c = c0 + t + k * kCta;
+          xq[k] = zero_chunk<T>();
+          res[k] = zero_chunk<float>();
           if (c < p.chunks) {
-            if constexpr (kAdd) xq[i] = load_quad(xr, c * kN, p.cols, p.x16_vector);
+            if constexpr (kAdd) xq[k] = load_quad(xr, c * kN, p.cols, p.x16_vector);
             // x (kAdd false) is read again for y: kept in L1 before the weight's lines and the read-back's.
             if constexpr (kAdd)
-              res[i] = load_chunk(rr, c, p.cols, p.vector_io);
+              res[k] = load_chunk(rr, c, p.cols, p.vector_io);
             else if constexpr (kVecRow)
-              res[i] = as_chunk<float>(load16_hint<L1Hint::kL1Keep>(rr + c * kN));
+              res[k] = as_chunk<float>(load16_hint<L1Hint::kL1Keep>(rr + c * kN));
             else
-              res[i] = load_chunk_hint<L1Hint::kL1Keep>(rr, c, p.cols, p.vector_io);
+              res[k] = load_chunk_hint<L1Hint::kL1Keep>(rr, c, p.cols, p.vector_io);
             if (one_pass && p.w != nullptr) prefetch_l1(reinterpret_cast<const W*>(p.w) + c * kN);
           }
         }
 #pragma unroll
-        for (int i = 0; i < kB; ++i) {
-          const int c = group_chunk(c0, i);
+        for (int k = 0; k < kShares; ++k) {
+          const int c = c0 + t + k * kCta;
           if (c < p.chunks) {
-            Chunk<float> h = res[i];
+            Chunk<float> h = res[k];
             if constexpr (kAdd) {
               // add_kernel's h = float(x) + residual; past cols both read as 0, so h is +0 there and adds nothing.
 #pragma unroll
               for (int j = 0; j < kN; j += 2)
-                h.set2(j, xq[i].get(j) + res[i].get(j), xq[i].get(j + 1) + res[i].get(j + 1));
+                h.set2(j, xq[k].get(j) + res[k].get(j), xq[k].get(j + 1) + res[k].get(j + 1));
               store_chunk(hw, c, p.cols, p.vector_io, h);
             }
-            ss[i % kShares] = add_squares(ss[i % kShares], h);
+            ss[k] = add_squares(ss[k], h);
           }
         }
       }
@@ -1330,27 +1322,102 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
       // (y's stores could alias the loads for the compiler, which then kept them in order).
       // kVecRow: each chunk's w' loaded with its read-back too, before the first y store (the stores could alias w
       // for the compiler, which then issued each chunk's w load after the previous chunk's store).
-      for (int c0 = 0; c0 < p.chunks; c0 += kSumThreads * kGroup) {
-        Chunk<float> hs[kB];
-        Chunk<W> wv[kVecRow ? kB : 1];
+      for (int c0 = 0; c0 < p.chunks; c0 += kSumThreads) {
+        Chunk<float> hs[kShares];
+        Chunk<W> wv[kVecRow ? kShares : 1];
 #pragma unroll
-        for (int i = 0; i < kB; ++i) {
-          const int c = group_chunk(c0, i);
-          hs[i] = c < p.chunks ? read_back(c) : zero_chunk<float>();
-          if constexpr (kVecRow) wv[i] = c < p.chunks ? weights_vec_raw<W>(p.w, c, p.cols) : zero_chunk<W>();
+        for (int k = 0; k < kShares; ++k) {
+          const int c = c0 + t + k * kCta;
+          hs[k] = c < p.chunks ? read_back(c) : zero_chunk<float>();
+          if constexpr (kVecRow) wv[k] = c < p.chunks ? weights_vec_raw<W>(p.w, c, p.cols) : zero_chunk<W>();
         }
 #pragma unroll
-        for (int i = 0; i < kB; ++i) {
-          const int c = group_chunk(c0, i);
+        for (int k = 0; k < kShares; ++k) {
+          const int c = c0 + t + k * kCta;
           if (c >= p.chunks) continue;
           if constexpr (kVecRow) {
             float w[kN];
-            held_weights(wv[i], p.w != nullptr, p.w_offset, w);
-            store_quad_whole(yr, c * kN, y_quad(hs[i], r, w, p.round_xhat));
+            held_weights(wv[k], p.w != nullptr, p.w_offset, w);
+            store_quad_whole(yr, c * kN, y_quad(hs[k], r, w, p.round_xhat));
           } else {
-            emit_y(c, hs[i]);
+            emit_y(c, hs[k]);
           }
         }
+      }
+    }
+  }
+}
+
+// ---- fp32 x with a 16-bit y on rows of three or four passes, read back (plan::F32Forward::kReadBackWide) -----------
+// One row per CTA of kLoopedThreads threads, thread t being summing thread t with chunks t + j kLoopedThreads for the
+// kPasses passes j (plan::f32_wide_passes; every pass but the last lies in the row, which D 8193..16384 and whole
+// vectors give). All kPasses loads of x are issued before the first add, kept in L1 (evict_last), and read back for y
+// kRbGroup passes at a time with their w' (three at once at three passes, two and two at four); the row's address
+// is held once and the passes are fixed offsets from it. The thread adds its chunks' squares in pass order and the
+// CTA sums the 1024 shares as forward_looped_add_f32_kernel's kReadBack does (row_sum_shares), so rstd and y are its
+// bits. Holding the chunks to y instead (no read-back) lost at four passes on an H100 (4096 x 16384 1.047x main's
+// read-back kernel, this one 0.989x; docs/fusions.md, "Rows of three and four passes").
+template <typename T, typename W, int kPasses>
+__global__ void __launch_bounds__(plan::kLoopedThreads,
+                                  plan::f32_forward_ctas_per_sm(plan::F32Forward::kReadBackWide, plan::kLoopedThreads))
+    forward_f32_wide_kernel(const AddF32ForwardParams<T> p) {
+  constexpr int kCta = plan::kLoopedThreads;
+  constexpr int kN = Chunk<float>::kN;
+  constexpr int kStep = kCta * kN;  // floats (and y elements) between a thread's passes
+  constexpr int kRbGroup = kPasses == 3 ? 3 : 2;
+  static_assert(kPasses == 3 || kPasses == 4, "plan: f32_wide_passes");
+  static_assert(kCta == plan::f32_shares_cta(0, plan::F32Forward::kReadBackWide), "plan: kReadBackWide's CTA");
+  static_assert(kN == 4 && sizeof(T) == 2, "fp32 x chunks of 4 columns, a 16-bit y");
+  struct Shares {  // the thread's share of the rescaled sum
+    float v[1];
+  };
+  __shared__ RowScratch<float, kCta, 1> scratch;
+  pdl_enter();
+  const int t = static_cast<int>(threadIdx.x);
+  int parity = 0;
+  const bool last_in = t + (kPasses - 1) * kCta < p.chunks;  // the last pass's chunk
+  auto in_row = [&](int j) { return j < kPasses - 1 || last_in; };
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, parity ^= 1) {
+    const float* xr = held_address(p.x + row * p.x_stride + t * kN);
+    float ss[1] = {0.0f};
+    {
+      Chunk<float> h[kPasses];
+#pragma unroll
+      for (int j = 0; j < kPasses; ++j)
+        h[j] = in_row(j) ? as_chunk<float>(load16_hint<L1Hint::kL1Keep>(xr + j * kStep)) : zero_chunk<float>();
+#pragma unroll
+      for (int j = 0; j < kPasses; ++j)
+        if (in_row(j)) ss[0] = add_squares(ss[0], h[j]);
+    }
+    const float r = row_rstd(
+        row_sum_shares<kCta, kCta, 1>(ss, scratch, parity), p.cols, p.eps,
+        [&](const Shares& v) { return cta_sum_rare_shares<kCta, kCta, 1>(v.v, scratch); },
+        [&](float s) {
+          Shares v{{0.0f}};
+#pragma unroll
+          for (int j = 0; j < kPasses; ++j)
+            if (in_row(j))
+              v.v[0] = add_scaled_squares(v.v[0], as_chunk<float>(load16_hint<L1Hint::kL1Keep>(xr + j * kStep)), s);
+          return v;
+        });
+    if (p.rstd != nullptr && t == 0) p.rstd[row] = r;
+    T* yr = held_address(reinterpret_cast<T*>(p.y) + row * p.y_stride + t * kN);
+#pragma unroll
+    for (int j0 = 0; j0 < kPasses; j0 += kRbGroup) {
+      Chunk<W> wraw[kRbGroup];
+      Chunk<float> hb[kRbGroup];
+#pragma unroll
+      for (int j = 0; j < kRbGroup; ++j) {
+        const bool in = j0 + j < kPasses && in_row(j0 + j);
+        hb[j] = in ? as_chunk<float>(load16_hint<L1Hint::kL1Drop>(xr + (j0 + j) * kStep)) : zero_chunk<float>();
+        wraw[j] = in ? weights_vec_raw<W>(p.w, t + (j0 + j) * kCta, p.cols) : zero_chunk<W>();
+      }
+#pragma unroll
+      for (int j = 0; j < kRbGroup; ++j) {
+        if (j0 + j >= kPasses || !in_row(j0 + j)) continue;
+        float w[kN];
+        held_weights(wraw[j], p.w != nullptr, p.w_offset, w);
+        store_quad_whole(yr + (j0 + j) * kStep, 0, y_quad(hb[j], r, w, p.round_xhat));
       }
     }
   }
@@ -1543,18 +1610,17 @@ rmsnorm_status_t launch_f32_shares(const plan::Launch& l, plan::F32Forward form,
       else
         return launch_planned(forward_looped_add_f32_kernel<T, W, false, plan::F32Forward::kReadBackVec>,
                               plan::kLoopedShareThreads, l, pdl, stream, p);
-    case plan::F32Forward::kReadBackWide: {
-      constexpr plan::F32Forward kW = plan::F32Forward::kReadBackWide;
-      constexpr int kCta = plan::f32_shares_cta(0, kW);
+    case plan::F32Forward::kReadBackWide:
       if constexpr (kAdd)
         return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "kReadBackWide with the add (f32_y_dtype_forward only)");
-      else if (l.row.cta_threads != kCta || l.row.chunks_per_thread != plan::f32_wide_group(l.row.chunks))
-        return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "forward_looped_add_f32_kernel: kReadBackWide's CTA or group");
+      else if (l.row.cta_threads != plan::kLoopedThreads || l.row.chunks_per_thread != plan::f32_wide_passes(l.row.chunks) ||
+               l.row.chunks <= int64_t{l.row.chunks_per_thread - 1} * plan::kLoopedThreads ||
+               l.row.chunks > int64_t{l.row.chunks_per_thread} * plan::kLoopedThreads)
+        return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "forward_f32_wide_kernel: the row is not its passes");
       else if (l.row.chunks_per_thread == 3)
-        return launch_planned(forward_looped_add_f32_kernel<T, W, false, kW, kCta, 3>, kCta, l, pdl, stream, p);
+        return launch_planned(forward_f32_wide_kernel<T, W, 3>, plan::kLoopedThreads, l, pdl, stream, p);
       else
-        return launch_planned(forward_looped_add_f32_kernel<T, W, false, kW, kCta, 2>, kCta, l, pdl, stream, p);
-    }
+        return launch_planned(forward_f32_wide_kernel<T, W, 4>, plan::kLoopedThreads, l, pdl, stream, p);
     default:
       return launch_f32_shares_on<T, W, kAdd, plan::F32Forward::kReadBack>(l, pdl, stream, p);
   }
