@@ -1355,8 +1355,9 @@ __global__ void __launch_bounds__(kCta, plan::f32_forward_ctas_per_sm(kForm, kCt
 // kRbGroup passes at a time with their w' (three at once at three passes, two and two at four); the row's address
 // is held once and the passes are fixed offsets from it. The thread adds its chunks' squares in pass order and the
 // CTA sums the 1024 shares as forward_looped_add_f32_kernel's kReadBack does (row_sum_shares), so rstd and y are its
-// bits. Holding the chunks to y instead (no read-back) lost at four passes on an H100 (4096 x 16384 1.047x main's
-// read-back kernel, this one 0.989x; docs/fusions.md, "Rows of three and four passes").
+// bits. Holding the chunks to y instead (no read-back) lost at four passes on an H100 (4096 x 16384 1.047x the time
+// of the earlier read-back form with loops around its groups, this one 0.989x; docs/fusions.md, "Rows of three and
+// four passes").
 template <typename T, typename W, int kPasses>
 __global__ void __launch_bounds__(plan::kLoopedThreads,
                                   plan::f32_forward_ctas_per_sm(plan::F32Forward::kReadBackWide, plan::kLoopedThreads))
