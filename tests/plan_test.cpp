@@ -672,7 +672,7 @@ TEST(Plan, Fp32YDtypeForwardReadsTwoPassRowsBackAsVectors) {
           for (int64_t rows : {int64_t{1}, int64_t{dev.sm_count}, int64_t{dev.sm_count} + 1, wave + 1,
                                int64_t{1} << 30}) {
             const F32Forward shares = f32_shares_forward(rows, d, io, quads, dev);
-            const F32Forward want = f32_readback_wide(rows, d, io, quads, dev)             ? F32Forward::kReadBackWide
+            const F32Forward want = f32_readback_wide(rows, d, io, quads, dev)         ? F32Forward::kReadBackWide
                                     : shares == F32Forward::kReadBack && vec2 ? F32Forward::kReadBackVec
                                                                               : shares;
             ASSERT_EQ(f32_y_dtype_forward(rows, d, io, quads, dev), want) << d << " " << rows;
@@ -697,7 +697,7 @@ TEST(Plan, Fp32YDtypeForwardReadsTwoPassRowsBackAsVectors) {
 
 // fp32 x with a 16-bit y on rows of three or four passes of whole vectors (D % 4 == 0, 8193..16384, io kVector,
 // quads) from kF32WideMinRowsPerSm rows per SM: kReadBackWide, one row per CTA of kLoopedThreads threads (one
-// summing thread each) at kMaxThreadsPerSm per SM, holding its 3 or 4 chunks, every pass but the last whole (what
+// summing thread each) at kMaxThreadsPerSm per SM, loading its 3 or 4 chunks, every pass but the last whole (what
 // forward_f32_wide_kernel and its launch check); fewer rows keep f32_shares_forward's form (the cluster kernel where
 // the device runs it). Every D around that range, every path.
 TEST(Plan, Fp32YDtypeForwardWideRowsOnAFullCta) {
