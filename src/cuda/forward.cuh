@@ -319,28 +319,46 @@ __device__ __forceinline__ void quantize_row(const QuantForwardParams<T>& p, Chu
   }
   if constexpr (kPerBlock) {
     // A block's chunks at one chunk index are 1 << block_shift consecutive lanes of one row slot (the plan puts
-    // a whole number of blocks in a row's threads: plan::quant_fused), so its max|y| is a few shuffles. Every
-    // thread takes part, valid or not: a slot past the rows holds y = 0 and writes nothing.
+    // a whole number of blocks in a row's threads: plan::quant_fused), so its max|y| is a few shuffles; the
+    // blocks of all kCpt indices are reduced together and each lane computes one of their scales
+    // (block_absmax_all), which the lanes of a block then read by shuffles. Every thread takes part, valid or
+    // not: a slot past the rows holds y = 0 and writes nothing.
     const int shift = qp.block_shift;
+    const int lanes = 1 << shift;
     uint8_t* qrow = qp.q + row * qp.q_stride;
     float* srow = qp.row_scales + row * qp.scales_row_stride;
+    float chunk_max[kCpt];
+#pragma unroll
+    for (int it = 0; it < kCpt; ++it) {
+      if constexpr (kPackedMax) {
+        PackedRange<T> block;
+        block.add(xr[it]);
+        chunk_max[it] = block.abs_max(0.0f);
+      } else {
+        chunk_max[it] = chunk_absmax(0.0f, xr[it], kPartial ? min(kN, p.cols - m.chunk(it) * kN) : kN);
+      }
+    }
+    const BlockMax<kCpt> bm = block_absmax_all(chunk_max, lanes);
+    const QuantRow own = per_row_quant(qp, qk, bm.value);
+    // One lane of those holding a block's rule writes its scale (the block's first chunk within the row).
+    const int first = m.chunk(bm.it) & ~(lanes - 1);
+    if (valid && (threadIdx.x & (lanes / kCpt - 1)) == 0 && first < p.chunks)
+      srow[(first >> shift) * qp.scales_block_stride] = own.s;
+    [[maybe_unused]] const unsigned finite = quant_divides(kQ) ? __ballot_sync(0xffffffffu, own.finite) : 0u;
 #pragma unroll
     for (int it = 0; it < kCpt; ++it) {
       const int c = m.chunk(it);
       const int n = kPartial ? min(kN, p.cols - c * kN) : kN;
-      float chunk_max;
-      if constexpr (kPackedMax) {
-        PackedRange<T> block;
-        block.add(xr[it]);
-        chunk_max = block.abs_max(0.0f);
-      } else {
-        chunk_max = chunk_absmax(0.0f, xr[it], n);
+      QuantRow br = own;
+      if constexpr (kCpt > 1) {
+        const int src = block_rule_lane<kCpt>(it, lanes);
+        br.mul = __shfl_sync(0xffffffffu, own.mul, src);
+        if constexpr (quant_divides(kQ)) {
+          br.s = __shfl_sync(0xffffffffu, own.s, src);
+          br.finite = ((finite >> src) & 1u) != 0;
+        }
       }
-      const QuantRow br = per_row_quant(qp, qk, block_absmax(chunk_max, 1 << shift));
-      if (valid && c < p.chunks) {
-        if ((c & ((1 << shift) - 1)) == 0) srow[(c >> shift) * qp.scales_block_stride] = br.s;
-        store_q_chunk<T>(qrow, c, n, true, quantize_chunk<kQ>(xr[it], br));
-      }
+      if (valid && c < p.chunks) store_q_chunk<T>(qrow, c, n, true, quantize_chunk<kQ>(xr[it], br));
     }
     return;
   }

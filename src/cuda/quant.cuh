@@ -249,4 +249,47 @@ __device__ __forceinline__ float block_absmax(float m, int lanes) {
   return m;
 }
 
+
+// The max|y| of every block a warp holds at kCpt chunk indices, reduced together. A block is `lanes` consecutive
+// lanes (a power of two, 8 to 32, the group aligned to it within the warp) at one chunk index, each lane's own
+// value of chunk index it in m[it]. Reduced one index at a time, every lane would repeat its block's shuffles and
+// then its scale (a division, a reciprocal and their range checks) kCpt times. Here the first log2(kCpt) steps
+// halve what a lane holds: a lane keeps one half of its values and sends its partner the other half, so one shuffle
+// serves two values; the remaining steps are the plain butterfly. Afterwards each lane holds one block's max, that
+// of chunk index `it` (block_rule_lane gives the lane that holds a given index), and computes one scale. max is
+// exact and ignores order, so the values are those of reducing each index alone. Every lane of the warp takes part.
+template <int kCpt>
+struct BlockMax {
+  static_assert(kCpt == 1 || kCpt == 2 || kCpt == 4, "a power of two chunk indices");
+  float value;
+  int it;  // the chunk index value belongs to
+};
+template <int kCpt>
+__device__ __forceinline__ BlockMax<kCpt> block_absmax_all(const float (&m)[kCpt], int lanes) {
+  float v[kCpt];
+#pragma unroll
+  for (int i = 0; i < kCpt; ++i) v[i] = m[i];
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  int it = 0;
+  int off = lanes >> 1;
+#pragma unroll
+  for (int n = kCpt; n > 1; n >>= 1, off >>= 1) {
+    const bool upper = (lane & off) != 0;
+#pragma unroll
+    for (int k = 0; k < n / 2; ++k) {
+      const float keep = upper ? v[k + n / 2] : v[k];
+      const float send = upper ? v[k] : v[k + n / 2];
+      v[k] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, off));
+    }
+    if (upper) it += n / 2;
+  }
+  for (; off >= 1; off >>= 1) v[0] = fmaxf(v[0], __shfl_xor_sync(0xffffffffu, v[0], off));
+  return {v[0], it};
+}
+// The lane of this lane's block group that holds chunk index it's block max after block_absmax_all.
+template <int kCpt>
+__device__ __forceinline__ int block_rule_lane(int it, int lanes) {
+  return (static_cast<int>(threadIdx.x) & 31 & ~(lanes - 1)) | (it * (lanes / kCpt));
+}
+
 }  // namespace rmsnorm::cuda
