@@ -798,16 +798,19 @@ inline bool quant_fused(const Launch& forward, bool q_aligned, int block_chunks 
          (block_chunks <= 1 || forward.row.threads_per_row % block_chunks == 0);
 }
 // The fused quantized forward of rows of kFewChunksTpr threads of 2 chunks (16-bit D 2049..4096, fp32 D
-// 1025..2048), per-row or static scales, with rows enough that the CTAs fill the GPU several times over: half the
+// 1025..2048), every kind, with rows enough that the CTAs fill the GPU several times over: half the
 // threads per row with 4 chunks each, every thread summing the squares as two of the kFewChunksTpr-thread row do
 // (its chunks it = 0, 2 as thread pos, it = 1, 3 as thread pos + tpr) and the two shares through that row's
 // butterfly and warp order (row_sum_pairs), so rstd and every q keep their bits. The quantized epilogue is
 // issue-bound and half of what a thread issues per row is per row, not per element (docs/fusions.md). Fewer rows
-// (decode) keep the 2-chunk row: its dependent chain is half as long.
+// (decode) keep the 2-chunk row: its dependent chain is half as long. Block scales: the half row's threads still
+// hold whole blocks (block_chunks <= 32 divides kFewChunksTpr / 2), and a thread's four chunk indices share one
+// scale computation (block_absmax_all).
 inline constexpr int64_t kQuantSumPairsMinRows = 1024;
 inline bool quant_sum_pairs(const Launch& l, int64_t rows, int block_chunks) {
-  return l.kernel == Kernel::kForwardRows && block_chunks <= 1 && l.row.threads_per_row == kFewChunksTpr &&
-         l.row.chunks_per_thread == kFewChunksPerThread && rows >= kQuantSumPairsMinRows;
+  return l.kernel == Kernel::kForwardRows && (block_chunks <= 1 || (kFewChunksTpr / 2) % block_chunks == 0) &&
+         l.row.threads_per_row == kFewChunksTpr && l.row.chunks_per_thread == kFewChunksPerThread &&
+         rows >= kQuantSumPairsMinRows;
 }
 Launch quant_launch(int64_t rows, int64_t cols, int esize, Io io, bool q_aligned, const Device& dev,
                     int block_chunks = 0);

@@ -1697,20 +1697,55 @@ TEST_F(Cuda, ForwardQuantOverflowAndSignedZeros) {
       }
 }
 
+// Block scales where each thread sums as two threads of the plain forward's row (plan::quant_sum_pairs: 128
+// threads of 4 chunks, a thread's four blocks' scales from one block_absmax_all): every scale and q byte by the
+// rule, rstd and q bit for bit rmsnorm_forward's (check_forward_block_quant), every block size and scale layout,
+// whole and partial last chunks and blocks, an odd row count; the plan is asked first, so the case is seen to take
+// that path.
+TEST_F(Cuda, ForwardBlockQuantSumPairs) {
+  std::mt19937_64 rng(56);
+  struct PCase { int64_t d; int32_t dtype; Layout layout; };
+  const PCase cases[] = {{4096, RMSNORM_DTYPE_BF16, Layout::kAligned}, {4096, RMSNORM_DTYPE_F16, Layout::kAligned},
+                         {2056, RMSNORM_DTYPE_BF16, Layout::kAligned}, {4095, RMSNORM_DTYPE_BF16, Layout::kPadded},
+                         {2048, RMSNORM_DTYPE_F32, Layout::kAligned},  {1030, RMSNORM_DTYPE_F32, Layout::kPadded}};
+  int k = 0;
+  for (const PCase& pc : cases)
+    for (int n = 0; n < 2; ++n) {
+      Case c;
+      c.dtype = pc.dtype;
+      c.cols = pc.d;
+      c.layout = pc.layout;
+      c.rows = plan::kQuantSumPairsMinRows + 77;
+      c.hetero = true;
+      c.weight = k % 5 != 4;
+      c.weight_offset = k % 7 == 3;
+      c.round_xhat = k % 3 == 1;
+      const BlockSpec bs = kBlockSpecs[k++ % 8];
+      const int esize = pc.dtype == RMSNORM_DTYPE_F32 ? 4 : 2;
+      const plan::Launch l = plan::quant_launch(c.rows, c.cols, esize, io_of_case(c), true, current_plan_device(),
+                                                bs.block_cols / plan::vec_elems(esize));
+      ASSERT_EQ(l.sum_tpr, plan::kFewChunksTpr) << describe(c) << describe(bs);
+      ASSERT_TRUE(check_forward_block_quant(c, bs, rng)) << "not fused";
+      if (HasFatalFailure()) return;
+    }
+}
+
 // rmsnorm_add_forward_block_quant: h exactly by the rule, and q, every scale and rstd bit for bit this device's
 // rmsnorm_forward_block_quant of that h, h in its own buffer, over the residual and over x.
 TEST_F(Cuda, AddForwardBlockQuant) {
   std::mt19937_64 rng(54);
   int k = 0;
-  for (int64_t d : {64, 200, 4096, 4099, 40000})
+  // 4095 x 1101: rows enough for plan::quant_sum_pairs at 16-bit.
+  for (int64_t d : {64, 200, 4096, 4099, 40000, 4095})
     for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32})
       for (Layout lay : {Layout::kAligned, Layout::kOffset, Layout::kPadded})
         for (int over : {0, 1, 2}) {
+          if (d == 4095 && (dt != RMSNORM_DTYPE_BF16 || lay != Layout::kPadded)) continue;
           Case c;
           c.dtype = dt;
           c.cols = d;
           c.layout = lay;
-          c.rows = d > 8192 ? 17 : 300;
+          c.rows = d > 8192 ? 17 : d == 4095 ? plan::kQuantSumPairsMinRows + 77 : 300;
           c.hetero = true;
           const BlockSpec bs = kBlockSpecs[k++ % 8];
           SCOPED_TRACE(describe(c) + describe(bs) + " over " + std::to_string(over));
@@ -3327,8 +3362,8 @@ TEST_F(CudaSanitizer, QuantKernels) {
     }
 }
 
-// The block-scale kernels under the sanitizers: fused (both scale layouts, a partial last block and chunk) and
-// looped (misaligned x, the cluster band's D, an fp32 weight).
+// The block-scale kernels under the sanitizers: fused (both scale layouts, a partial last block and chunk, rows
+// enough for plan::quant_sum_pairs) and looped (misaligned x, the cluster band's D, an fp32 weight).
 TEST_F(CudaSanitizer, BlockQuantKernels) {
   std::mt19937_64 rng(18);
   struct BCase { int64_t d; int32_t dtype; int64_t rows; Layout layout; int spec; bool weight_f32; };
@@ -3337,7 +3372,8 @@ TEST_F(CudaSanitizer, BlockQuantKernels) {
                          {261, RMSNORM_DTYPE_F16, 500, Layout::kPadded, 2, false},
                          {1000, RMSNORM_DTYPE_F32, 200, Layout::kOffset, 3, false},
                          {20000, RMSNORM_DTYPE_BF16, 17, Layout::kAligned, 4, false},
-                         {1000, RMSNORM_DTYPE_BF16, 100, Layout::kAligned, 5, true}};
+                         {1000, RMSNORM_DTYPE_BF16, 100, Layout::kAligned, 5, true},
+                         {4095, RMSNORM_DTYPE_BF16, plan::kQuantSumPairsMinRows + 77, Layout::kPadded, 6, false}};
   for (const BCase& b : cases) {
     Case c;
     c.dtype = b.dtype;

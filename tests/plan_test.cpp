@@ -412,20 +412,20 @@ TEST(Plan, SplitBackwardGeometry) {
             Kernel::kBackwardRowsDecode);
 }
 
-// quant_sum_pairs: the fused per-row and static quantized forwards of 256-thread rows of 2 chunks (16-bit D
-// 2049..4096, fp32 D 1025..2048) with at least kQuantSumPairsMinRows rows run 128 threads of 4 chunks, two row
-// slots per 256-thread CTA, summing as the 256 threads do; nothing else changes (fewer rows, the block kinds,
-// every other D keep the forward's row).
+// quant_sum_pairs: the fused quantized forwards (every kind, block scales too) of 256-thread rows of 2 chunks
+// (16-bit D 2049..4096, fp32 D 1025..2048) with at least kQuantSumPairsMinRows rows run 128 threads of 4 chunks,
+// two row slots per 256-thread CTA, summing as the 256 threads do; nothing else changes (fewer rows and every
+// other D keep the forward's row).
 TEST(Plan, QuantSumPairs) {
   for (const Device& dev : {hopper(), ampere()})
     for (int esize : {2, 4})
       for (int64_t d = 1; d <= 20000; d += d < 5000 ? 1 : 7)
         for (int64_t rows : {kQuantSumPairsMinRows - 1, kQuantSumPairsMinRows, int64_t{100000}})
-          for (int bc : {0, 128 / vec_elems(esize)}) {
+          for (int bc : {0, 64 / vec_elems(esize), 128 / vec_elems(esize)}) {
             const Launch f = forward_launch(rows, d, esize, Io::kVector, dev);
             const Launch q = quant_launch(rows, d, esize, Io::kVector, true, dev, bc);
             const int64_t lo = esize == 2 ? 2049 : 1025, hi = esize == 2 ? 4096 : 2048;
-            const bool pairs = quant_fused(f, true, bc) && bc == 0 && d >= lo && d <= hi && rows >= kQuantSumPairsMinRows;
+            const bool pairs = quant_fused(f, true, bc) && d >= lo && d <= hi && rows >= kQuantSumPairsMinRows;
             ASSERT_EQ(quant_sum_pairs(f, rows, bc), pairs) << d << " rows " << rows;
             if (!pairs) {
               ASSERT_EQ(q.sum_tpr, 0) << d;

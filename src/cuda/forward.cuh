@@ -438,7 +438,7 @@ __global__ void __launch_bounds__(plan::forward_cta_threads(kTpr), plan::forward
   static_assert(!kIsExact || (!kPartial && !kQuant && kSumTpr == kTpr),
                 "plan: forward_rows_exact is the plain and the add forward's");
   static_assert(kSumTpr == kTpr || (kSumTpr == 2 * kTpr && kSumTpr == plan::kFewChunksTpr &&
-                                    kCpt == plan::kMaxChunksPerThread && kQuant && !quant_per_block(kQ)),
+                                    kCpt == plan::kMaxChunksPerThread && kQuant),
                 "plan: quant_sum_pairs");
   const W* const wp = reinterpret_cast<const W*>(p.w);
   constexpr int kCtaThreads = plan::forward_cta_threads(kTpr);
@@ -1891,15 +1891,13 @@ rmsnorm_status_t launch_forward_quant(const ForwardArgs& a, const QuantArgs& qa,
       // plan::quant_sum_pairs: rows of kFewChunksTpr threads of 2 chunks as half the threads of 4.
       constexpr int kSum = plan::kFewChunksTpr, kTpr = kSum / 2, kCpt = plan::kMaxChunksPerThread;
       constexpr int kCta = plan::forward_cta_threads(kTpr);
-      if constexpr (!quant_per_block(kQ)) {
-        if (l.sum_tpr == kSum && l.row.threads_per_row == kTpr && l.row.chunks_per_thread == kCpt) {
-          const bool partial = a.cols % Chunk<T>::kN != 0;
-          if (add)
-            return partial ? launch(forward_rows_direct_kernel<T, kTpr, kCpt, true, true, kQ, T, kSum>, kCta)
-                           : launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, true, kQ, T, kSum>, kCta);
-          return partial ? launch(forward_rows_direct_kernel<T, kTpr, kCpt, true, false, kQ, T, kSum>, kCta)
-                         : launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, false, kQ, T, kSum>, kCta);
-        }
+      if (l.sum_tpr == kSum && l.row.threads_per_row == kTpr && l.row.chunks_per_thread == kCpt) {
+        const bool partial = a.cols % Chunk<T>::kN != 0;
+        if (add)
+          return partial ? launch(forward_rows_direct_kernel<T, kTpr, kCpt, true, true, kQ, T, kSum>, kCta)
+                         : launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, true, kQ, T, kSum>, kCta);
+        return partial ? launch(forward_rows_direct_kernel<T, kTpr, kCpt, true, false, kQ, T, kSum>, kCta)
+                       : launch(forward_rows_direct_kernel<T, kTpr, kCpt, false, false, kQ, T, kSum>, kCta);
       }
       return fail(RMSNORM_STATUS_INTERNAL_ERROR, "plan", "quant_sum_pairs: no kernel for this geometry or kind");
     }
