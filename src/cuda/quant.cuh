@@ -249,7 +249,6 @@ __device__ __forceinline__ float block_absmax(float m, int lanes) {
   return m;
 }
 
-
 // The max|y| of every block a warp holds at kCpt chunk indices, reduced together. A block is `lanes` consecutive
 // lanes (a power of two, 8 to 32, the group aligned to it within the warp) at one chunk index, each lane's own
 // value of chunk index it in m[it]. Reduced one index at a time, every lane would repeat its block's shuffles and
