@@ -871,6 +871,27 @@ void run_shape(const Shape& sh, cudaStream_t stream, const rmsnorm_backend_t& be
       });
       finish_case(c);
     }
+    // 1 x 128 block scales (rmsnorm_forward_block_quant), row-major, each set its own scales matrix (rows x
+    // ceil(D / 128) floats: 1/64 of x's bytes at 16-bit, allocated here, outside the memory estimate above).
+    const int64_t blocks = (sh.cols + 127) / 128;
+    std::vector<DeviceBuffer> block_scales;
+    for (int i = 0; i < k; ++i) block_scales.emplace_back(static_cast<size_t>(sh.rows * blocks) * sizeof(float));
+    const QuantCase block_kinds[] = {{"forward_fp8_block128", RMSNORM_QUANT_FP8_E4M3, true},
+                                     {"forward_int8_block128", RMSNORM_QUANT_INT8, true}};
+    for (const QuantCase& qc : block_kinds) {
+      CaseResult c = base;
+      c.op = qc.op;
+      c.bytes = static_cast<double>(sh.rows * sh.cols * static_cast<int64_t>(esize + 1) +
+                                    sh.cols * static_cast<int64_t>(esize) +
+                                    sh.rows * blocks * static_cast<int64_t>(sizeof(float)));
+      c.st = time_stream(stream, g_opt.reps, k, qc.op, [&](int i) {
+        const OperandSet& s = sets[static_cast<size_t>(i)];
+        const rmsnorm_block_quant_t bq{qc.kind, 128, static_cast<float*>(block_scales[static_cast<size_t>(i)].get()),
+                                       blocks, 1, nullptr};
+        return rmsnorm_forward_block_quant(&prob, at(s.x), stride, w.get(), &bq, s.out.get(), stride, nullptr, &be);
+      });
+      finish_case(c);
+    }
   }
   // The saved rstd of a training forward, produced outside timing.
   for (OperandSet& s : sets)
@@ -1161,7 +1182,8 @@ void usage() {
       "                  apart; repeatable; no decode)\n"
       "  --no-extra      skip the extra large-data shapes\n"
       "  --no-pdl        launch every call with RMSNORM_FLAG_NO_PDL (diagnostic: a run to set against the default)\n"
-      "  --quant         also time each shape's quantized forwards (fp8 per row, fp8 static, int8 per row)\n"
+      "  --quant         also time each shape's quantized forwards (fp8 per row, fp8 static, int8 per row,\n"
+      "                  fp8 and int8 with 1 x 128 block scales)\n"
       "  --json FILE     write every number and the run's metadata to FILE\n"
       "  --commit STR    commit recorded in the JSON (default: $RMSNORM_COMMIT, else \"unknown\")\n");
 }

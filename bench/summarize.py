@@ -27,6 +27,8 @@ OP_NAMES = {
     "forward_fp8_per_row": "fwd fp8 per row",
     "forward_fp8_static": "fwd fp8 static",
     "forward_int8_per_row": "fwd int8 per row",
+    "forward_fp8_block128": "fwd fp8 1x128 blocks",
+    "forward_int8_block128": "fwd int8 1x128 blocks",
 }
 
 
