@@ -1659,42 +1659,45 @@ TEST_F(Cuda, ForwardBlockQuant) {
 // on the fused and looped paths, per-row and block scales.
 TEST_F(Cuda, ForwardQuantOverflowAndSignedZeros) {
   std::mt19937_64 rng(57);
-  for (int64_t d : {64, 4096, 4099})
-    for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32})
-      for (Layout lay : {Layout::kAligned, Layout::kOffset}) {
-        Case c;
-        c.dtype = dt;
-        c.cols = d;
-        c.rows = 6;
-        c.layout = lay;
-        c.weight = true;
-        Inputs in = make_inputs(c, rng);
-        for (int64_t k = 0; k < c.cols; ++k) {
-          in.x.set(3, k, k % 2 == 0 ? -0.0 : 0.0);
-          in.w.set(0, k, k == 5 ? 3e38 : std::fabs(static_cast<double>(in.w.get(0, k))) + 0.25);
+  // 6 rows, and at 4096 bf16 also rows enough for plan::quant_sum_pairs (128 threads of 4 chunks).
+  for (int64_t rows : {int64_t{6}, plan::kQuantSumPairsMinRows + 77})
+    for (int64_t d : {64, 4096, 4099})
+      for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32})
+        for (Layout lay : {Layout::kAligned, Layout::kOffset}) {
+          if (rows > 6 && (d != 4096 || dt != RMSNORM_DTYPE_BF16 || lay != Layout::kAligned)) continue;
+          Case c;
+          c.dtype = dt;
+          c.cols = d;
+          c.rows = rows;
+          c.layout = lay;
+          c.weight = true;
+          Inputs in = make_inputs(c, rng);
+          for (int64_t k = 0; k < c.cols; ++k) {
+            in.x.set(3, k, k % 2 == 0 ? -0.0 : 0.0);
+            in.w.set(0, k, k == 5 ? 3e38 : std::fabs(static_cast<double>(in.w.get(0, k))) + 0.25);
+          }
+          in.x.set(1, 5, 50.0);
+          in.x.set(2, 5, -50.0);
+          for (const QuantSpec& qs : kQuantSpecs) {
+            SCOPED_TRACE(describe(c) + describe(qs));
+            QuantOut out;
+            gpu_forward_quant(c, in, qs, &out);
+            ASSERT_FALSE(HasFatalFailure());
+            expect_quant_rule(c, qs, out, YFromRstd{c, in, out.rstd});
+            ASSERT_FALSE(HasFatalFailure());
+            if (qs.kind == RMSNORM_QUANT_FP8_E4M3)
+              for (int64_t k = 0; k < c.cols; k += 2)
+                ASSERT_EQ(int(out.q[static_cast<size_t>(3 * q_stride_of(c) + k)]), 0x80) << "-0 at col " << k;
+          }
+          for (const BlockSpec& bs : kBlockSpecs) {
+            SCOPED_TRACE(describe(c) + describe(bs));
+            QuantOut out;
+            gpu_forward_block_quant(c, in, bs, &out);
+            ASSERT_FALSE(HasFatalFailure());
+            expect_block_rule(c, bs, out, YFromRstd{c, in, out.rstd});
+            ASSERT_FALSE(HasFatalFailure());
+          }
         }
-        in.x.set(1, 5, 50.0);
-        in.x.set(2, 5, -50.0);
-        for (const QuantSpec& qs : kQuantSpecs) {
-          SCOPED_TRACE(describe(c) + describe(qs));
-          QuantOut out;
-          gpu_forward_quant(c, in, qs, &out);
-          ASSERT_FALSE(HasFatalFailure());
-          expect_quant_rule(c, qs, out, YFromRstd{c, in, out.rstd});
-          ASSERT_FALSE(HasFatalFailure());
-          if (qs.kind == RMSNORM_QUANT_FP8_E4M3)
-            for (int64_t k = 0; k < c.cols; k += 2)
-              ASSERT_EQ(int(out.q[static_cast<size_t>(3 * q_stride_of(c) + k)]), 0x80) << "-0 at col " << k;
-        }
-        for (const BlockSpec& bs : kBlockSpecs) {
-          SCOPED_TRACE(describe(c) + describe(bs));
-          QuantOut out;
-          gpu_forward_block_quant(c, in, bs, &out);
-          ASSERT_FALSE(HasFatalFailure());
-          expect_block_rule(c, bs, out, YFromRstd{c, in, out.rstd});
-          ASSERT_FALSE(HasFatalFailure());
-        }
-      }
 }
 
 // Block scales where each thread sums as two threads of the plain forward's row (plan::quant_sum_pairs: 128
@@ -1734,40 +1737,47 @@ TEST_F(Cuda, ForwardBlockQuantSumPairs) {
 // rmsnorm_forward_block_quant of that h, h in its own buffer, over the residual and over x.
 TEST_F(Cuda, AddForwardBlockQuant) {
   std::mt19937_64 rng(54);
-  int k = 0;
-  // 4095 x 1101: rows enough for plan::quant_sum_pairs at 16-bit.
-  for (int64_t d : {64, 200, 4096, 4099, 40000, 4095})
+  struct ACase { int64_t d; int32_t dtype; Layout layout; int64_t rows; };
+  std::vector<ACase> cases;
+  for (int64_t d : {64, 200, 4096, 4099, 40000})
     for (int32_t dt : {RMSNORM_DTYPE_BF16, RMSNORM_DTYPE_F32})
       for (Layout lay : {Layout::kAligned, Layout::kOffset, Layout::kPadded})
-        for (int over : {0, 1, 2}) {
-          if (d == 4095 && (dt != RMSNORM_DTYPE_BF16 || lay != Layout::kPadded)) continue;
-          Case c;
-          c.dtype = dt;
-          c.cols = d;
-          c.layout = lay;
-          c.rows = d > 8192 ? 17 : d == 4095 ? plan::kQuantSumPairsMinRows + 77 : 300;
-          c.hetero = true;
-          const BlockSpec bs = kBlockSpecs[k++ % 8];
-          SCOPED_TRACE(describe(c) + describe(bs) + " over " + std::to_string(over));
-          Arena::get().reset();
-          const AddOperands a = make_add_operands(c, rng);
-          QuantOut got;
-          run_block_quant(c, bs, a.dx.data(), a.dres.data(), a.h_ptr(over), a.dw.data(), &got);
-          ASSERT_FALSE(HasFatalFailure());
-          HostMatrix h_got;
-          download_checked_h(c, a, over, &h_got);
-          ASSERT_FALSE(HasFatalFailure());
-          Inputs hin;
-          hin.x = h_got;
-          hin.w = a.in.w;
-          QuantOut want;
-          gpu_forward_block_quant(c, hin, bs, &want);
-          ASSERT_FALSE(HasFatalFailure());
-          ASSERT_EQ(0, std::memcmp(got.rstd.data(), want.rstd.data(), got.rstd.size() * 4)) << "rstd";
-          ASSERT_EQ(0, std::memcmp(got.scales.data(), want.scales.data(), got.scales.size() * 4)) << "scales";
-          for (size_t i = 0; i < got.q.size(); ++i)
-            ASSERT_EQ(int(got.q[i]), int(want.q[i])) << "q byte " << i << " (row " << i / q_stride_of(c) << ")";
-        }
+        cases.push_back({d, dt, lay, d > 8192 ? 17 : 300});
+  // Rows enough for plan::quant_sum_pairs: whole and partial last chunks at 16-bit, fp32.
+  const int64_t pair_rows = plan::kQuantSumPairsMinRows + 77;
+  cases.push_back({4096, RMSNORM_DTYPE_BF16, Layout::kAligned, pair_rows});
+  cases.push_back({4095, RMSNORM_DTYPE_BF16, Layout::kPadded, pair_rows});
+  cases.push_back({2048, RMSNORM_DTYPE_F32, Layout::kAligned, pair_rows});
+  int k = 0;
+  for (const ACase& ac : cases)
+    for (int over : {0, 1, 2}) {
+      Case c;
+      c.dtype = ac.dtype;
+      c.cols = ac.d;
+      c.layout = ac.layout;
+      c.rows = ac.rows;
+      c.hetero = true;
+      const BlockSpec bs = kBlockSpecs[k++ % 8];
+      SCOPED_TRACE(describe(c) + describe(bs) + " over " + std::to_string(over));
+      Arena::get().reset();
+      const AddOperands a = make_add_operands(c, rng);
+      QuantOut got;
+      run_block_quant(c, bs, a.dx.data(), a.dres.data(), a.h_ptr(over), a.dw.data(), &got);
+      ASSERT_FALSE(HasFatalFailure());
+      HostMatrix h_got;
+      download_checked_h(c, a, over, &h_got);
+      ASSERT_FALSE(HasFatalFailure());
+      Inputs hin;
+      hin.x = h_got;
+      hin.w = a.in.w;
+      QuantOut want;
+      gpu_forward_block_quant(c, hin, bs, &want);
+      ASSERT_FALSE(HasFatalFailure());
+      ASSERT_EQ(0, std::memcmp(got.rstd.data(), want.rstd.data(), got.rstd.size() * 4)) << "rstd";
+      ASSERT_EQ(0, std::memcmp(got.scales.data(), want.scales.data(), got.scales.size() * 4)) << "scales";
+      for (size_t i = 0; i < got.q.size(); ++i)
+        ASSERT_EQ(int(got.q[i]), int(want.q[i])) << "q byte " << i << " (row " << i / q_stride_of(c) << ")";
+    }
 }
 
 // A row's q, block scales and rstd are the same bits alone as in a batch of thousands (fused and looped D).
