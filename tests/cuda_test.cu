@@ -1203,29 +1203,35 @@ TEST_F(Cuda, ForwardQuant) {
   EXPECT_GT(looped, 0);
 }
 
+// plan::quant_sum_pairs' rows (16-bit D 2049..4096, fp32 1025..2048, rows >= kQuantSumPairsMinRows): whole and
+// partial last chunks, padded rows, an odd row count; case k varies the weight, its offset and x_hat's rounding.
+struct PairCase { int64_t d; int32_t dtype; Layout layout; };
+const PairCase kPairCases[] = {{4096, RMSNORM_DTYPE_BF16, Layout::kAligned}, {4096, RMSNORM_DTYPE_F16, Layout::kAligned},
+                               {2056, RMSNORM_DTYPE_BF16, Layout::kAligned}, {4095, RMSNORM_DTYPE_BF16, Layout::kPadded},
+                               {2048, RMSNORM_DTYPE_F32, Layout::kAligned},  {1030, RMSNORM_DTYPE_F32, Layout::kPadded}};
+Case pair_case(const PairCase& pc, int k) {
+  Case c;
+  c.dtype = pc.dtype;
+  c.cols = pc.d;
+  c.layout = pc.layout;
+  c.rows = plan::kQuantSumPairsMinRows + 77;
+  c.hetero = true;
+  c.weight = k % 5 != 4;
+  c.weight_offset = k % 7 == 3;
+  c.round_xhat = k % 3 == 1;
+  return c;
+}
+
 // The fused quantized forward where each thread sums as two threads of the plain forward's row (plan::quant_sum_pairs:
 // rows of 256 threads x 2 chunks, rows >= kQuantSumPairsMinRows): rstd bit for bit rmsnorm_forward's and q by the
 // rule from its y (check_forward_quant), every kind, whole and partial last chunks, an odd row count (the last
 // CTA's second slot empty); the plan is asked first, so the case is seen to take that path.
 TEST_F(Cuda, ForwardQuantSumPairs) {
   std::mt19937_64 rng(53);
-  struct PCase { int64_t d; int32_t dtype; Layout layout; };
-  const PCase cases[] = {{4096, RMSNORM_DTYPE_BF16, Layout::kAligned}, {4096, RMSNORM_DTYPE_F16, Layout::kAligned},
-                         {2056, RMSNORM_DTYPE_BF16, Layout::kAligned}, {4095, RMSNORM_DTYPE_BF16, Layout::kPadded},
-                         {2048, RMSNORM_DTYPE_F32, Layout::kAligned},  {1030, RMSNORM_DTYPE_F32, Layout::kPadded}};
   int k = 0;
-  for (const PCase& pc : cases)
+  for (const PairCase& pc : kPairCases)
     for (const QuantSpec& qs : kQuantSpecs) {
-      Case c;
-      c.dtype = pc.dtype;
-      c.cols = pc.d;
-      c.layout = pc.layout;
-      c.rows = plan::kQuantSumPairsMinRows + 77;
-      c.hetero = true;
-      c.weight = k % 5 != 4;
-      c.weight_offset = k % 7 == 3;
-      c.round_xhat = k % 3 == 1;
-      ++k;
+      const Case c = pair_case(pc, k++);
       const int esize = pc.dtype == RMSNORM_DTYPE_F32 ? 4 : 2;
       const plan::Launch l = plan::quant_launch(c.rows, c.cols, esize, io_of_case(c), true, current_plan_device());
       ASSERT_EQ(l.sum_tpr, plan::kFewChunksTpr) << describe(c);
@@ -1707,22 +1713,10 @@ TEST_F(Cuda, ForwardQuantOverflowAndSignedZeros) {
 // that path.
 TEST_F(Cuda, ForwardBlockQuantSumPairs) {
   std::mt19937_64 rng(56);
-  struct PCase { int64_t d; int32_t dtype; Layout layout; };
-  const PCase cases[] = {{4096, RMSNORM_DTYPE_BF16, Layout::kAligned}, {4096, RMSNORM_DTYPE_F16, Layout::kAligned},
-                         {2056, RMSNORM_DTYPE_BF16, Layout::kAligned}, {4095, RMSNORM_DTYPE_BF16, Layout::kPadded},
-                         {2048, RMSNORM_DTYPE_F32, Layout::kAligned},  {1030, RMSNORM_DTYPE_F32, Layout::kPadded}};
   int k = 0;
-  for (const PCase& pc : cases)
+  for (const PairCase& pc : kPairCases)
     for (int n = 0; n < 2; ++n) {
-      Case c;
-      c.dtype = pc.dtype;
-      c.cols = pc.d;
-      c.layout = pc.layout;
-      c.rows = plan::kQuantSumPairsMinRows + 77;
-      c.hetero = true;
-      c.weight = k % 5 != 4;
-      c.weight_offset = k % 7 == 3;
-      c.round_xhat = k % 3 == 1;
+      const Case c = pair_case(pc, k);
       const BlockSpec bs = kBlockSpecs[k++ % 8];
       const int esize = pc.dtype == RMSNORM_DTYPE_F32 ? 4 : 2;
       const plan::Launch l = plan::quant_launch(c.rows, c.cols, esize, io_of_case(c), true, current_plan_device(),
