@@ -270,9 +270,8 @@ __device__ __forceinline__ BlockMax<kCpt> block_absmax_all(const float (&m)[kCpt
   for (int i = 0; i < kCpt; ++i) v[i] = m[i];
   const int lane = static_cast<int>(threadIdx.x) & 31;
   int it = 0;
-  int off = lanes >> 1;
 #pragma unroll
-  for (int n = kCpt; n > 1; n >>= 1, off >>= 1) {
+  for (int n = kCpt, off = lanes >> 1; n > 1; n >>= 1, off >>= 1) {
     const bool upper = (lane & off) != 0;
 #pragma unroll
     for (int k = 0; k < n / 2; ++k) {
@@ -282,8 +281,8 @@ __device__ __forceinline__ BlockMax<kCpt> block_absmax_all(const float (&m)[kCpt
     }
     if (upper) it += n / 2;
   }
-  for (; off >= 1; off >>= 1) v[0] = fmaxf(v[0], __shfl_xor_sync(0xffffffffu, v[0], off));
-  return {v[0], it};
+  // The lanes / kCpt lanes that now hold partial maxes of one block: the plain butterfly over them.
+  return {block_absmax(v[0], lanes / kCpt), it};
 }
 // The lane of this lane's block group that holds chunk index it's block max after block_absmax_all.
 template <int kCpt>
